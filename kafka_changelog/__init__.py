@@ -1,0 +1,67 @@
+"""kafka-changelog: a durable state changelog for stream processing, kept in Apache Kafka.
+
+The core API follows Apache Flink's state changelog (DSTL): writers append state
+changes for a key-group range, ``persist`` makes them durable and returns a
+handle, and ``confirm``/``reset``/``truncate`` manage what checkpoints still need.
+"""
+
+from .buffering_writer import BufferingChangelogWriter
+from .change import META_KEY_GROUP, StateChange
+from .change_set import ChangeSet
+from .errors import (
+    ChangelogError,
+    HandleFormatError,
+    KeyGroupOutOfRangeError,
+    PersistError,
+    SequenceNumberOutOfRangeError,
+    SequenceNumberOverflowError,
+    StorageLoadError,
+    UnknownStorageError,
+    WriterClosedError,
+)
+from .handle import ChangelogHandle
+from .keygroups import (
+    KeyGroupRange,
+    key_group_for_key,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+from .memory import InMemoryChangelogHandle, InMemoryChangelogStorage, InMemoryChangelogWriter
+from .registry import ChangelogRegistry
+from .sequence import MAX_SEQUENCE_NUMBER, SequenceNumber
+from .storage import StateChangelogStorage, available_storages, load_storage
+from .writer import SnapshotResult, StateChangelogWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MAX_SEQUENCE_NUMBER",
+    "META_KEY_GROUP",
+    "BufferingChangelogWriter",
+    "ChangeSet",
+    "ChangelogError",
+    "ChangelogHandle",
+    "ChangelogRegistry",
+    "HandleFormatError",
+    "InMemoryChangelogHandle",
+    "InMemoryChangelogStorage",
+    "InMemoryChangelogWriter",
+    "KeyGroupOutOfRangeError",
+    "KeyGroupRange",
+    "PersistError",
+    "SequenceNumber",
+    "SequenceNumberOutOfRangeError",
+    "SequenceNumberOverflowError",
+    "SnapshotResult",
+    "StateChange",
+    "StateChangelogStorage",
+    "StateChangelogWriter",
+    "StorageLoadError",
+    "UnknownStorageError",
+    "WriterClosedError",
+    "available_storages",
+    "key_group_for_key",
+    "key_group_range_for_operator",
+    "load_storage",
+    "operator_index_for_key_group",
+]

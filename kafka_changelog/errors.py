@@ -1,0 +1,87 @@
+"""One exception hierarchy for everything the changelog raises.
+
+Every error names what was wrong (key group, range, sequence numbers, topic,
+partition, offset, expected vs found) so that a log line alone is enough to act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .keygroups import KeyGroupRange
+    from .sequence import SequenceNumber
+
+
+class ChangelogError(Exception):
+    """Base class of every error raised by kafka-changelog."""
+
+
+class KeyGroupOutOfRangeError(ChangelogError, ValueError):
+    """A change was appended for a key group the writer does not own."""
+
+    def __init__(self, key_group: int, key_group_range: KeyGroupRange, log_id: str = "") -> None:
+        self.key_group = key_group
+        self.key_group_range = key_group_range
+        who = f"writer {log_id} " if log_id else "writer "
+        super().__init__(
+            f"key group {key_group} is outside the {who}key-group range {key_group_range}"
+        )
+
+
+class WriterClosedError(ChangelogError, RuntimeError):
+    """An operation needs an open writer but the writer was closed."""
+
+    def __init__(self, log_id: str, operation: str) -> None:
+        self.log_id = log_id
+        self.operation = operation
+        super().__init__(f"cannot {operation}: changelog writer {log_id} is closed")
+
+
+class SequenceNumberOutOfRangeError(ChangelogError, ValueError):
+    """A sequence number lies outside what the writer can persist or truncate."""
+
+    def __init__(
+        self,
+        requested: SequenceNumber,
+        lowest: SequenceNumber,
+        highest: SequenceNumber,
+        operation: str = "persist",
+    ) -> None:
+        self.requested = requested
+        self.lowest = lowest
+        self.highest = highest
+        super().__init__(
+            f"cannot {operation} from sequence number {requested}: the writer holds "
+            f"sequence numbers {lowest} (inclusive, truncation point) to {highest} (inclusive)"
+        )
+
+
+class SequenceNumberOverflowError(ChangelogError, OverflowError):
+    """A sequence number would pass its maximum value."""
+
+
+class PersistError(ChangelogError):
+    """A persist could not make all of its change sets durable (the cause is chained)."""
+
+
+class UnknownStorageError(ChangelogError, LookupError):
+    """No changelog storage is registered under the requested name."""
+
+    def __init__(self, name: str, available: Iterable[str]) -> None:
+        self.name = name
+        self.available = sorted(available)
+        names = ", ".join(self.available) or "(none installed)"
+        super().__init__(
+            f"no changelog storage named {name!r}; available storages "
+            f"(entry-point group 'kafka_changelog.storages'): {names}"
+        )
+
+
+class StorageLoadError(ChangelogError, ImportError):
+    """A storage entry point exists but could not be imported or built."""
+
+
+class HandleFormatError(ChangelogError, ValueError):
+    """Serialised handle bytes could not be decoded."""

@@ -1,0 +1,90 @@
+"""Changelog storages and how they are found by name.
+
+A storage creates writers and owns what they share (clients, buffers, the
+ownership registry). Storages are plug-ins: a package registers a factory under
+the entry-point group ``kafka_changelog.storages`` (the Python counterpart of
+Java's service loader), and :func:`load_storage` finds it by name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
+from types import TracebackType
+from typing import Any, ClassVar, Generic, TypeVar
+
+from .errors import StorageLoadError, UnknownStorageError
+from .keygroups import KeyGroupRange
+from .registry import ChangelogRegistry, checkpoint_hold
+from .writer import StateChangelogWriter
+
+#: Entry-point group storages register under.
+STORAGE_ENTRY_POINT_GROUP = "kafka_changelog.storages"
+
+H = TypeVar("H")
+
+
+class StateChangelogStorage(ABC, Generic[H]):
+    """Creates writers for operators; one storage serves many writers of a process."""
+
+    #: Name the storage is registered under.
+    name: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def registry(self) -> ChangelogRegistry[Any]:
+        """Which persisted change sets are still held, and by whom."""
+
+    @abstractmethod
+    def create_writer(
+        self, operator_id: str, key_group_range: KeyGroupRange
+    ) -> StateChangelogWriter[H]:
+        """A new writer (with a fresh log id) for ``operator_id``'s ``key_group_range``."""
+
+    def release_checkpoint(self, checkpoint_id: int) -> None:
+        """A checkpoint was subsumed: drop its holds on everything it confirmed."""
+        self.registry.release_everywhere(checkpoint_hold(checkpoint_id))
+
+    def close(self) -> None:
+        """Release resources (clients, threads). Writers must not be used afterwards."""
+
+    def __enter__(self) -> StateChangelogStorage[H]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def available_storages() -> list[str]:
+    """Names of every installed storage."""
+    return sorted({ep.name for ep in entry_points(group=STORAGE_ENTRY_POINT_GROUP)})
+
+
+def load_storage(name: str, **config: Any) -> StateChangelogStorage[Any]:
+    """Build the storage registered as ``name`` with ``config`` as keyword arguments.
+
+    Raises :class:`UnknownStorageError` listing the installed names when there is
+    no such storage, and :class:`StorageLoadError` when its factory fails to import.
+    """
+    matches = [ep for ep in entry_points(group=STORAGE_ENTRY_POINT_GROUP) if ep.name == name]
+    if not matches:
+        raise UnknownStorageError(name, available_storages())
+    try:
+        factory = matches[0].load()
+    except Exception as exc:
+        raise StorageLoadError(
+            f"changelog storage {name!r} is registered as {matches[0].value!r} "
+            f"but could not be imported: {exc}"
+        ) from exc
+    storage = factory(**config)
+    if not isinstance(storage, StateChangelogStorage):
+        raise StorageLoadError(
+            f"changelog storage {name!r} ({matches[0].value}) built a "
+            f"{type(storage).__name__}, not a StateChangelogStorage"
+        )
+    return storage

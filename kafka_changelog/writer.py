@@ -1,0 +1,109 @@
+"""The writer protocol: how an operator appends, persists and truncates its log."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, TypeVar
+
+from .keygroups import KeyGroupRange
+from .sequence import SequenceNumber
+
+H = TypeVar("H")
+
+
+@dataclass(frozen=True)
+class SnapshotResult(Generic[H]):
+    """What a persist produced: the durable handle and an optional task-local copy."""
+
+    job_owned: H | None
+    task_local: H | None = None
+
+    @classmethod
+    def empty(cls) -> SnapshotResult[H]:
+        """A result with nothing persisted."""
+        return cls(None, None)
+
+
+class StateChangelogWriter(ABC, Generic[H]):
+    """Appends state changes of one operator's key-group range and persists them.
+
+    Not thread-safe: one operator thread calls it. Sequence numbers order change
+    sets: ``next_sequence_number`` closes the current set (if it holds changes)
+    and returns the number of the next one. ``persist(from)`` makes everything
+    from ``from`` on durable and returns a handle; afterwards ``confirm`` (the
+    checkpoint completed), ``reset`` (it was aborted) or ``truncate`` (the state
+    was materialized) tells the writer who owns what was persisted.
+    """
+
+    @property
+    @abstractmethod
+    def log_id(self) -> str:
+        """Unique id of this writer's log."""
+
+    @property
+    @abstractmethod
+    def key_group_range(self) -> KeyGroupRange:
+        """Key groups this writer may append to."""
+
+    @abstractmethod
+    def append(self, key_group: int, payload: bytes) -> None:
+        """Add a change for ``key_group`` to the current change set (not yet durable)."""
+
+    @abstractmethod
+    def append_meta(self, payload: bytes) -> None:
+        """Add a change that belongs to no key group (e.g. a state registration)."""
+
+    @abstractmethod
+    def initial_sequence_number(self) -> SequenceNumber:
+        """The sequence number of the first change set."""
+
+    @abstractmethod
+    def next_sequence_number(self) -> SequenceNumber:
+        """Close the current change set if it has changes; return the next set's number."""
+
+    @abstractmethod
+    def persist(self, from_sqn: SequenceNumber, checkpoint_id: int) -> Future[SnapshotResult[H]]:
+        """Make every change from ``from_sqn`` (inclusive) durable.
+
+        The future completes once all of them are durable, with a handle of
+        exactly those changes, or fails with the cause.
+        """
+
+    @abstractmethod
+    def confirm(self, from_sqn: SequenceNumber, to_sqn: SequenceNumber, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed: it now holds ``[from_sqn, to_sqn)``."""
+
+    @abstractmethod
+    def reset(self, from_sqn: SequenceNumber, to_sqn: SequenceNumber, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: it holds nothing of ``[from_sqn, to_sqn)``."""
+
+    @abstractmethod
+    def truncate(self, to_sqn: SequenceNumber) -> None:
+        """Drop changes before ``to_sqn`` (exclusive); persisting below it becomes an error."""
+
+    @abstractmethod
+    def truncate_and_close(self, from_sqn: SequenceNumber) -> None:
+        """Drop changes from ``from_sqn`` on (no checkpoint uses them) and close."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close; appended but unpersisted changes are lost. Closing twice is a no-op."""
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool:
+        """True once closed."""
+
+    def __enter__(self) -> StateChangelogWriter[H]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
