@@ -1,0 +1,56 @@
+"""Ownership registry, preemptive persistence and the storage loader."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_changelog import (
+    InMemoryChangelogStorage,
+    KeyGroupRange,
+    SequenceNumber,
+    UnknownStorageError,
+    available_storages,
+    load_storage,
+)
+from kafka_changelog.registry import WRITER_HOLD, ChangelogRegistry, RegistryEntry
+
+
+def test_loader_finds_memory_and_names_the_alternatives() -> None:
+    assert "memory" in available_storages()
+    storage = load_storage("memory")
+    assert isinstance(storage, InMemoryChangelogStorage)
+    with pytest.raises(UnknownStorageError) as caught:
+        load_storage("s3")
+    assert caught.value.name == "s3"
+    assert "memory" in caught.value.available
+    assert "'s3'" in str(caught.value) and "memory" in str(caught.value)
+
+
+def test_registry_discards_when_the_last_holder_leaves() -> None:
+    discarded: list[RegistryEntry[str]] = []
+    registry: ChangelogRegistry[str] = ChangelogRegistry(discarded.append)
+    registry.register("log", SequenceNumber(0), "loc0")
+    registry.register("log", SequenceNumber(1), "loc1")
+    registry.add_hold("log", SequenceNumber(0), SequenceNumber(1), "checkpoint:1")
+    registry.release("log", None, None, WRITER_HOLD)
+    assert [e.location for e in discarded] == ["loc1"]
+    registry.release_everywhere("checkpoint:1")
+    assert [e.location for e in discarded] == ["loc1", "loc0"]
+    assert registry.live_entries() == []
+
+
+def test_preemptive_persistence_hands_changes_over_before_persist() -> None:
+    storage = InMemoryChangelogStorage(preemptive_persist_threshold_bytes=100)
+    with storage.create_writer("op", KeyGroupRange.of(0, 0)) as writer:
+        for _ in range(9):
+            writer.append(0, b"x" * 10)
+        assert writer.unpersisted_bytes == 90
+        assert storage.registry.live_entries() == []
+        writer.append(0, b"x" * 10)
+        # The threshold was reached: the change set went to the storage on its own.
+        assert writer.unpersisted_bytes == 0
+        assert len(storage.registry.live_entries()) == 1
+        writer.append(0, b"tail")
+        result = writer.persist(writer.initial_sequence_number(), 1).result()
+        assert result.job_owned is not None
+        assert [c.payload for c in result.job_owned.changes()] == [b"x" * 10] * 10 + [b"tail"]
