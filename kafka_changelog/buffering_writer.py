@@ -199,7 +199,15 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             return
         change_sets = [self._pending.pop(sqn) for sqn in sorted(sequence_numbers)]
         self._pending_bytes -= sum(cs.size_bytes for cs in change_sets)
-        futures = self._upload(change_sets)
+        try:
+            futures = self._upload(change_sets)
+        except BaseException:
+            # Nothing was handed over for sure: keep the sets so that a later persist retries
+            # (records that did go out are duplicates the reader drops).
+            for change_set in change_sets:
+                self._pending[change_set.sequence_number] = change_set
+            self._pending_bytes += sum(cs.size_bytes for cs in change_sets)
+            raise
         for change_set, future in zip(change_sets, futures, strict=True):
             self._uploads[change_set.sequence_number] = future
             future.add_done_callback(partial(self._on_uploaded, change_set))

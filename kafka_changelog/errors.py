@@ -85,3 +85,43 @@ class StorageLoadError(ChangelogError, ImportError):
 
 class HandleFormatError(ChangelogError, ValueError):
     """Serialised handle bytes could not be decoded."""
+
+
+class ChangelogTruncatedError(ChangelogError):
+    """The log a handle needs was deleted: restoring would give a shorter state."""
+
+    def __init__(
+        self, topic: str, partition: int, needed_offset: int, log_start_offset: int
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.needed_offset = needed_offset
+        self.log_start_offset = log_start_offset
+        super().__init__(
+            f"changelog {topic}[{partition}] was truncated: the handle needs offset "
+            f"{needed_offset} but the log starts at offset {log_start_offset}"
+        )
+
+
+class RecordDecodeError(ChangelogError):
+    """A changelog record could not be decoded."""
+
+    def __init__(self, topic: str, partition: int, offset: int, reason: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        super().__init__(
+            f"cannot decode changelog record {topic}[{partition}]@{offset}: {reason}"
+        )
+
+
+class BackpressureTimeoutError(ChangelogError, TimeoutError):
+    """Appends waited too long for in-flight bytes to be acknowledged."""
+
+
+class TopicConfigError(ChangelogError):
+    """A topic exists with settings the changelog cannot work with."""
+
+
+class KafkaAccessError(ChangelogError):
+    """The broker refused or could not be reached (authentication, authorization, network)."""

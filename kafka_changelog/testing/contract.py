@@ -315,9 +315,10 @@ class ChangelogStorageContract:
             for step in range(300):
                 op = rng.random()
                 if op < 0.6:
+                    payload = _random_bytes(rng, rng.randint(1, 40))
                     change = (
-                        StateChange.meta(_random_bytes(rng, 5)) if rng.random() < 0.1
-                        else StateChange(rng.randint(10, 25), _random_bytes(rng, rng.randint(1, 40)))
+                        StateChange.meta(payload) if rng.random() < 0.1
+                        else StateChange(rng.randint(10, 25), payload)
                     )
                     if change.is_meta:
                         writer.append_meta(change.payload)

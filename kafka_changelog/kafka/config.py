@@ -1,0 +1,113 @@
+"""Settings of the Kafka changelog storage, with documented defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KafkaChangelogConfig:
+    """How the Kafka storage connects, which topic it uses and how it batches.
+
+    ``client_config`` passes any librdkafka setting (security included, e.g.
+    ``security.protocol``, ``sasl.mechanism``, ``sasl.username``) to every client
+    the storage creates; ``producer_config``/``consumer_config``/``admin_config``
+    override per client kind. Settings the durability rules depend on
+    (``acks=all``, idempotence) cannot be overridden.
+    """
+
+    #: Kafka bootstrap servers, ``host:port[,host:port]``.
+    bootstrap_servers: str
+    #: Changelog topic (``cleanup.policy=delete``); created if missing.
+    topic: str = "kafka-changelog"
+    #: Partitions to create the topic with; an existing topic must have at least this many.
+    partitions: int = 16
+    #: Replication factor to create the topic with (None: the broker's default);
+    #: an existing topic must have at least this many replicas.
+    replication_factor: int | None = None
+    #: ``min.insync.replicas`` for a topic the storage creates (None: broker default).
+    min_insync_replicas: int | None = None
+    #: ``retention.ms`` of a topic the storage creates. -1 (forever): records go away
+    #: only through garbage collection (DeleteRecords), never while a checkpoint needs them.
+    retention_ms: int = -1
+    #: Key groups in all (the state's max parallelism); key group kg goes to
+    #: partition ``kg * partitions // max_parallelism``.
+    max_parallelism: int = 128
+    #: Unpersisted bytes of one writer that start a background persist (DSTL: 5 MB).
+    preemptive_persist_threshold_bytes: int | None = 5 * MB
+    #: Bytes produced but not yet acknowledged, across the storage; appends block beyond it.
+    max_in_flight_bytes: int = 100 * MB
+    #: Seconds an append waits for in-flight bytes to drain before raising.
+    append_timeout_s: float = 60.0
+    #: Upper bound of one record's value; keep below the topic's ``max.message.bytes``.
+    max_record_bytes: int = 900 * 1024
+    #: Producer compression: ``none``, ``lz4``, ``zstd``, ``snappy`` or ``gzip``.
+    compression: str = "lz4"
+    #: Producer ``linger.ms``: how long the shared producer waits to batch records.
+    linger_ms: float = 5.0
+    #: Producer ``delivery.timeout.ms``: a persist fails after this long without acks.
+    delivery_timeout_ms: int = 120_000
+    #: Seconds to wait for admin operations and for the first metadata answer.
+    request_timeout_s: float = 30.0
+    #: Extra librdkafka settings for every client (security, timeouts, ...).
+    client_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for the producer only.
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for consumers (readers) only.
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for the admin client only.
+    admin_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers:
+            raise ValueError("bootstrap_servers must name at least one broker")
+        if self.partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+        if not 1 <= self.max_parallelism <= 1 << 15:
+            raise ValueError(f"max_parallelism must be in [1, 32768], got {self.max_parallelism}")
+        if self.max_record_bytes < 1024:
+            raise ValueError(f"max_record_bytes must be >= 1024, got {self.max_record_bytes}")
+        if self.max_in_flight_bytes < self.max_record_bytes:
+            raise ValueError(
+                f"max_in_flight_bytes ({self.max_in_flight_bytes}) must be at least "
+                f"max_record_bytes ({self.max_record_bytes})"
+            )
+        if self.compression not in {"none", "lz4", "zstd", "snappy", "gzip"}:
+            raise ValueError(f"unknown compression {self.compression!r}")
+
+    def common(self) -> dict[str, Any]:
+        """Settings shared by every client."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config}
+
+    def producer(self) -> dict[str, Any]:
+        """librdkafka settings of the shared producer (durability settings enforced)."""
+        settings: dict[str, Any] = {
+            **self.common(),
+            "linger.ms": self.linger_ms,
+            "compression.type": self.compression,
+            "delivery.timeout.ms": self.delivery_timeout_ms,
+            "message.max.bytes": max(1_000_000, self.max_record_bytes + 64 * 1024),
+            "batch.size": max(1_000_000, self.max_record_bytes + 64 * 1024),
+            **self.producer_config,
+        }
+        settings.update({"acks": "all", "enable.idempotence": True})
+        return settings
+
+    def consumer(self) -> dict[str, Any]:
+        """librdkafka settings of readers (no group management, no commits)."""
+        return {
+            **self.common(),
+            "group.id": "kafka-changelog-reader",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
+            **self.consumer_config,
+        }
+
+    def admin(self) -> dict[str, Any]:
+        """librdkafka settings of the admin client."""
+        return {**self.common(), **self.admin_config}

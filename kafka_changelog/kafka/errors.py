@@ -1,0 +1,48 @@
+"""Readable errors from librdkafka error codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from ..errors import KafkaAccessError, PersistError
+
+_AUTH_CODES = {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+_AUTHZ_HINTS = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "the principal lacks an ACL for this topic operation",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "the principal lacks a cluster ACL",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "the principal lacks a READ ACL on the consumer group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "the principal lacks a transactional-id ACL",
+}
+
+
+def is_access_error(error: KafkaError) -> bool:
+    """True for authentication and authorization failures (retrying will not help)."""
+    return error.code() in _AUTH_CODES or error.code() in _AUTHZ_HINTS
+
+
+def describe(error: KafkaError) -> str:
+    """``NAME (code): message`` plus a hint for access errors."""
+    text = f"{error.name()} ({error.code()}): {error.str()}"
+    hint = _AUTHZ_HINTS.get(error.code())
+    if hint:
+        text += f" — {hint}"
+    elif error.code() in _AUTH_CODES:
+        text += " — check sasl.username / sasl.password / sasl.mechanism"
+    return text
+
+
+def delivery_error(topic: str, partition: int, error: KafkaError) -> Exception:
+    """The exception a failed record delivery turns into."""
+    message = f"producing to {topic}[{partition}] failed: {describe(error)}"
+    if is_access_error(error):
+        return KafkaAccessError(message)
+    return PersistError(message)
+
+
+def principal_of(settings: dict[str, Any]) -> str:
+    """Who the settings authenticate as, for error messages (never the password)."""
+    user = settings.get("sasl.username")
+    protocol = settings.get("security.protocol", "PLAINTEXT")
+    return f"{protocol} user {user!r}" if user else str(protocol)

@@ -1,0 +1,179 @@
+"""Reading handles back: seek each range, keep the writer's changes, restore their order."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from ..change import StateChange
+from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
+from .config import KafkaChangelogConfig
+from .errors import describe, is_access_error
+from .handle import KafkaChangelogHandle, PartitionRange
+from .record_format import UnknownSchemaError, check_schema_header, decode_record
+
+#: Messages fetched per consume call.
+BATCH = 1000
+
+
+class KafkaChangelogReader:
+    """Reads the changes of Kafka handles with one reused consumer."""
+
+    def __init__(self, config: KafkaChangelogConfig, timeout_s: float | None = None) -> None:
+        self._config = config
+        self._timeout = timeout_s if timeout_s is not None else config.request_timeout_s
+        self._consumer = Consumer(config.consumer())
+        self.records_read = 0
+        self.bytes_read = 0
+
+    def read(self, handle: KafkaChangelogHandle) -> Iterator[StateChange]:
+        """The handle's changes in sequence order (append order within a change set).
+
+        Raises :class:`ChangelogTruncatedError` when a range starts below the
+        partition's log start offset, and :class:`RecordDecodeError` naming the
+        offset of a record that cannot be decoded.
+        """
+        collected: dict[tuple[int, int], StateChange] = {}
+        for partition_range in handle.ranges:
+            self._read_range(handle, partition_range, collected)
+        for key in sorted(collected):
+            yield collected[key]
+
+    def _read_range(
+        self,
+        handle: KafkaChangelogHandle,
+        r: PartitionRange,
+        collected: dict[tuple[int, int], StateChange],
+    ) -> None:
+        if r.end_offset <= r.start_offset:
+            return
+        topic = handle.topic
+        low, high = self._watermarks(topic, r.partition)
+        if r.start_offset < low:
+            raise ChangelogTruncatedError(topic, r.partition, r.start_offset, low)
+        if r.end_offset > high:
+            raise ChangelogError(
+                f"changelog {topic}[{r.partition}] ends at offset {high} but the handle of "
+                f"log {handle.log_id} needs records up to offset {r.end_offset - 1}: "
+                "records were lost (unclean leader election or a recreated topic?)"
+            )
+        log_key = handle.log_id.encode()
+        first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
+        key_groups = handle.key_group_range
+        self._consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
+        position = r.start_offset
+        deadline = time.monotonic() + self._timeout
+        try:
+            while position < r.end_offset:
+                messages = self._consumer.consume(BATCH, timeout=0.5)
+                if not messages:
+                    if time.monotonic() > deadline:
+                        raise ChangelogError(
+                            f"timed out reading {topic}[{r.partition}] at offset {position} "
+                            f"(range ends at {r.end_offset})"
+                        )
+                    continue
+                deadline = time.monotonic() + self._timeout
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        position = self._after_error(topic, r, position, error)
+                        continue
+                    offset = message.offset() or 0
+                    if offset >= r.end_offset:
+                        position = offset
+                        break
+                    position = offset + 1
+                    if message.key() != log_key:
+                        continue
+                    value = message.value() or b""
+                    self.records_read += 1
+                    self.bytes_read += len(value)
+                    try:
+                        headers = message.headers()
+                        check_schema_header(
+                            list(headers.items()) if isinstance(headers, dict) else headers)
+                        log_id, changes = decode_record(value)
+                    except (UnknownSchemaError, ValueError) as exc:
+                        raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
+                    if log_id != handle.log_id:
+                        raise RecordDecodeError(
+                            topic, r.partition, offset,
+                            f"record key says log {handle.log_id} but value says {log_id}",
+                        )
+                    for c in changes:
+                        if first_sqn <= c.sequence_number <= last_sqn and (
+                            c.is_meta or key_groups.contains(c.key_group)
+                        ):
+                            collected[(c.sequence_number, c.index)] = StateChange(
+                                c.key_group, c.payload)
+        finally:
+            self._consumer.unassign()
+
+    def _after_error(
+        self, topic: str, r: PartitionRange, position: int, error: KafkaError
+    ) -> int:
+        if error.code() == KafkaError._PARTITION_EOF:
+            # Gaps (transaction markers, compaction) end a range early: trust the position.
+            reached = self._consumer.position([TopicPartition(topic, r.partition)])[0].offset
+            if reached >= r.end_offset:
+                return reached
+            return position
+        if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            low, _ = self._watermarks(topic, r.partition)
+            raise ChangelogTruncatedError(topic, r.partition, position, low)
+        if is_access_error(error):
+            raise KafkaAccessError(f"reading {topic}[{r.partition}] failed: {describe(error)}")
+        raise ChangelogError(
+            f"reading {topic}[{r.partition}] at offset {position} failed: {describe(error)}"
+        )
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self._timeout, cached=False)
+        except Exception as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is not None and is_access_error(error):
+                raise KafkaAccessError(
+                    f"reading {topic}[{partition}] failed: {describe(error)}") from exc
+            raise ChangelogError(
+                f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
+        return int(low), int(high)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._consumer.close()
+
+    def __enter__(self) -> KafkaChangelogReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def reader_for(context: object | None) -> AbstractContextManager[KafkaChangelogReader]:
+    """A reader from a read context: a reader, a config, or librdkafka settings."""
+    if isinstance(context, KafkaChangelogReader):
+        return nullcontext(context)
+    if isinstance(context, KafkaChangelogConfig):
+        return KafkaChangelogReader(context)
+    if isinstance(context, dict) and "bootstrap.servers" in context:
+        settings: dict[str, Any] = dict(context)
+        return KafkaChangelogReader(KafkaChangelogConfig(
+            bootstrap_servers=settings.pop("bootstrap.servers"), client_config=settings))
+    raise TypeError(
+        "reading a Kafka handle needs a context: a KafkaChangelogReader, a "
+        "KafkaChangelogConfig, or librdkafka settings with 'bootstrap.servers'; got "
+        f"{type(context).__name__}"
+    )

@@ -1,0 +1,135 @@
+"""The changelog record: one writer's changes for one partition, self-describing for tools.
+
+Key: the log id (UTF-8). Value: a ``ChangeBatch`` (``schemas/change_batch.avsc``,
+schemaless Avro binary). Headers say what the record holds without decoding it,
+so ``kcat -f '%k %h'`` shows it: ``kc.log_id``, ``kc.key_groups`` and
+``kc.sequence_numbers`` (``first-last``, inclusive) and ``kc.schema``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import fastavro
+
+from ..change import META_KEY_GROUP
+from ..serialization import load_schema
+
+SCHEMA_NAME = "change_batch"
+SCHEMA_VERSION = 1
+SCHEMA_HEADER_VALUE = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
+
+HEADER_LOG_ID = "kc.log_id"
+HEADER_KEY_GROUPS = "kc.key_groups"
+HEADER_SEQUENCE_NUMBERS = "kc.sequence_numbers"
+HEADER_SCHEMA = "kc.schema"
+
+#: Bytes an encoded change may take beyond its payload (varints, conservatively).
+CHANGE_OVERHEAD_BYTES = 30
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedChange:
+    """A change as stored: its change set, its position there, key group and payload."""
+
+    sequence_number: int
+    index: int
+    key_group: int
+    payload: bytes
+
+    @property
+    def is_meta(self) -> bool:
+        return self.key_group == META_KEY_GROUP
+
+
+@dataclass(frozen=True)
+class EncodedRecord:
+    """A record ready to produce, with what it covers."""
+
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    sequence_numbers: tuple[int, int]
+    key_groups: tuple[int, int]
+    #: Distinct sequence numbers of the changes in the record, ascending.
+    members: tuple[int, ...]
+
+
+def encode_record(log_id: str, changes: Sequence[LoggedChange]) -> EncodedRecord:
+    """One record of ``changes`` (all of one writer and one partition, ascending order)."""
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(
+        buffer,
+        load_schema(SCHEMA_NAME),
+        {
+            "log_id": log_id,
+            "changes": [
+                {"sequence_number": c.sequence_number, "index": c.index,
+                 "key_group": c.key_group, "payload": c.payload}
+                for c in changes
+            ],
+        },
+    )
+    sqns = (changes[0].sequence_number, changes[-1].sequence_number)
+    groups = [c.key_group for c in changes if not c.is_meta]
+    key_groups = (min(groups), max(groups)) if groups else (META_KEY_GROUP, META_KEY_GROUP)
+    headers = [
+        (HEADER_LOG_ID, log_id.encode()),
+        (HEADER_KEY_GROUPS, f"{key_groups[0]}-{key_groups[1]}".encode()),
+        (HEADER_SEQUENCE_NUMBERS, f"{sqns[0]}-{sqns[1]}".encode()),
+        (HEADER_SCHEMA, SCHEMA_HEADER_VALUE.encode()),
+    ]
+    members = tuple(sorted({c.sequence_number for c in changes}))
+    return EncodedRecord(log_id.encode(), buffer.getvalue(), headers, sqns, key_groups, members)
+
+
+def split_into_records(
+    log_id: str, changes: Sequence[LoggedChange], max_record_bytes: int
+) -> Iterator[EncodedRecord]:
+    """Records of at most ``max_record_bytes`` each (a larger single change gets its own)."""
+    batch: list[LoggedChange] = []
+    size = 0
+    for change in changes:
+        cost = len(change.payload) + CHANGE_OVERHEAD_BYTES
+        if batch and size + cost > max_record_bytes:
+            yield encode_record(log_id, batch)
+            batch, size = [], 0
+        batch.append(change)
+        size += cost
+    if batch:
+        yield encode_record(log_id, batch)
+
+
+class UnknownSchemaError(ValueError):
+    """The record says it was written with a schema this library does not read."""
+
+
+def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None) -> None:
+    """Refuse a record whose ``kc.schema`` header is missing or names another version."""
+    for name, value in headers or ():
+        if name == HEADER_SCHEMA:
+            found = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+            if found != SCHEMA_HEADER_VALUE:
+                raise UnknownSchemaError(
+                    f"record schema {found!r} is not supported (this library reads "
+                    f"{SCHEMA_HEADER_VALUE!r})"
+                )
+            return
+    raise UnknownSchemaError(f"record has no {HEADER_SCHEMA} header")
+
+
+def decode_record(value: bytes) -> tuple[str, list[LoggedChange]]:
+    """The log id and changes of a record value; raises ``ValueError`` if malformed."""
+    buffer = io.BytesIO(value)
+    try:
+        record = fastavro.schemaless_reader(buffer, load_schema(SCHEMA_NAME), None)
+    except Exception as exc:  # fastavro raises several types for garbage input
+        raise ValueError(f"not a {SCHEMA_NAME} Avro value: {exc}") from exc
+    if buffer.tell() != len(value) or not isinstance(record, dict):
+        raise ValueError(f"{len(value) - buffer.tell()} trailing bytes after the batch")
+    return record["log_id"], [
+        LoggedChange(c["sequence_number"], c["index"], c["key_group"], c["payload"])
+        for c in record["changes"]
+    ]
