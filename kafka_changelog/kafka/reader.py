@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..change import StateChange
 from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
@@ -16,6 +16,14 @@ from .config import KafkaChangelogConfig
 from .errors import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
 from .record_format import UnknownSchemaError, check_schema_header, decode_record
+
+_TRANSIENT = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT,
+}
 
 #: Messages fetched per consume call.
 BATCH = 1000
@@ -134,17 +142,28 @@ class KafkaChangelogReader:
         )
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        try:
-            low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=self._timeout, cached=False)
-        except Exception as exc:
-            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if error is not None and is_access_error(error):
-                raise KafkaAccessError(
-                    f"reading {topic}[{partition}] failed: {describe(error)}") from exc
-            raise ChangelogError(
-                f"cannot read the offsets of {topic}[{partition}]: {exc}") from exc
-        return int(low), int(high)
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=self._timeout, cached=False)
+                return int(low), int(high)
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if is_access_error(error):
+                    raise KafkaAccessError(
+                        f"reading {topic}[{partition}] failed: {describe(error)}") from exc
+                # Leadership moves (a restarted or resumed broker) are worth waiting out.
+                if not error.retriable() and error.code() not in _TRANSIENT:
+                    raise ChangelogError(
+                        f"cannot read the offsets of {topic}[{partition}]: {describe(error)}"
+                    ) from exc
+                if time.monotonic() > deadline:
+                    raise ChangelogError(
+                        f"cannot read the offsets of {topic}[{partition}] within "
+                        f"{self._timeout:.0f} s: {describe(error)}"
+                    ) from exc
+                time.sleep(0.2)
 
     def close(self) -> None:
         """Close the consumer."""
