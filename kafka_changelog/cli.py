@@ -1,0 +1,179 @@
+"""``kafka-changelog``: look at handles and topics from the shell.
+
+Handles are given as a file (raw bytes or base64 text), as base64 on the
+command line, or as ``-`` for standard input. Client settings use kcat's
+``-X key=value`` (repeatable); ``KAFKA_BOOTSTRAP_SERVERS`` is the default broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import ChangelogError
+from .handle import ChangelogHandle
+from .kafka import KafkaChangelogConfig, KafkaChangelogHandle
+from .kafka.access import connect_admin
+from .kafka.topics import describe_topic
+
+
+def load_handle(argument: str) -> ChangelogHandle:
+    """A handle from a file, base64 text, or ``-`` (stdin)."""
+    if argument == "-":
+        data = sys.stdin.buffer.read()
+    elif Path(argument).is_file():
+        data = Path(argument).read_bytes()
+    else:
+        data = argument.encode()
+    try:
+        return ChangelogHandle.from_bytes(data)
+    except ChangelogError:
+        pass
+    try:
+        decoded = base64.b64decode(data.strip(), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ChangelogError(
+            f"{argument[:60]!r} is neither a handle file nor base64 of a handle"
+        ) from exc
+    return ChangelogHandle.from_bytes(decoded)
+
+
+def describe_handle(handle: ChangelogHandle) -> dict[str, Any]:
+    """A JSON-friendly summary of a handle."""
+    summary: dict[str, Any] = {
+        "kind": handle.kind,
+        "log_id": handle.log_id,
+        "checkpoint_id": handle.checkpoint_id,
+        "key_groups": [handle.key_group_range.start, handle.key_group_range.end],
+        "state_size_bytes": handle.state_size,
+    }
+    if isinstance(handle, KafkaChangelogHandle):
+        summary.update(
+            topic=handle.topic,
+            sequence_numbers=[handle.from_sequence_number, handle.to_sequence_number],
+            meta_partition=handle.meta_partition,
+            ranges=[
+                {"partition": r.partition, "start_offset": r.start_offset,
+                 "end_offset": r.end_offset, "offsets": r.offset_count,
+                 "key_groups": [r.key_groups.start, r.key_groups.end],
+                 "record_bytes": r.record_bytes}
+                for r in handle.ranges
+            ],
+        )
+    return summary
+
+
+def _client_settings(args: argparse.Namespace) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for item in args.X or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ChangelogError(f"-X expects key=value, got {item!r}")
+        settings[key] = value
+    return settings
+
+
+def _config(args: argparse.Namespace, **fields: Any) -> KafkaChangelogConfig:
+    servers = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not servers:
+        raise ChangelogError("no broker: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+    return KafkaChangelogConfig(
+        bootstrap_servers=servers, client_config=_client_settings(args), **fields)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    print(json.dumps(describe_handle(load_handle(args.handle)), indent=2))
+    return 0
+
+
+def _dump(args: argparse.Namespace) -> int:
+    handle = load_handle(args.handle)
+    context = _config(args) if isinstance(handle, KafkaChangelogHandle) else None
+    for change in handle.changes(context):
+        line: dict[str, Any] = {
+            "key_group": None if change.is_meta else change.key_group,
+            "meta": change.is_meta,
+            "payload_base64": base64.b64encode(change.payload).decode(),
+        }
+        with contextlib.suppress(UnicodeDecodeError):
+            line["payload_utf8"] = change.payload.decode("utf-8")
+        print(json.dumps(line))
+    return 0
+
+
+def _kcat(args: argparse.Namespace) -> int:
+    handle = load_handle(args.handle)
+    if not isinstance(handle, KafkaChangelogHandle):
+        raise ChangelogError(f"a {handle.kind} handle has no Kafka records to replay")
+    servers = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "BROKER")
+    for command in handle.kcat_commands(servers):
+        print(command)
+    return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    fields: dict[str, Any] = {"topic": args.topic, "partitions": args.partitions or 1}
+    if args.replication_factor is not None:
+        fields["replication_factor"] = args.replication_factor
+    config = _config(args, **fields)
+    admin, metadata = connect_admin(config.admin(), config.request_timeout_s)
+    if config.topic not in metadata.topics:
+        print(json.dumps({"topic": config.topic, "exists": False}))
+        return 1
+    info = describe_topic(admin, config)  # raises TopicConfigError when unusable
+    print(json.dumps({
+        "topic": info.name, "exists": True, "valid": True, "partitions": info.partitions,
+        "replication_factor": info.replication_factor,
+        "configs": {k: info.configs[k] for k in sorted(info.configs)
+                    if k in {"cleanup.policy", "retention.ms", "min.insync.replicas",
+                             "max.message.bytes", "retention.bytes", "segment.bytes"}},
+    }, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="kafka-changelog", description="Inspect changelog handles and topics.")
+    parser.add_argument("-b", "--bootstrap-servers", help="Kafka brokers (default: "
+                        "$KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("-X", action="append", metavar="KEY=VALUE",
+                        help="librdkafka setting, e.g. -X security.protocol=SASL_SSL")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, func, text in [
+        ("inspect", _inspect, "show a handle's ranges, sizes and key groups"),
+        ("dump", _dump, "print a handle's decoded changes as JSON lines"),
+        ("kcat", _kcat, "print kcat commands that replay a handle's records"),
+    ]:
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("handle", help="handle file, base64 text, or - for stdin")
+        sub.set_defaults(func=func)
+    topics = commands.add_parser("topics", help="show and validate a changelog topic")
+    topics.add_argument("--topic", default="kafka-changelog")
+    topics.add_argument("--partitions", type=int, help="minimum partitions expected")
+    topics.add_argument("--replication-factor", type=int, help="minimum replication expected")
+    topics.set_defaults(func=_topics)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kafka-changelog`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+        return result
+    except ChangelogError as exc:
+        print(f"kafka-changelog: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
