@@ -105,6 +105,9 @@ class KafkaChangelogConfig:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "error",
             "enable.partition.eof": True,
+            # Readers only run during restore: do not let an idle long-poll fetch delay
+            # the next request on the connection.
+            "fetch.wait.max.ms": 20,
             **self.consumer_config,
         }
 

@@ -78,7 +78,9 @@ class KafkaChangelogReader:
         deadline = time.monotonic() + self._timeout
         try:
             while position < r.end_offset:
-                messages = self._consumer.consume(BATCH, timeout=0.5)
+                # Ask for no more than the range holds, so a full batch returns at once.
+                wanted = min(BATCH, r.end_offset - position)
+                messages = self._consumer.consume(wanted, timeout=0.5)
                 if not messages:
                     if time.monotonic() > deadline:
                         raise ChangelogError(
