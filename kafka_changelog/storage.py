@@ -22,6 +22,7 @@ from .writer import StateChangelogWriter
 STORAGE_ENTRY_POINT_GROUP = "kafka_changelog.storages"
 
 H = TypeVar("H")
+S = TypeVar("S", bound="StateChangelogStorage[Any]")
 
 
 class StateChangelogStorage(ABC, Generic[H]):
@@ -48,7 +49,7 @@ class StateChangelogStorage(ABC, Generic[H]):
     def close(self) -> None:
         """Release resources (clients, threads). Writers must not be used afterwards."""
 
-    def __enter__(self) -> StateChangelogStorage[H]:
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(

@@ -6,12 +6,13 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .keygroups import KeyGroupRange
 from .sequence import SequenceNumber
 
 H = TypeVar("H")
+S = TypeVar("S", bound="StateChangelogWriter[Any]")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class StateChangelogWriter(ABC, Generic[H]):
     def closed(self) -> bool:
         """True once closed."""
 
-    def __enter__(self) -> StateChangelogWriter[H]:
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -56,11 +57,23 @@ def ensure_changelog_topic(
 
 def describe_topic(admin: AdminClient, config: KafkaChangelogConfig) -> TopicInfo:
     """Read the topic's partitions, replication and configs, and validate them."""
-    metadata = admin.list_topics(topic=config.topic, timeout=config.request_timeout_s)
-    topic = metadata.topics.get(config.topic)
-    if topic is None or topic.error is not None:
-        reason = describe(topic.error) if topic is not None and topic.error else "missing"
-        raise TopicConfigError(f"changelog topic {config.topic} is not usable: {reason}")
+    deadline = time.monotonic() + config.request_timeout_s
+    while True:
+        metadata = admin.list_topics(topic=config.topic, timeout=config.request_timeout_s)
+        topic = metadata.topics.get(config.topic)
+        if topic is not None and topic.error is None and all(
+            p.leader >= 0 for p in topic.partitions.values()
+        ):
+            break
+        if topic is not None and topic.error is not None and is_access_error(topic.error):
+            raise KafkaAccessError(
+                f"cannot describe changelog topic {config.topic}: {describe(topic.error)}")
+        if time.monotonic() > deadline:
+            reason = describe(topic.error) if topic is not None and topic.error else (
+                "missing" if topic is None else "partitions without a leader")
+            raise TopicConfigError(f"changelog topic {config.topic} is not usable: {reason}")
+        # A topic created a moment ago takes a little while to show up everywhere.
+        time.sleep(0.1)
     resource = ConfigResource(ConfigResource.Type.TOPIC, config.topic)
     described = admin.describe_configs([resource], request_timeout=config.request_timeout_s)
     entries = described[resource].result(timeout=config.request_timeout_s)

@@ -1,0 +1,1 @@
+"""Real Apache Kafka for tests and demos: local KRaft processes from Maven Central jars."""

@@ -1,0 +1,509 @@
+"""A real Apache Kafka cluster (KRaft, combined broker+controller nodes) as local JVMs.
+
+Example::
+
+    with LocalKafkaCluster(nodes=3) as cluster:
+        producer = Producer({**cluster.client_config(), "acks": "all"})
+        ...
+        cluster.kill_node(cluster.leader_of("orders", 0))
+
+Nodes are addressed by *index* (0 .. nodes-1); node index ``i`` has Kafka
+``node.id`` ``i + 1``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AclBinding, AdminClient, ResourcePatternType, ResourceType
+
+from kafka_changelog.testing import acls, process
+from kafka_changelog.testing.config import (
+    ClusterSpec,
+    NodeSpec,
+    broker_properties,
+    render_properties,
+)
+from kafka_changelog.testing.errors import BrokerStartError, KafkaHarnessError
+from kafka_changelog.testing.jars import KAFKA_VERSION, ensure_kafka_jars
+from kafka_changelog.testing.jvm import find_java, format_command, new_cluster_id, server_command
+from kafka_changelog.testing.net import LOOPBACK, free_ports
+from kafka_changelog.testing.probe import (
+    ProbeTimeout,
+    produce_round_trip,
+    quiet,
+    wait_for_brokers,
+    wait_for_isr,
+)
+from kafka_changelog.testing.security import SecurityConfig
+from kafka_changelog.testing.workdir import make_cluster_root
+
+__all__ = ["BrokerStartError", "LocalKafkaCluster", "SecurityConfig"]
+
+KEEP_DIR_ENV = "KAFKA_CHANGELOG_KEEP_CLUSTER_DIR"
+"""Set to 1 to keep a cluster's directory (data and logs) after ``stop()``, for debugging."""
+
+LOG_TAIL_LINES = 40
+
+
+@dataclass
+class _Node:
+    """Runtime state of one node."""
+
+    index: int
+    spec: NodeSpec
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+
+    @property
+    def properties_file(self) -> Path:
+        return self.directory / "server.properties"
+
+    @property
+    def server_log(self) -> Path:
+        return self.directory / "server.log"
+
+    @property
+    def output_log(self) -> Path:
+        return self.directory / "stdout.log"
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return list(deque(handle, maxlen=lines))
+    except OSError:
+        return []
+
+
+class LocalKafkaCluster:
+    """Apache Kafka 4.x in KRaft mode, every node a combined broker+controller JVM.
+
+    Args:
+        nodes: number of nodes; 1 (replication factor 1) or 3 (replication
+            factor 3, ``min.insync.replicas=2``).
+        security: SASL on the client listener plus ACLs, or None for PLAINTEXT.
+        broker_overrides: extra/overriding ``server.properties`` entries for every
+            node, e.g. ``{"log.segment.bytes": "65536", "log.cleaner.backoff.ms": "100"}``.
+        startup_timeout: seconds for start (and for each ``restart_node``) until
+            the cluster answers metadata and acknowledges an ``acks=all`` produce.
+        kafka_version: which Kafka release's jars to run.
+        heap: JVM ``-Xmx`` of each node.
+
+    ``stop()`` kills the nodes and deletes all their data; it also runs when
+    ``start()`` fails, and at interpreter exit for clusters never stopped.
+    """
+
+    def __init__(
+        self,
+        nodes: int = 1,
+        security: SecurityConfig | None = None,
+        broker_overrides: dict[str, str] | None = None,
+        startup_timeout: float = 90.0,
+        *,
+        kafka_version: str = KAFKA_VERSION,
+        heap: str = "512m",
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"a cluster needs at least one node, not {nodes}")
+        self.node_count = nodes
+        self.security = security
+        self.broker_overrides = dict(broker_overrides or {})
+        self.startup_timeout = startup_timeout
+        self.kafka_version = kafka_version
+        self.heap = heap
+        self._spec: ClusterSpec | None = None
+        self._nodes: list[_Node] = []
+        self._root: Path | None = None
+        self._admin: AdminClient | None = None
+        self._java = ""
+        self._jars = Path()
+        self._log_config = Path()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def __enter__(self) -> LocalKafkaCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"bootstrap={self._spec.bootstrap_servers}" if self._spec else "stopped"
+        secured = ", secured" if self.security else ""
+        return f"LocalKafkaCluster(nodes={self.node_count}{secured}, {state})"
+
+    def start(self) -> LocalKafkaCluster:
+        """Format and launch all nodes, then wait until the cluster serves clients.
+
+        Raises:
+            BrokerStartError: a node died or the cluster was not ready within
+                ``startup_timeout`` (the message carries exit code and log tail).
+            ToolMissingError / JarsUnavailableError: no Java, no Maven, no jars.
+        """
+        if self._nodes:
+            raise KafkaHarnessError(f"{self!r} is already started")
+        try:
+            deadline = time.monotonic() + self.startup_timeout
+            self._java = find_java()
+            self._jars = ensure_kafka_jars(self.kafka_version)
+            self._prepare_directories()
+            self._format_storage(deadline)
+            for node in self._nodes:
+                self._launch(node)
+            self._await_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Kill every node and delete the cluster's directory. Idempotent."""
+        admin, self._admin = self._admin, None
+        del admin  # release librdkafka threads before the brokers vanish
+        for node in self._nodes:
+            if node.process is not None:
+                process.kill(node.process)
+        self._nodes = []
+        self._spec = None
+        root, self._root = self._root, None
+        if root is not None:
+            process.untrack_directory(root)
+            if os.environ.get(KEEP_DIR_ENV) != "1":
+                shutil.rmtree(root, ignore_errors=True)
+
+    # -- connection ----------------------------------------------------------------
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port`` of every node's client listener, comma-separated."""
+        return self._cluster_spec().bootstrap_servers
+
+    def client_config(self, user: str | None = None, password: str | None = None) -> dict[str, Any]:
+        """librdkafka settings to connect; with security, as ``user`` (default: the admin).
+
+        ``password`` defaults to the user's password in :attr:`security`; pass
+        a wrong one to test authentication failures.
+        """
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        if self.security is not None:
+            config |= self.security.client_settings(user, password)
+        elif user is not None or password is not None:
+            raise ValueError(f"{self!r} has no security; it takes no user or password")
+        return config
+
+    def admin_client(self, user: str | None = None, password: str | None = None) -> AdminClient:
+        """A new AdminClient (as the admin user when security is on)."""
+        return AdminClient(self.client_config(user, password))
+
+    # -- nodes ---------------------------------------------------------------------
+
+    @property
+    def root_dir(self) -> Path:
+        """The cluster's temporary directory (one ``node-<id>`` folder per node)."""
+        if self._root is None:
+            raise KafkaHarnessError(f"{self!r} is not started")
+        return self._root
+
+    def node_id(self, index: int) -> int:
+        """Kafka ``node.id`` of node ``index``."""
+        return self._node(index).spec.node_id
+
+    def index_of(self, node_id: int) -> int:
+        """Node index of Kafka ``node.id`` ``node_id``."""
+        for node in self._nodes:
+            if node.spec.node_id == node_id:
+                return node.index
+        raise KafkaHarnessError(f"no node with node.id {node_id} in {self!r}")
+
+    def pid(self, index: int) -> int | None:
+        """Process id of node ``index``'s JVM, or None while it is stopped."""
+        proc = self._node(index).process
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def pids(self) -> list[int]:
+        """Process ids of all running node JVMs."""
+        return [pid for pid in (self.pid(n.index) for n in self._nodes) if pid is not None]
+
+    def is_running(self, index: int) -> bool:
+        """True if node ``index``'s JVM is alive (paused counts as alive)."""
+        return self.pid(index) is not None
+
+    def log_path(self, index: int) -> Path:
+        """The broker log (``server.log``) of node ``index``."""
+        return self._node(index).server_log
+
+    def log_tail(self, index: int, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of node ``index``'s log (plus any JVM console output)."""
+        node = self._node(index)
+        text = "".join(_tail(node.server_log, lines))
+        console = "".join(_tail(node.output_log, 15)).strip()
+        if console:
+            text += f"--- JVM console ({node.output_log.name}) ---\n{console}\n"
+        return text or f"(no log output in {node.directory})"
+
+    def stop_node(self, index: int, timeout: float = 30.0) -> int:
+        """Shut node ``index`` down gracefully (SIGTERM, wait; SIGKILL after ``timeout``).
+
+        Returns its exit code. Its data and ports are kept for :meth:`restart_node`.
+        """
+        node = self._node(index)
+        if node.process is None:
+            raise KafkaHarnessError(f"node {index} of {self!r} is not running")
+        code = process.terminate(node.process, timeout)
+        node.process, node.paused = None, False
+        return code
+
+    def kill_node(self, index: int) -> int:
+        """Kill node ``index`` with SIGKILL (a crash: no controlled shutdown). Returns exit code."""
+        node = self._node(index)
+        if node.process is None:
+            raise KafkaHarnessError(f"node {index} of {self!r} is not running")
+        code = process.kill(node.process)
+        node.process, node.paused = None, False
+        return code
+
+    def restart_node(self, index: int, timeout: float | None = None) -> None:
+        """(Stop if running, then) start node ``index`` again with its data and ports.
+
+        Returns once the node is a broker in the metadata again and back in the
+        ISR of every partition it replicates, or raises :class:`BrokerStartError`
+        after ``timeout`` (default ``startup_timeout``) seconds.
+        """
+        node = self._node(index)
+        if node.process is not None:
+            self.stop_node(index)
+        deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
+        self._launch(node)
+        try:
+            wait_for_isr(self._internal_admin(), node.spec.node_id, deadline, self._check_alive)
+        except ProbeTimeout as exc:
+            raise BrokerStartError(
+                f"node {index} did not rejoin {self!r}: {exc}",
+                node=index,
+                log_tail=self.log_tail(index),
+            ) from exc
+
+    def pause_node(self, index: int) -> None:
+        """Freeze node ``index`` (SIGSTOP): it keeps its connections but answers nothing."""
+        node = self._node(index)
+        if node.process is None or not process.signal_group(node.process, signal.SIGSTOP):
+            raise KafkaHarnessError(f"node {index} of {self!r} is not running")
+        node.paused = True
+
+    def resume_node(self, index: int) -> None:
+        """Let a paused node ``index`` run again (SIGCONT)."""
+        node = self._node(index)
+        if node.process is None or not process.signal_group(node.process, signal.SIGCONT):
+            raise KafkaHarnessError(f"node {index} of {self!r} is not running")
+        node.paused = False
+
+    def leader_of(self, topic: str, partition: int = 0) -> int:
+        """Node index of the current leader of ``topic``/``partition`` (fresh metadata)."""
+        try:
+            meta = self._internal_admin().list_topics(topic, timeout=10)
+        except KafkaException as exc:
+            raise KafkaHarnessError(f"no metadata for topic {topic!r}: {exc.args[0]}") from exc
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            reason = "unknown topic" if found is None else found.error
+            raise KafkaHarnessError(f"no metadata for topic {topic!r}: {reason}")
+        part = found.partitions.get(partition)
+        if part is None:
+            raise KafkaHarnessError(f"topic {topic!r} has no partition {partition}")
+        if part.leader < 0:
+            raise KafkaHarnessError(f"{topic}/{partition} has no leader right now")
+        return self.index_of(part.leader)
+
+    # -- ACLs ----------------------------------------------------------------------
+
+    def grant(
+        self,
+        principal: str,
+        resource_type: ResourceType | str,
+        name: str,
+        operations: acls.Operations,
+        *,
+        pattern_type: ResourcePatternType | str = ResourcePatternType.LITERAL,
+    ) -> list[AclBinding]:
+        """Allow ``principal`` (``"alice"`` or ``"User:alice"``) ``operations`` on a resource.
+
+        Example: ``cluster.grant("alice", "TOPIC", "orders", ["READ", "DESCRIBE"])``.
+        """
+        self._require_security("grant")
+        return acls.grant(
+            self._internal_admin(),
+            principal,
+            resource_type,
+            name,
+            operations,
+            pattern_type=pattern_type,
+        )
+
+    def revoke(
+        self,
+        principal: str,
+        resource_type: ResourceType | str,
+        name: str,
+        operations: acls.Operations,
+        *,
+        pattern_type: ResourcePatternType | str = ResourcePatternType.LITERAL,
+    ) -> None:
+        """Remove ACLs created by :meth:`grant` with the same arguments."""
+        self._require_security("revoke")
+        acls.revoke(
+            self._internal_admin(),
+            principal,
+            resource_type,
+            name,
+            operations,
+            pattern_type=pattern_type,
+        )
+
+    # -- internals -----------------------------------------------------------------
+
+    def _require_security(self, what: str) -> None:
+        if self.security is None:
+            raise KafkaHarnessError(
+                f"{what}() needs a cluster started with security=SecurityConfig(...)"
+            )
+
+    def _cluster_spec(self) -> ClusterSpec:
+        if self._spec is None:
+            raise KafkaHarnessError(f"{self!r} is not started")
+        return self._spec
+
+    def _node(self, index: int) -> _Node:
+        if not self._nodes:
+            raise KafkaHarnessError(f"{self!r} is not started")
+        if not 0 <= index < len(self._nodes):
+            raise IndexError(f"node index {index} out of range 0..{len(self._nodes) - 1}")
+        return self._nodes[index]
+
+    def _internal_admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(quiet(self.client_config()))
+        return self._admin
+
+    def _prepare_directories(self) -> None:
+        """Create the cluster dir, pick ports and write every node's server.properties."""
+        self._root = root = make_cluster_root()
+        process.track_directory(root)
+        self._log_config = root / "log4j2.properties"
+        self._log_config.write_text(
+            resources.files("kafka_changelog.testing").joinpath("log4j2.properties").read_text("utf-8"),
+            "utf-8",
+        )
+        ports = free_ports(2 * self.node_count, LOOPBACK)
+        specs = tuple(
+            NodeSpec(
+                node_id=i + 1,
+                client_port=ports[2 * i],
+                controller_port=ports[2 * i + 1],
+                log_dir=str(root / f"node-{i + 1}" / "data"),
+            )
+            for i in range(self.node_count)
+        )
+        self._spec = ClusterSpec(specs, self.security, self.broker_overrides)
+        for i, spec in enumerate(specs):
+            node = _Node(i, spec, root / f"node-{spec.node_id}")
+            Path(spec.log_dir).mkdir(parents=True)
+            node.properties_file.write_text(
+                render_properties(broker_properties(spec, self._spec)), "latin-1"
+            )
+            self._nodes.append(node)
+
+    def _format_storage(self, deadline: float) -> None:
+        """Run ``StorageTool format`` for all nodes at once (same cluster id) and check them."""
+        spec = self._cluster_spec()
+        cluster_id = new_cluster_id()
+        scram = self.security.scram_format_arguments() if self.security else []
+        running = []
+        for node in self._nodes:
+            argv = format_command(
+                self._java,
+                self._jars,
+                node.properties_file,
+                cluster_id=cluster_id,
+                standalone=not spec.uses_static_quorum,
+                scram_credentials=scram,
+                log_config=self._log_config,
+                log_dir=node.directory,
+            )
+            output = node.directory / "format.log"
+            running.append((node, output, process.spawn(argv, output=output, cwd=node.directory)))
+        try:
+            for node, output, proc in running:
+                try:
+                    code = proc.wait(max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    code = process.kill(proc)
+                if code != 0:
+                    raise BrokerStartError(
+                        f"formatting the storage of node {node.index} failed",
+                        node=node.index,
+                        exit_code=code,
+                        log_tail="".join(_tail(output, LOG_TAIL_LINES)),
+                    )
+        finally:
+            for _, _, proc in running:
+                process.kill(proc)  # reaps and unregisters it (no signal if it has exited)
+
+    def _launch(self, node: _Node) -> None:
+        argv = server_command(
+            self._java,
+            self._jars,
+            node.properties_file,
+            log_config=self._log_config,
+            log_dir=node.directory,
+            heap=self.heap,
+        )
+        node.process = process.spawn(argv, output=node.output_log, cwd=node.directory)
+        node.paused = False
+
+    def _check_alive(self) -> None:
+        """Raise :class:`BrokerStartError` if a node that should run has exited."""
+        for node in self._nodes:
+            if node.process is not None and node.process.poll() is not None:
+                code = node.process.returncode
+                node.process = None
+                raise BrokerStartError(
+                    f"node {node.index} (node.id {node.spec.node_id}) of {self!r} exited",
+                    node=node.index,
+                    exit_code=code,
+                    log_tail=self.log_tail(node.index),
+                )
+
+    def _await_ready(self, deadline: float) -> None:
+        admin = self._internal_admin()
+        node_ids = [node.spec.node_id for node in self._nodes]
+        try:
+            wait_for_brokers(admin, node_ids, deadline, self._check_alive)
+            produce_round_trip(
+                admin, self.client_config(), min(self.node_count, 3), deadline, self._check_alive
+            )
+        except ProbeTimeout as exc:
+            tails = "\n".join(
+                f"=== node {n.index} (node.id {n.spec.node_id}) ===\n{self.log_tail(n.index)}"
+                for n in self._nodes
+            )
+            raise BrokerStartError(
+                f"{self!r} was not ready within {self.startup_timeout:.0f} s: {exc}", log_tail=tails
+            ) from exc

@@ -1,0 +1,212 @@
+"""pytest fixtures that start and stop real Kafka brokers.
+
+Registered as a ``pytest11`` plugin, so any test in a project that installs
+``kafka-changelog`` can request:
+
+``kafka_cluster`` (session)
+    A single-node cluster (:class:`~kafka_changelog.testing.cluster.KafkaCluster`):
+    local JVM by default, the ``apache/kafka`` image with ``--broker=container``,
+    or an already running cluster if ``KAFKA_BOOTSTRAP_SERVERS`` is set (extra
+    client settings as JSON in ``KAFKA_CHANGELOG_CLIENT_CONFIG``).
+``kafka_cluster_3`` (module)
+    A local three-node :class:`~kafka_changelog.testing.broker.LocalKafkaCluster`
+    (replication factor 3, ``min.insync.replicas=2``) with fault control.
+``secure_kafka_cluster`` (module)
+    A local single node with SASL/SCRAM-SHA-256 and ACLs; users are
+    :data:`SECURE_USERS` (``admin`` is the super user).
+``kafka_topic`` (function)
+    Name of a fresh topic on ``kafka_cluster``, deleted afterwards. One partition
+    unless parametrized indirectly with an int (partitions) or a dict
+    (``partitions``, ``config``, ``replication_factor``).
+``make_topic`` (function)
+    Factory ``make_topic(partitions=1, config=None, *, replication_factor=None,
+    cluster=None, prefix=None) -> str`` creating topics (on ``kafka_cluster``
+    unless ``cluster`` is given) that are deleted after the test.
+
+Tests using these fixtures get the ``broker`` marker, and ``three_nodes`` /
+``security`` for the clusters of those names, so ``-m "not three_nodes"`` works.
+A cluster that cannot start makes its tests *error*; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from kafka_changelog.testing.broker import LocalKafkaCluster
+    from kafka_changelog.testing.cluster import KafkaCluster
+
+SECURE_USERS: Mapping[str, str] = {
+    "admin": "admin-secret",
+    "alice": "alice-secret",
+    "bob": "bob-secret",
+}
+"""Users (name -> password) of ``secure_kafka_cluster``; ``admin`` is the super user."""
+
+_BROKER_FIXTURES = frozenset(
+    {"kafka_cluster", "kafka_cluster_3", "secure_kafka_cluster", "kafka_topic", "make_topic"}
+)
+_MARKERS = {
+    "broker": "needs a real Kafka broker (started by the fixtures)",
+    "three_nodes": "needs the three-node cluster (module scoped, started on demand)",
+    "security": "needs a SASL/ACL-enabled broker",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--broker=local|container``."""
+    group = parser.getgroup("kafka-changelog", "Kafka test brokers")
+    group.addoption(
+        "--broker",
+        choices=("local", "container"),
+        default="local",
+        help="how kafka_cluster runs Kafka: local JVM processes (default) or the apache/kafka "
+        "Docker image. KAFKA_BOOTSTRAP_SERVERS, if set, overrides both.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Declare the markers the fixtures apply (harmless if the project declares them too)."""
+    declared = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
+    for name, text in _MARKERS.items():
+        if name not in declared:
+            config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests by the clusters they use, for ``-m`` selection."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & _BROKER_FIXTURES:
+            item.add_marker(pytest.mark.broker)
+        if "kafka_cluster_3" in used:
+            item.add_marker(pytest.mark.three_nodes)
+        if "secure_kafka_cluster" in used:
+            item.add_marker(pytest.mark.security)
+
+
+def _session_cluster(config: pytest.Config) -> KafkaCluster:
+    from kafka_changelog.testing.external import ExternalKafkaCluster
+
+    external = ExternalKafkaCluster.from_env()
+    if external is not None:
+        return external
+    if config.getoption("--broker") == "container":
+        from kafka_changelog.testing.container import ContainerKafkaCluster
+
+        return ContainerKafkaCluster()
+    from kafka_changelog.testing.broker import LocalKafkaCluster
+
+    return LocalKafkaCluster(nodes=1)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(pytestconfig: pytest.Config) -> Iterator[KafkaCluster]:
+    """A started single-node cluster shared by the whole session."""
+    cluster = _session_cluster(pytestconfig)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
+    """A started local three-node cluster shared by the test module (always local JVMs)."""
+    from kafka_changelog.testing.broker import LocalKafkaCluster
+
+    with LocalKafkaCluster(nodes=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def secure_kafka_cluster() -> Iterator[LocalKafkaCluster]:
+    """A started local single node with SASL/SCRAM-SHA-256 and ACLs (users: SECURE_USERS)."""
+    from kafka_changelog.testing.broker import LocalKafkaCluster
+    from kafka_changelog.testing.security import SecurityConfig
+
+    security = SecurityConfig(mechanism="SCRAM-SHA-256", users=dict(SECURE_USERS), admin="admin")
+    with LocalKafkaCluster(nodes=1, security=security) as cluster:
+        yield cluster
+
+
+class TopicFactory:
+    """Creates uniquely named topics and deletes them all in :meth:`cleanup`."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self._created: list[tuple[KafkaCluster, str]] = []
+
+    def __call__(
+        self,
+        partitions: int = 1,
+        config: Mapping[str, str] | None = None,
+        *,
+        replication_factor: int | None = None,
+        cluster: KafkaCluster | None = None,
+        prefix: str | None = None,
+    ) -> str:
+        """Create a topic and return its name. ``cluster`` defaults to ``kafka_cluster``."""
+        from kafka_changelog.testing.topics import create_topic, unique_topic_name
+
+        target: KafkaCluster = cluster or self._request.getfixturevalue("kafka_cluster")
+        name = unique_topic_name(prefix or f"test-{self._request.node.name}")
+        create_topic(
+            target.admin_client(),
+            name,
+            partitions=partitions,
+            replication_factor=replication_factor,
+            config=config,
+        )
+        self._created.append((target, name))
+        return name
+
+    def cleanup(self) -> None:
+        """Delete every topic created; a failure (e.g. the test broke the cluster) only warns."""
+        from kafka_changelog.testing.errors import KafkaHarnessError
+        from kafka_changelog.testing.topics import delete_topics
+
+        created, self._created = self._created, []
+        for cluster, name in created:
+            try:
+                delete_topics(cluster.admin_client(), [name], timeout=15)
+            except (KafkaHarnessError, RuntimeError) as exc:
+                warnings.warn(f"could not delete test topic {name!r}: {exc}", stacklevel=1)
+
+
+@pytest.fixture
+def make_topic(request: pytest.FixtureRequest) -> Iterator[TopicFactory]:
+    """Factory for fresh topics (see :class:`TopicFactory`), deleted after the test."""
+    factory = TopicFactory(request)
+    try:
+        yield factory
+    finally:
+        factory.cleanup()
+
+
+@pytest.fixture
+def kafka_topic(request: pytest.FixtureRequest, kafka_cluster: KafkaCluster) -> Iterator[str]:
+    """A fresh topic on ``kafka_cluster``; indirect param: partitions (int) or a dict."""
+    param: Any = getattr(request, "param", None)
+    options: dict[str, Any]
+    if param is None:
+        options = {}
+    elif isinstance(param, int):
+        options = {"partitions": param}
+    elif isinstance(param, Mapping):
+        unknown = set(param) - {"partitions", "config", "replication_factor"}
+        if unknown:
+            raise ValueError(f"unknown kafka_topic parameters {sorted(unknown)}")
+        options = dict(param)
+    else:
+        raise TypeError(f"kafka_topic takes an int or a dict as parameter, not {param!r}")
+    factory = TopicFactory(request)
+    try:
+        yield factory(cluster=kafka_cluster, **options)
+    finally:
+        factory.cleanup()
