@@ -11,7 +11,9 @@ from ..errors import KafkaAccessError, PersistError
 _AUTH_CODES = {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
 _AUTHZ_HINTS = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "the principal lacks an ACL for this topic operation",
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "the principal lacks a cluster ACL",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: (
+        "the principal lacks a cluster ACL; an idempotent producer needs WRITE on a topic"
+    ),
     KafkaError.GROUP_AUTHORIZATION_FAILED: "the principal lacks a READ ACL on the consumer group",
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "the principal lacks a transactional-id ACL",
 }

@@ -21,6 +21,9 @@ from .config import KafkaChangelogConfig
 from .errors import delivery_error
 from .record_format import EncodedRecord
 
+#: Delivery errors that only say "the producer hit a fatal error".
+_FATAL_FALLOUT = {KafkaError._FATAL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+
 #: Called once per record with (offset, None) or (None, error).
 DeliveryCallback = Callable[[int | None, Exception | None], None]
 
@@ -36,6 +39,10 @@ class SharedProducer:
         self._outstanding: set[int] = set()
         self._ids = itertools.count()
         self._client_errors: list[KafkaError] = []
+        # A fatal error (e.g. no permission to get an idempotent producer id) makes a
+        # librdkafka producer unusable: the next produce replaces it.
+        self._fatal: KafkaError | None = None
+        self._last_fatal: KafkaError | None = None
         self._closed = threading.Event()
         self._completions = ThreadPoolExecutor(1, thread_name_prefix="kafka-changelog-complete")
         self._poller = threading.Thread(
@@ -61,6 +68,8 @@ class SharedProducer:
 
         def delivered(error: KafkaError | None, message: Message) -> None:
             self._release(record_id, size)
+            if error is not None and error.code() in _FATAL_FALLOUT and self._last_fatal:
+                error = self._last_fatal  # name the real cause, not "fatal" or "purged"
             if error is not None:
                 outcome: tuple[int | None, Exception | None] = (
                     None, delivery_error(topic, partition, error))
@@ -68,6 +77,8 @@ class SharedProducer:
                 outcome = (message.offset(), None)
             self._completions.submit(on_done, *outcome)
 
+        if self._fatal is not None:
+            self._replace_producer()
         while True:
             try:
                 self._producer.produce(
@@ -136,13 +147,34 @@ class SharedProducer:
             self._outstanding.discard(record_id)
             self._cond.notify_all()
 
+    def _replace_producer(self) -> None:
+        with self._cond:
+            old = self._producer
+            self._producer = Producer(
+                {**self._config.producer(), "error_cb": self._on_client_error})
+            self._fatal = None
+        # Fail what the broken producer still holds, serving its delivery callbacks.
+        old.purge()
+        old.flush(self._config.request_timeout_s)
+
     def _on_client_error(self, error: KafkaError) -> None:
         with self._cond:
             self._client_errors.append(error)
+            if error.fatal():
+                self._fatal = self._last_fatal = error
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
-            self._producer.poll(0.05)
+            try:
+                self._producer.poll(0.05)
+            except KafkaException as exc:
+                # confluent-kafka raises fatal errors from poll; record and keep serving
+                # delivery reports so that waiting persists fail instead of hanging.
+                error = exc.args[0]
+                with self._cond:
+                    self._client_errors.append(error)
+                    if error.fatal():
+                        self._fatal = self._last_fatal = error
 
     def __repr__(self) -> str:
         return f"SharedProducer(in_flight_bytes={self.in_flight_bytes})"

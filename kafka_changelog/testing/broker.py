@@ -47,7 +47,7 @@ from kafka_changelog.testing.probe import (
     wait_for_isr,
 )
 from kafka_changelog.testing.security import SecurityConfig
-from kafka_changelog.testing.workdir import make_cluster_root
+from kafka_changelog.testing.workdir import make_cluster_root, release_cluster_root
 
 __all__ = ["BrokerStartError", "LocalKafkaCluster", "SecurityConfig"]
 
@@ -186,7 +186,9 @@ class LocalKafkaCluster:
         root, self._root = self._root, None
         if root is not None:
             process.untrack_directory(root)
-            if os.environ.get(KEEP_DIR_ENV) != "1":
+            if os.environ.get(KEEP_DIR_ENV) == "1":
+                release_cluster_root(root)  # so later runs do not sweep it away
+            else:
                 shutil.rmtree(root, ignore_errors=True)
 
     # -- connection ----------------------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kafka_changelog.testing.errors import JarsUnavailableError, ToolMissingError
 from kafka_changelog.testing.jvm import find_java
+from kafka_changelog.testing.process import die_with_parent
 
 KAFKA_VERSION = "4.1.1"
 """The Kafka release the harness runs (the default ``kafka.version`` of the pom)."""
@@ -128,6 +129,7 @@ def _download(mvn: str, version: str, staging: Path) -> Path:
             text=True,
             timeout=_MVN_TIMEOUT_S,
             check=False,
+            preexec_fn=die_with_parent(),  # no orphan mvn writing into a half-deleted dir
         )
     except subprocess.TimeoutExpired as exc:
         raise JarsUnavailableError(

@@ -51,6 +51,11 @@ def _load_prctl() -> Callable[..., int] | None:
 _prctl = _load_prctl()
 
 
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` making the child get SIGKILL when this process (thread) dies."""
+    return _child_setup(os.getpid())
+
+
 def _child_setup(parent_pid: int) -> Callable[[], None]:
     """``preexec_fn``: die with the parent. Runs in the child between fork and exec."""
 
@@ -85,7 +90,7 @@ def spawn(
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own session and process group
-            preexec_fn=_child_setup(os.getpid()),  # sets PDEATHSIG
+            preexec_fn=die_with_parent(),
         )
         _processes[proc.pid] = proc
     return proc

@@ -31,6 +31,12 @@ def make_cluster_root() -> Path:
     return root
 
 
+def release_cluster_root(root: Path) -> None:
+    """Disown ``root``: :func:`sweep_stale_roots` will leave it alone (kept for debugging)."""
+    with contextlib.suppress(OSError):
+        (root / _OWNER_FILE).unlink()
+
+
 def sweep_stale_roots() -> None:
     """Delete cluster dirs whose owning process is dead (it was killed with SIGKILL)."""
     if not Path("/proc/self/stat").exists():

@@ -1,0 +1,87 @@
+"""The Kafka storage against a SASL/SCRAM broker with ACLs: clear, fast access errors."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from kafka_changelog import KafkaAccessError, KeyGroupRange
+from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.testing.pytest_plugin import SECURE_USERS
+
+pytestmark = [pytest.mark.broker, pytest.mark.security]
+
+
+def secure_config(cluster: Any, user: str, password: str, topic: str) -> KafkaChangelogConfig:
+    settings = dict(cluster.client_config(user=user, password=password))
+    bootstrap = settings.pop("bootstrap.servers")
+    return KafkaChangelogConfig(
+        bootstrap_servers=bootstrap, client_config=settings, topic=topic, partitions=2,
+        request_timeout_s=10, delivery_timeout_ms=10_000,
+    )
+
+
+@pytest.fixture
+def topic(secure_kafka_cluster: Any) -> str:
+    """A changelog topic created by the admin (a super user)."""
+    name = f"secure-{uuid.uuid4().hex[:8]}"
+    admin = secure_config(secure_kafka_cluster, "admin", SECURE_USERS["admin"], name)
+    KafkaChangelogStorage(admin).close()
+    return name
+
+
+def test_wrong_password_fails_fast_with_a_clear_error(secure_kafka_cluster: Any) -> None:
+    config = secure_config(secure_kafka_cluster, "alice", "wrong-password", "any")
+    started = time.monotonic()
+    with pytest.raises(KafkaAccessError) as caught:
+        KafkaChangelogStorage(config)
+    assert time.monotonic() - started < 8
+    message = str(caught.value)
+    assert "refused" in message and "'alice'" in message
+    assert "wrong-password" not in message
+    assert "uthentication" in message
+
+
+def test_missing_write_acl_fails_the_persist_with_the_topic_named(
+    secure_kafka_cluster: Any, topic: str
+) -> None:
+    secure_kafka_cluster.grant("alice", "TOPIC", topic, ["DESCRIBE", "DESCRIBE_CONFIGS", "READ"])
+    config = secure_config(secure_kafka_cluster, "alice", SECURE_USERS["alice"], topic)
+    with KafkaChangelogStorage(config) as storage, storage.create_writer(
+        "op", KeyGroupRange.of(0, 127)
+    ) as writer:
+        writer.append(1, b"x")
+        started = time.monotonic()
+        with pytest.raises(Exception) as caught:
+            writer.persist(writer.initial_sequence_number(), 1).result(30)
+        assert time.monotonic() - started < 15
+        cause = caught.value.__cause__ or caught.value
+        assert isinstance(cause, KafkaAccessError)
+        assert f"producing to {topic}[" in str(cause)
+        assert "AUTHORIZATION_FAILED" in str(cause)
+
+        # Granting WRITE makes the retried persist go through.
+        secure_kafka_cluster.grant("alice", "TOPIC", topic, ["WRITE"])
+        handle = writer.persist(writer.initial_sequence_number(), 2).result(30).job_owned
+        assert [c.payload for c in handle.changes(config)] == [b"x"]
+
+
+def test_missing_read_acl_fails_the_restore_with_the_topic_named(
+    secure_kafka_cluster: Any, topic: str
+) -> None:
+    secure_kafka_cluster.grant("bob", "TOPIC", topic, ["DESCRIBE", "DESCRIBE_CONFIGS", "WRITE"])
+    config = secure_config(secure_kafka_cluster, "bob", SECURE_USERS["bob"], topic)
+    with KafkaChangelogStorage(config) as storage, storage.create_writer(
+        "op", KeyGroupRange.of(0, 127)
+    ) as writer:
+        writer.append(1, b"x")
+        handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
+    started = time.monotonic()
+    with pytest.raises(KafkaAccessError) as caught:
+        list(handle.changes(config))
+    assert time.monotonic() - started < 15
+    assert f"{topic}[" in str(caught.value)
+    assert "AUTHORIZATION_FAILED" in str(caught.value)
