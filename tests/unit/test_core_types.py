@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -90,7 +92,7 @@ class TestKeyGroupAssignment:
         max_p, p = params
         ranges = [key_group_range_for_operator(max_p, p, i) for i in range(p)]
         assert ranges[0].start == 0 and ranges[-1].end == max_p - 1
-        for before, after in zip(ranges, ranges[1:], strict=False):
+        for before, after in itertools.pairwise(ranges):
             assert after.start == before.end + 1
         assert max(len(r) for r in ranges) - min(len(r) for r in ranges) <= 1
         for i, kgr in enumerate(ranges):
