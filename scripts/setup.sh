@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian machine; safe to run again.
+#   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing
+#   - a virtualenv in .venv with the project and its extras (spark, test, dev)
+#   - the Apache Kafka broker jars from Maven Central, in ~/.cache/kafka-changelog
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[setup] %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root to run: $*"; return 1; fi
+}
+
+missing=()
+command -v kcat >/dev/null || missing+=(kcat)
+command -v java >/dev/null || missing+=(default-jdk-headless)
+command -v mvn >/dev/null || missing+=(maven)
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating virtualenv .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+fi
+stamp=.venv/.kafka-changelog-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  log "installing the project and its extras into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[spark,test,dev]"
+  echo "$want" > "$stamp"
+fi
+
+log "resolving the Kafka broker jars (Maven Central, cached)"
+.venv/bin/python -m kafka_changelog.testing.jars
+log "ready"

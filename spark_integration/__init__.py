@@ -1,0 +1,1 @@
+"""PySpark integration of kafka-changelog (imports pyspark; the core package never does)."""
