@@ -6,9 +6,10 @@ processes killed, all registered directories removed) by an ``atexit`` hook and
 by a SIGTERM handler. On Linux each child also gets a parent-death signal, so
 even a ``kill -9`` of the Python process does not leave brokers running.
 
-Caveat of ``PR_SET_PDEATHSIG``: it fires when the *thread* that started the
-child exits. Start clusters from a thread that lives as long as they should
-(the main thread, as pytest does).
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not
+the process. So children are forked by the main thread, or, when called from
+another thread, by a spawner thread that lives until interpreter exit: a
+cluster (re)started from a short-lived worker thread does not die with it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 
@@ -33,6 +35,7 @@ _lock = threading.RLock()
 _processes: dict[int, subprocess.Popen[bytes]] = {}
 _directories: list[Path] = []
 _hooks_installed = False
+_spawner_pool: ThreadPoolExecutor | None = None
 _previous_sigterm: signal.Handlers | Callable[[int, FrameType | None], object] | int | None = None
 
 
@@ -81,6 +84,23 @@ def spawn(
     The process is registered for cleanup at interpreter exit / SIGTERM.
     """
     _install_hooks()
+    if threading.current_thread() is threading.main_thread():
+        return _spawn_here(argv, output, cwd, env)
+    return _spawner().submit(_spawn_here, argv, output, cwd, env).result()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """The long-lived thread that forks children for callers that are not the main thread."""
+    global _spawner_pool
+    with _lock:
+        if _spawner_pool is None:
+            _spawner_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-spawner")
+        return _spawner_pool
+
+
+def _spawn_here(
+    argv: Sequence[str], output: Path, cwd: Path | None, env: Mapping[str, str] | None
+) -> subprocess.Popen[bytes]:
     with open(output, "ab") as sink, _lock:
         proc = subprocess.Popen(
             list(argv),
