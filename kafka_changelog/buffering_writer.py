@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Generic, TypeVar
 
-from .change import StateChange
+from .change import StateChange, trusted_change
 from .change_set import ChangeSet
 from .errors import (
     KeyGroupOutOfRangeError,
@@ -95,13 +95,28 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
         return self._active_bytes + self._pending_bytes
 
     def append(self, key_group: int, payload: bytes) -> None:
-        if not self._range.contains(key_group):
+        # The hot path: no lock (only the operator thread touches the active set) and no
+        # StateChange validation beyond the range check.
+        key_groups = self._range
+        if not key_groups.start <= key_group <= key_groups.end:
             self._check_open("append")
-            raise KeyGroupOutOfRangeError(key_group, self._range, self._log_id)
-        self._append(StateChange(key_group, payload))
+            raise KeyGroupOutOfRangeError(key_group, key_groups, self._log_id)
+        if self._closed:
+            raise WriterClosedError(self._log_id, "append")
+        if type(payload) is not bytes:
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        self._active.append(trusted_change(key_group, payload))
+        self._active_bytes += len(payload)
+        if self._threshold is not None and (
+            self._active_bytes + self._pending_bytes >= self._threshold
+        ):
+            self._persist_preemptively()
 
     def append_meta(self, payload: bytes) -> None:
-        self._append(StateChange.meta(payload))
+        self._check_open("append")
+        change = StateChange.meta(payload)
+        self._active.append(change)
+        self._active_bytes += len(payload)
 
     def initial_sequence_number(self) -> SequenceNumber:
         return SequenceNumber.initial()
@@ -168,14 +183,10 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
         if self._closed:
             raise WriterClosedError(self._log_id, operation)
 
-    def _append(self, change: StateChange) -> None:
+    def _persist_preemptively(self) -> None:
         with self._lock:
-            self._check_open("append")
-            self._active.append(change)
-            self._active_bytes += len(change.payload)
-            if self._threshold is not None and self.unpersisted_bytes >= self._threshold:
-                self._rollover()
-                self._start_upload(list(self._pending))
+            self._rollover()
+            self._start_upload(list(self._pending))
 
     def _rollover(self) -> None:
         if not self._active:

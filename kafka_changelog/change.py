@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Key group of meta changes (state registration and the like), which belong to no key group.
 META_KEY_GROUP = -1
 
 
-@dataclass(frozen=True, slots=True)
-class StateChange:
-    """An opaque state change for one key group, or a meta change (``key_group == -1``)."""
-
+class _StateChangeFields(NamedTuple):
     key_group: int
     payload: bytes
 
-    def __post_init__(self) -> None:
-        if self.key_group < 0 and self.key_group != META_KEY_GROUP:
+
+class StateChange(_StateChangeFields):
+    """An opaque state change for one key group, or a meta change (``key_group == -1``).
+
+    Immutable (a named tuple: cheap to create on the append hot path).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, key_group: int, payload: bytes) -> StateChange:
+        if key_group < 0 and key_group != META_KEY_GROUP:
             raise ValueError(
-                f"key group must be >= 0 (or {META_KEY_GROUP} for meta), got {self.key_group}"
+                f"key group must be >= 0 (or {META_KEY_GROUP} for meta), got {key_group}"
             )
-        if not isinstance(self.payload, bytes):
-            raise TypeError(f"payload must be bytes, got {type(self.payload).__name__}")
+        if not isinstance(payload, bytes):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        return tuple.__new__(cls, (key_group, payload))
 
     @classmethod
     def meta(cls, payload: bytes) -> StateChange:
@@ -32,3 +39,11 @@ class StateChange:
     def is_meta(self) -> bool:
         """True for meta changes."""
         return self.key_group == META_KEY_GROUP
+
+    def __repr__(self) -> str:
+        return f"StateChange(key_group={self.key_group}, payload={self.payload!r})"
+
+
+def trusted_change(key_group: int, payload: bytes) -> StateChange:
+    """A StateChange from already validated parts (skips the checks on hot paths)."""
+    return tuple.__new__(StateChange, (key_group, payload))

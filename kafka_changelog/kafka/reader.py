@@ -120,7 +120,7 @@ class KafkaChangelogReader:
                         if first_sqn <= c.sequence_number <= last_sqn and (
                             c.is_meta or key_groups.contains(c.key_group)
                         ):
-                            collected[(c.sequence_number, c.index)] = StateChange(
+                            collected[(c.sequence_number, c.position)] = StateChange(
                                 c.key_group, c.payload)
         finally:
             self._consumer.unassign()

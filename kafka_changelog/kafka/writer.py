@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ..buffering_writer import BufferingChangelogWriter
+from ..change import META_KEY_GROUP
 from ..change_set import ChangeSet
 from ..keygroups import KeyGroupRange
 from ..registry import ChangelogRegistry
@@ -14,7 +15,7 @@ from ..sequence import SequenceNumber
 from .handle import KafkaChangelogHandle, PartitionRange
 from .partitioning import key_groups_of_partition, partition_for_key_group
 from .producer import DeliveryCallback, SharedProducer
-from .record_format import LoggedChange, split_into_records
+from .record_format import RawChange, split_into_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +93,22 @@ class KafkaChangelogWriter(BufferingChangelogWriter[KafkaChangelogHandle, KafkaL
         }
 
     def _upload(self, change_sets: Sequence[ChangeSet]) -> list[Future[KafkaLocation]]:
-        by_partition: dict[int, list[LoggedChange]] = {}
+        by_partition: dict[int, list[RawChange]] = {}
         trackers: dict[int, _SetTracker] = {}
+        partition_of, meta_partition = self._partition_of, self._meta_partition
         for change_set in change_sets:
             sqn = change_set.sequence_number.value
             has_meta = False
-            for index, change in enumerate(change_set.changes):
-                if change.is_meta:
-                    partition = self._meta_partition
+            for index, (key_group, payload) in enumerate(change_set.changes):
+                if key_group == META_KEY_GROUP:
+                    partition = meta_partition
                     has_meta = True
                 else:
-                    partition = self._partition_of[change.key_group]
-                by_partition.setdefault(partition, []).append(
-                    LoggedChange(sqn, index, change.key_group, change.payload))
+                    partition = partition_of[key_group]
+                bucket = by_partition.get(partition)
+                if bucket is None:
+                    bucket = by_partition[partition] = []
+                bucket.append((sqn, index, key_group, payload))
             future: Future[KafkaLocation] = Future()
             future.set_running_or_notify_cancel()
             trackers[sqn] = _SetTracker(future, has_meta)
