@@ -90,13 +90,20 @@ def encode_value(log_id: str, changes: Sequence[RawChange]) -> bytes:
     parts = [_varint(len(name)), name]
     if changes:
         parts.append(_varint(len(changes)))
+        small, limit = _SMALL, len(_SMALL) - 1
         last_sqn = None
         sqn_bytes = b""
         for sqn, index, key_group, payload in changes:
             if sqn != last_sqn:
                 sqn_bytes, last_sqn = _varint(sqn), sqn
-            parts += (sqn_bytes, _varint(index), _varint(key_group), _varint(len(payload)),
-                      payload)
+            size = len(payload)
+            parts += (
+                sqn_bytes,
+                small[index + 1] if index < limit else _zigzag_varint(index),
+                small[key_group + 1] if key_group < limit else _zigzag_varint(key_group),
+                small[size + 1] if size < limit else _zigzag_varint(size),
+                payload,
+            )
     parts.append(b"\x00")
     return b"".join(parts)
 
