@@ -1,0 +1,346 @@
+"""The changelog keyed state backend: a working copy in memory, every mutation logged.
+
+State lives in memory (:class:`StateTable`) and every mutation is appended to a
+changelog writer. A checkpoint persists the log since the last materialization;
+materialization writes a snapshot of the changed key groups (reusing the chunks
+of unchanged ones) and truncates the log, so restore costs O(state + tail).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..handle import ChangelogHandle
+from ..keygroups import KeyGroupRange, check_parallelism, key_group_for_key
+from ..sequence import SequenceNumber
+from ..storage import StateChangelogStorage
+from ..writer import StateChangelogWriter
+from .checkpoint import KeyedStateHandle
+from .descriptors import StateDescriptor, StateKind
+from .errors_state import MaterializationFailedError, NoCurrentKeyError
+from .materializer import MaterializationConfig, PeriodicMaterializer
+from .ops import StateMeta, StateOp
+from .snapshot import SnapshotHandle
+from .snapshot_store import SnapshotStore
+from .state_objects import (
+    AggregatingState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from .table import StateTable
+
+_STATE_TYPES: dict[StateKind, type[Any]] = {
+    StateKind.VALUE: ValueState,
+    StateKind.LIST: ListState,
+    StateKind.MAP: MapState,
+    StateKind.REDUCING: ReducingState,
+    StateKind.AGGREGATING: AggregatingState,
+}
+
+
+@dataclass
+class _InFlight:
+    future: Future[SnapshotHandle]
+    materialization_id: int
+    upto: SequenceNumber
+    changed: set[int]
+
+
+@dataclass(frozen=True)
+class MaterializationStats:
+    """Counters of a backend's materializations."""
+
+    completed: int
+    failed_in_a_row: int
+    skipped: int
+
+
+class ChangelogKeyedStateBackend:
+    """Keyed state (value, list, map, reducing, aggregating) over a changelog storage.
+
+    Not thread-safe: one operator thread sets the current key, reads and writes
+    state, and takes snapshots. Materialization's I/O runs on a background thread.
+    """
+
+    def __init__(
+        self,
+        storage: StateChangelogStorage[Any],
+        snapshot_store: SnapshotStore,
+        operator_id: str,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        materialization: MaterializationConfig | None = None,
+        backend_id: str | None = None,
+    ) -> None:
+        check_parallelism(max_parallelism)
+        if not key_group_range.is_empty and key_group_range.end >= max_parallelism:
+            raise ValueError(f"key-group range {key_group_range} exceeds max parallelism "
+                             f"{max_parallelism}")
+        self.operator_id = operator_id
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.table = StateTable()
+        self._storage = storage
+        self._store = snapshot_store
+        self._writer: StateChangelogWriter[Any] = storage.create_writer(
+            operator_id, key_group_range)
+        self.backend_id = backend_id or f"{operator_id}-{uuid.uuid4().hex[:12]}"
+        self._config = materialization or MaterializationConfig(interval_s=None)
+        self._timer = PeriodicMaterializer(self._config)
+        self._descriptors: dict[str, StateDescriptor] = {}
+        self._current: tuple[int, bytes] | None = None
+        # The materialized base: snapshot, where the log continues, and (after a restore
+        # that adopted an earlier backend's base) that backend's log since its snapshot.
+        self.materialization_id = 0
+        self.snapshot_handle: SnapshotHandle | None = None
+        self._materialized_upto = self._writer.initial_sequence_number()
+        self._base_changelog: tuple[ChangelogHandle, ...] = ()
+        self._changed: set[int] = set()
+        self._in_flight: _InFlight | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kafka-changelog-materialize")
+        self._failures_in_a_row = 0
+        self._failure: MaterializationFailedError | None = None
+        self._completed = 0
+        self._skipped = 0
+        self._checkpoints: dict[int, tuple[SequenceNumber, SequenceNumber]] = {}
+        self._lock = threading.Lock()
+
+    # -- keys and state access -------------------------------------------------------------
+
+    def set_current_key(self, key: bytes) -> None:
+        """Scope state access to ``key`` (its key group must be in this backend's range)."""
+        key_group = key_group_for_key(key, self.max_parallelism)
+        if not self.key_group_range.contains(key_group):
+            from ..errors import KeyGroupOutOfRangeError
+
+            raise KeyGroupOutOfRangeError(key_group, self.key_group_range, self.backend_id)
+        self._current = (key_group, key)
+        if self._timer.due.is_set():
+            self._timer.due.clear()
+            self.materialize()
+        self.poll_materialization()
+
+    def current(self) -> tuple[int, bytes]:
+        """(key group, key) of the current key."""
+        if self._current is None:
+            raise NoCurrentKeyError("no current key: call set_current_key(key) first")
+        return self._current
+
+    def state(self, descriptor: StateDescriptor) -> Any:
+        """The state object for ``descriptor`` (registered, and logged, on first use)."""
+        known = self._descriptors.get(descriptor.name)
+        if known is None:
+            meta = StateMeta(
+                descriptor.name, descriptor.kind, descriptor.value_serializer.name,
+                descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
+            self.table.register(meta)  # refuses a different kind or serializer
+            self._descriptors[descriptor.name] = descriptor
+            self._writer.append_meta(meta.to_bytes())
+            known = descriptor
+        return _STATE_TYPES[known.kind](self, known)
+
+    def mutate(self, key_group: int, op: StateOp) -> None:
+        """Apply ``op`` to the working copy and log it (used by the state objects)."""
+        self.table.apply(key_group, op)
+        self._writer.append(key_group, op.to_bytes())
+        self._changed.add(key_group)
+
+    def _log_all_metas(self) -> None:
+        # Every log segment a checkpoint may start from begins with the registrations, so
+        # replaying it never meets a change of a state it does not know.
+        for meta in self.table.metas.values():
+            self._writer.append_meta(meta.to_bytes())
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> Future[KeyedStateHandle]:
+        """Persist the log since the materialization; the handle restores this exact state."""
+        self.poll_materialization()
+        if self._failure is not None:
+            raise self._failure
+        upto = self._materialized_upto
+        persisted = self._writer.persist(upto, checkpoint_id)
+        self._checkpoints[checkpoint_id] = (upto, self._writer.next_sequence_number())
+        snapshot, base = self.snapshot_handle, self._base_changelog
+        materialization_id = self.materialization_id
+        result: Future[KeyedStateHandle] = Future()
+
+        def done(f: Future[Any]) -> None:
+            error = f.exception()
+            if error is not None:
+                result.set_exception(error)
+                return
+            handle = f.result().job_owned
+            result.set_result(KeyedStateHandle(
+                self.backend_id, self.key_group_range, materialization_id, snapshot,
+                (*base, handle) if handle is not None else base))
+
+        persisted.add_done_callback(done)
+        return result
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """The checkpoint is complete: it now holds what it persisted."""
+        span = self._checkpoints.pop(checkpoint_id, None)
+        if span is not None:
+            self._writer.confirm(span[0], span[1], checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """The checkpoint was aborted: it holds nothing."""
+        span = self._checkpoints.pop(checkpoint_id, None)
+        if span is not None:
+            self._writer.reset(span[0], span[1], checkpoint_id)
+
+    # -- materialization ---------------------------------------------------------------------
+
+    def materialize(self) -> Future[SnapshotHandle] | None:
+        """Start a materialization; None when one is in flight or nothing changed."""
+        self.poll_materialization()
+        if self._in_flight is not None:
+            return None
+        if not self._changed:
+            self._skipped += 1
+            return None
+        upto = self._writer.next_sequence_number()
+        self._log_all_metas()
+        materialization_id = max(self.materialization_id + 1, time.time_ns() // 1000)
+        changed = set(self._changed)
+        # Serialised now (consistent with ``upto``); written while the operator goes on.
+        states = {kg: self.table.serialize_group(kg) for kg in changed
+                  if self.table.groups.get(kg)}
+        previous = self.snapshot_handle
+        reused = {
+            kg: previous.chunks_of(kg) for kg in self.key_group_range
+            if previous is not None and kg not in changed and previous.chunks_of(kg)
+        }
+        future = self._executor.submit(
+            self._store.write, self.backend_id, materialization_id, self.key_group_range,
+            states, reused, upto.value)
+        self._in_flight = _InFlight(future, materialization_id, upto, changed)
+        self._changed = set()
+        return future
+
+    def materialize_now(self, timeout: float = 120.0) -> SnapshotHandle | None:
+        """Materialize and wait until the result is applied (tests, shutdown, restore)."""
+        future = self.materialize()
+        if future is None and self._in_flight is not None:
+            future = self._in_flight.future
+        if future is None:
+            return self.snapshot_handle
+        future.exception(timeout)
+        self.poll_materialization()
+        if future.exception() is not None:
+            raise future.exception()  # type: ignore[misc]
+        return self.snapshot_handle
+
+    def poll_materialization(self) -> None:
+        """Apply a finished materialization (operator thread only)."""
+        flight = self._in_flight
+        if flight is None or not flight.future.done():
+            return
+        self._in_flight = None
+        error = flight.future.exception()
+        if error is not None:
+            self._changed |= flight.changed  # not materialized: still to do
+            self._failures_in_a_row += 1
+            if self._failures_in_a_row > self._config.max_failures_allowed:
+                self._failure = MaterializationFailedError(
+                    f"materialization of backend {self.backend_id} failed "
+                    f"{self._failures_in_a_row} times in a row (max_failures_allowed="
+                    f"{self._config.max_failures_allowed}): {error}")
+                self._failure.__cause__ = error
+            return
+        self._failures_in_a_row = 0
+        self._completed += 1
+        self.snapshot_handle = flight.future.result()
+        self.materialization_id = flight.materialization_id
+        self._materialized_upto = flight.upto
+        self._base_changelog = ()
+        self._writer.truncate(flight.upto)
+
+    @property
+    def materialization_stats(self) -> MaterializationStats:
+        """Completed, consecutive failed and skipped materializations."""
+        return MaterializationStats(self._completed, self._failures_in_a_row, self._skipped)
+
+    @property
+    def writer(self) -> StateChangelogWriter[Any]:
+        """The changelog writer (for inspection)."""
+        return self._writer
+
+    # -- restore -----------------------------------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        storage: StateChangelogStorage[Any],
+        snapshot_store: SnapshotStore,
+        operator_id: str,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+        handles: Sequence[KeyedStateHandle],
+        read_context: object | None = None,
+        materialization: MaterializationConfig | None = None,
+    ) -> ChangelogKeyedStateBackend:
+        """A backend for ``key_group_range`` with the state of ``handles`` (any old ranges).
+
+        Reads each handle's snapshot chunks, then replays its changelog in order.
+        Restoring exactly one handle of the same range adopts its base (no rewrite);
+        otherwise (rescaling) the restored state is materialized at once under a new
+        backend id, so later checkpoints need nothing of the old ones.
+        """
+        narrowed = [n for h in handles if (n := h.intersection(key_group_range)) is not None]
+        adopt = len(narrowed) == 1 and narrowed[0].key_group_range == key_group_range and (
+            len(handles) == 1)
+        backend = cls(storage, snapshot_store, operator_id, key_group_range, max_parallelism,
+                      materialization, narrowed[0].backend_id if adopt else None)
+        for handle in narrowed:
+            load_keyed_state(backend.table, handle, key_group_range, snapshot_store,
+                             read_context)
+        backend._log_all_metas()
+        if adopt:
+            base = narrowed[0]
+            backend.materialization_id = base.materialization_id
+            backend.snapshot_handle = base.snapshot
+            backend._base_changelog = tuple(base.changelog)
+        else:
+            backend._changed = set(backend.table.groups)
+            backend.materialize_now()
+        return backend
+
+    def close(self) -> None:
+        """Stop the timer and the writer; unpersisted changes are dropped."""
+        self._timer.stop()
+        self._executor.shutdown(wait=True)
+        self._writer.close()
+
+
+def load_keyed_state(
+    table: StateTable,
+    handle: KeyedStateHandle,
+    key_group_range: KeyGroupRange,
+    snapshot_store: SnapshotStore,
+    read_context: object | None = None,
+) -> None:
+    """Snapshot chunks first, then the changelog in order, into ``table``."""
+    if handle.snapshot is not None:
+        for key_group, data in snapshot_store.read(handle.snapshot, key_group_range):
+            table.load_group(key_group, data)
+    for changelog in handle.changelog:
+        for change in changelog.changes(read_context):
+            if change.is_meta:
+                table.register(StateMeta.from_bytes(change.payload))
+            elif key_group_range.contains(change.key_group):
+                table.apply(change.key_group, StateOp.from_bytes(change.payload))
+
+
+def union_of(ranges: Iterable[KeyGroupRange]) -> set[int]:
+    """All key groups of ``ranges``."""
+    return {kg for r in ranges for kg in r}

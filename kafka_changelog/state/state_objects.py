@@ -1,0 +1,154 @@
+"""User-facing keyed state objects, scoped to the backend's current key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
+from .ops import OpKind, StateOp
+
+if TYPE_CHECKING:
+    from .keyed_backend import ChangelogKeyedStateBackend
+
+V = TypeVar("V")
+K = TypeVar("K")
+
+
+class _KeyedState:
+    def __init__(self, backend: ChangelogKeyedStateBackend, descriptor: StateDescriptor) -> None:
+        self._backend = backend
+        self._descriptor = descriptor
+        self._name = descriptor.name
+        self._values = descriptor.value_serializer
+
+    def _entry(self) -> Any:
+        key_group, key = self._backend.current()
+        return self._backend.table.get(key_group, self._name, key)
+
+    def _log(self, op: OpKind, **fields: Any) -> None:
+        key_group, key = self._backend.current()
+        self._backend.mutate(key_group, StateOp(self._name, op, key, **fields))
+
+    def clear(self) -> None:
+        """Remove the current key's entry."""
+        if self._entry() is not None:
+            self._log(OpKind.DELETE)
+
+
+class ValueState(_KeyedState, Generic[V]):
+    """One value per key."""
+
+    def value(self, default: V | None = None) -> V | None:
+        """The current key's value (``default`` if none)."""
+        entry = self._entry()
+        return default if entry is None else self._values.deserialize(entry)
+
+    def update(self, value: V) -> None:
+        """Set the current key's value."""
+        self._log(OpKind.SET, value=self._values.serialize(value))
+
+
+class ListState(_KeyedState, Generic[V]):
+    """A list of values per key."""
+
+    def get(self) -> list[V]:
+        """The current key's list (empty if none)."""
+        entry = self._entry() or []
+        return [self._values.deserialize(item) for item in entry]
+
+    def add(self, value: V) -> None:
+        """Append one value."""
+        self._log(OpKind.LIST_ADD, values=(self._values.serialize(value),))
+
+    def add_all(self, values: Iterable[V]) -> None:
+        """Append several values."""
+        encoded = tuple(self._values.serialize(v) for v in values)
+        if encoded:
+            self._log(OpKind.LIST_ADD, values=encoded)
+
+    def update(self, values: Iterable[V]) -> None:
+        """Replace the list."""
+        self._log(OpKind.LIST_REPLACE, values=tuple(self._values.serialize(v) for v in values))
+
+
+class MapState(_KeyedState, Generic[K, V]):
+    """A map per key."""
+
+    def __init__(self, backend: ChangelogKeyedStateBackend, descriptor: StateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        assert descriptor.map_key_serializer is not None
+        self._keys = descriptor.map_key_serializer
+
+    def _map(self) -> dict[bytes, bytes]:
+        entry = self._entry()
+        return entry if isinstance(entry, dict) else {}
+
+    def get(self, map_key: K, default: V | None = None) -> V | None:
+        """The value under ``map_key`` (``default`` if none)."""
+        data = self._map().get(self._keys.serialize(map_key))
+        return default if data is None else self._values.deserialize(data)
+
+    def put(self, map_key: K, value: V) -> None:
+        """Set the value under ``map_key``."""
+        self._log(OpKind.MAP_PUT, map_key=self._keys.serialize(map_key),
+                  value=self._values.serialize(value))
+
+    def remove(self, map_key: K) -> None:
+        """Remove ``map_key`` (no-op if absent)."""
+        encoded = self._keys.serialize(map_key)
+        if encoded in self._map():
+            self._log(OpKind.MAP_REMOVE, map_key=encoded)
+
+    def contains(self, map_key: K) -> bool:
+        """True if ``map_key`` is present."""
+        return self._keys.serialize(map_key) in self._map()
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """(map key, value) pairs, ordered by serialized key."""
+        entries = self._map()
+        for k in sorted(entries):
+            yield self._keys.deserialize(k), self._values.deserialize(entries[k])
+
+    def keys(self) -> Iterator[K]:
+        """Map keys, ordered by serialized key."""
+        return (k for k, _ in self.items())
+
+    def is_empty(self) -> bool:
+        """True when the current key has no entries."""
+        return not self._map()
+
+
+class ReducingState(_KeyedState, Generic[V]):
+    """A value per key that added values are folded into."""
+
+    def get(self) -> V | None:
+        """The folded value (None if nothing was added)."""
+        entry = self._entry()
+        return None if entry is None else self._values.deserialize(entry)
+
+    def add(self, value: V) -> None:
+        """Fold ``value`` in."""
+        descriptor = self._descriptor
+        assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
+        current = self.get()
+        folded = value if current is None else descriptor.reduce(current, value)
+        self._log(OpKind.SET, value=self._values.serialize(folded))
+
+
+class AggregatingState(_KeyedState, Generic[V]):
+    """An accumulator per key."""
+
+    def get(self) -> Any:
+        """The accumulator (None if nothing was added)."""
+        entry = self._entry()
+        return None if entry is None else self._values.deserialize(entry)
+
+    def add(self, value: V) -> None:
+        """Add ``value`` to the accumulator."""
+        descriptor = self._descriptor
+        assert isinstance(descriptor, AggregatingStateDescriptor)
+        assert descriptor.create is not None and descriptor.add is not None
+        current = self.get()
+        accumulator = descriptor.add(descriptor.create() if current is None else current, value)
+        self._log(OpKind.SET, value=self._values.serialize(accumulator))

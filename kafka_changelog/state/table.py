@@ -1,0 +1,152 @@
+"""The working copy of keyed state: per key group, per state, per key; all bytes.
+
+Reads are served from here, never from Kafka. Mutations applied here are the
+same ones logged to the changelog, so replaying the log onto a snapshot gives
+back exactly this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ..serialization import decode, encode
+from .descriptors import StateKind
+from .errors_state import StateMismatchError
+from .ops import OpKind, StateMeta, StateOp
+
+#: Entry of a value/reducing/aggregating state, of a list state, of a map state.
+Entry = bytes | list[bytes] | dict[bytes, bytes]
+
+
+class StateTable:
+    """State of a set of key groups: ``{key_group: {state: {key: entry}}}`` plus metas."""
+
+    def __init__(self) -> None:
+        self.metas: dict[str, StateMeta] = {}
+        self.groups: dict[int, dict[str, dict[bytes, Entry]]] = {}
+
+    # -- registrations -------------------------------------------------------------------
+
+    def register(self, meta: StateMeta) -> None:
+        """Register a state; a different kind or serializer under the same name is refused."""
+        known = self.metas.get(meta.state)
+        if known is None:
+            self.metas[meta.state] = meta
+        elif known != meta:
+            raise StateMismatchError(
+                f"state {meta.state!r} is registered as {_describe(known)} but "
+                f"{_describe(meta)} was requested")
+
+    # -- mutations ---------------------------------------------------------------------
+
+    def apply(self, key_group: int, op: StateOp) -> None:
+        """Apply one logged mutation."""
+        if op.state not in self.metas:
+            raise StateMismatchError(
+                f"change for unregistered state {op.state!r} in key group {key_group}")
+        table = self.groups.setdefault(key_group, {}).setdefault(op.state, {})
+        kind = op.op
+        if kind is OpKind.SET:
+            assert op.value is not None
+            table[op.key] = op.value
+        elif kind is OpKind.DELETE:
+            table.pop(op.key, None)
+        elif kind is OpKind.LIST_ADD:
+            entry = table.setdefault(op.key, [])
+            assert isinstance(entry, list) and op.values is not None
+            entry.extend(op.values)
+        elif kind is OpKind.LIST_REPLACE:
+            assert op.values is not None
+            if op.values:
+                table[op.key] = list(op.values)
+            else:
+                table.pop(op.key, None)
+        elif kind is OpKind.MAP_PUT:
+            entry = table.setdefault(op.key, {})
+            assert isinstance(entry, dict) and op.map_key is not None and op.value is not None
+            entry[op.map_key] = op.value
+        elif kind is OpKind.MAP_REMOVE:
+            current = table.get(op.key)
+            if isinstance(current, dict):
+                assert op.map_key is not None
+                current.pop(op.map_key, None)
+                if not current:
+                    del table[op.key]
+
+    def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
+        """The entry of ``key`` (None if absent)."""
+        return self.groups.get(key_group, {}).get(state, {}).get(key)
+
+    def keys(self, state: str) -> Iterator[tuple[int, bytes]]:
+        """(key group, key) of every entry of ``state``."""
+        for key_group in sorted(self.groups):
+            for key in self.groups[key_group].get(state, {}):
+                yield key_group, key
+
+    def drop_outside(self, key_groups: Iterable[int]) -> None:
+        """Forget key groups not in ``key_groups``."""
+        keep = set(key_groups)
+        for key_group in [kg for kg in self.groups if kg not in keep]:
+            del self.groups[key_group]
+
+    # -- snapshots of a key group -----------------------------------------------------------
+
+    def serialize_group(self, key_group: int) -> bytes:
+        """The key group's state (``schemas/key_group_state.avsc``), deterministic order."""
+        states = self.groups.get(key_group, {})
+        tables = []
+        for name in sorted(states):
+            entries = []
+            for key in sorted(states[name]):
+                entry = states[name][key]
+                record: dict[str, Any] = {"key": key, "value": None, "values": None, "map": None}
+                if isinstance(entry, bytes):
+                    record["value"] = entry
+                elif isinstance(entry, list):
+                    record["values"] = list(entry)
+                else:
+                    record["map"] = [{"key": k, "value": entry[k]} for k in sorted(entry)]
+                entries.append(record)
+            if entries:
+                tables.append({"meta": self.metas[name].to_record(), "entries": entries})
+        return encode("key_group_state", {"states": tables})
+
+    def load_group(self, key_group: int, data: bytes) -> None:
+        """Replace the key group's state with a serialized one (registering its states)."""
+        record = decode("key_group_state", data)
+        group: dict[str, dict[bytes, Entry]] = {}
+        for table in record["states"]:
+            meta = StateMeta.from_record(table["meta"])
+            self.register(meta)
+            entries: dict[bytes, Entry] = {}
+            for e in table["entries"]:
+                if e["value"] is not None:
+                    entries[e["key"]] = e["value"]
+                elif e["values"] is not None:
+                    entries[e["key"]] = list(e["values"])
+                elif e["map"] is not None:
+                    entries[e["key"]] = {m["key"]: m["value"] for m in e["map"]}
+            group[meta.state] = entries
+        self.groups[key_group] = group
+
+    def snapshot_view(self) -> dict[str, dict[tuple[int, bytes], Any]]:
+        """Everything as plain data, for comparisons in tests and tools."""
+        view: dict[str, dict[tuple[int, bytes], Any]] = {}
+        for key_group, states in self.groups.items():
+            for name, entries in states.items():
+                for key, entry in entries.items():
+                    copied: Any = (dict(entry) if isinstance(entry, dict)
+                                   else list(entry) if isinstance(entry, list) else entry)
+                    view.setdefault(name, {})[(key_group, key)] = copied
+        return view
+
+
+def _describe(meta: StateMeta) -> str:
+    text = f"{meta.kind.value} with value serializer {meta.value_serializer!r}"
+    if meta.map_key_serializer:
+        text += f" and map key serializer {meta.map_key_serializer!r}"
+    return text
+
+
+__all__ = ["Entry", "StateKind", "StateTable"]

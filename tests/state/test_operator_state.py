@@ -1,0 +1,72 @@
+"""Rescalable operator state: the seed FLIP's Kafka source example."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka_changelog.state.checkpoint import OperatorStateHandle
+from kafka_changelog.state.operator_state import OperatorStateBackend, redistribute
+from kafka_changelog.state.serializers import JSON
+
+OFFSETS = "partition-offsets"
+ASSIGNMENT = "all-partitions"
+
+
+def source_subtasks() -> list[OperatorStateHandle]:
+    """Two source subtasks reading Kafka partitions KP1..KP4, two each, with offsets."""
+    handles = []
+    for index, partitions in enumerate([("KP1", "KP2"), ("KP3", "KP4")]):
+        backend = OperatorStateBackend("kafka-source", index)
+        offsets = backend.list_state(OFFSETS, JSON)
+        for n, partition in enumerate(partitions):
+            offsets.add({"partition": partition, "offset": 100 * (index + 1) + n})
+        backend.union_list_state(ASSIGNMENT, JSON).add({"owner": index, "of": list(partitions)})
+        handles.append(backend.snapshot())
+    return handles
+
+
+def restored_offsets(handles: list[OperatorStateHandle]) -> list[list[str]]:
+    return [
+        [e["partition"] for e in OperatorStateBackend("kafka-source", h.subtask_index, h)
+         .list_state(OFFSETS, JSON).get()]
+        for h in handles
+    ]
+
+
+@pytest.mark.parametrize(("parallelism", "expected"), [
+    (1, [["KP1", "KP2", "KP3", "KP4"]]),
+    (2, [["KP1", "KP2"], ["KP3", "KP4"]]),
+    (4, [["KP1"], ["KP2"], ["KP3"], ["KP4"]]),
+    (3, [["KP1"], ["KP2"], ["KP3", "KP4"]]),
+])
+def test_list_state_is_split_and_merged_none_lost_none_doubled(
+    parallelism: int, expected: list[list[str]]
+) -> None:
+    new = redistribute(source_subtasks(), parallelism)
+    assert [h.subtask_index for h in new] == list(range(parallelism))
+    assert restored_offsets(new) == expected
+    offsets = [e for h in new for e in OperatorStateBackend("kafka-source", 0, h)
+               .list_state(OFFSETS, JSON).get()]
+    assert sorted((e["partition"], e["offset"]) for e in offsets) == [
+        ("KP1", 100), ("KP2", 101), ("KP3", 200), ("KP4", 201)]
+
+
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_union_state_gives_every_subtask_everything(parallelism: int) -> None:
+    for handle in redistribute(source_subtasks(), parallelism):
+        union = OperatorStateBackend("kafka-source", handle.subtask_index, handle) \
+            .union_list_state(ASSIGNMENT, JSON).get()
+        assert union == [{"owner": 0, "of": ["KP1", "KP2"]}, {"owner": 1, "of": ["KP3", "KP4"]}]
+
+
+def test_scale_up_then_down_round_trips() -> None:
+    four = redistribute(source_subtasks(), 4)
+    back = redistribute(four, 2)
+    assert restored_offsets(back) == [["KP1", "KP2"], ["KP3", "KP4"]]
+
+
+def test_a_name_is_either_list_or_union() -> None:
+    backend = OperatorStateBackend("op", 0)
+    backend.list_state("s")
+    with pytest.raises(ValueError, match="already registered as list state"):
+        backend.union_list_state("s")
