@@ -1,0 +1,1 @@
+"""Keyed and operator state over the changelog, materialization, checkpoints and restore."""

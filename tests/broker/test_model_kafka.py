@@ -1,0 +1,95 @@
+"""The model-based checkpoint/restore test against real Kafka, with compaction running.
+
+Changelog, snapshot chunks and checkpoint records all live in a real broker whose
+log cleaner runs constantly (tiny segments, dirty ratio ~0, no compaction lag),
+while checkpoints are subsumed and garbage-collected (DeleteRecords, tombstones).
+Every restore must still be exact.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
+from kafka_changelog.testing.broker import LocalKafkaCluster
+from tests.state.model_machine import CheckpointMachine, Environment, FailingSnapshots
+
+pytestmark = pytest.mark.broker
+
+#: Topic settings that keep the log cleaner busy during the test.
+FAST_COMPACTION = {
+    "segment.ms": "200",
+    "segment.bytes": "1048576",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "100",
+}
+
+CLUSTER: LocalKafkaCluster | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compacting_cluster() -> Iterator[LocalKafkaCluster]:
+    """A broker whose cleaner wakes up every 100 ms."""
+    global CLUSTER
+    with LocalKafkaCluster(nodes=1, broker_overrides={
+        "log.cleaner.backoff.ms": "100",
+        "log.retention.check.interval.ms": "200",
+        "log.segment.delete.delay.ms": "0",
+    }) as cluster:
+        CLUSTER = cluster
+        yield cluster
+        CLUSTER = None
+
+
+def kafka_environment() -> Environment:
+    assert CLUSTER is not None
+    settings_ = dict(CLUSTER.client_config())
+    servers = settings_.pop("bootstrap.servers")
+    run = uuid.uuid4().hex[:8]
+    changelog = KafkaChangelogConfig(bootstrap_servers=servers, client_config=settings_,
+                                     topic=f"model-log-{run}", partitions=4,
+                                     preemptive_persist_threshold_bytes=4096)
+    storage = KafkaChangelogStorage(changelog)
+    snapshots = KafkaSnapshotStore(SnapshotStoreConfig(
+        bootstrap_servers=servers, client_config=settings_, topic=f"model-snap-{run}",
+        partitions=4, max_chunk_bytes=512, topic_overrides=FAST_COMPACTION))
+    checkpoints = KafkaCheckpointStore(CheckpointStoreConfig(
+        bootstrap_servers=servers, client_config=settings_, topic=f"model-cp-{run}",
+        retain=2, topic_overrides=FAST_COMPACTION))
+    wrapped = FailingSnapshots(snapshots)
+    coordinator = CheckpointCoordinator(
+        "model-app", checkpoints, wrapped, storage)  # type: ignore[arg-type]
+
+    def close() -> None:
+        storage.close()
+        snapshots.close()
+        checkpoints.close()
+
+    return Environment(coordinator, wrapped, changelog, close)
+
+
+class KafkaMachine(CheckpointMachine):
+    totals = {"restores": 0, "discarded": 0, "deleted_chunks": 0, "materializations": 0}
+    make_environment = staticmethod(kafka_environment)
+
+
+TestKafkaModel = KafkaMachine.TestCase
+TestKafkaModel.settings = settings(
+    max_examples=4, stateful_step_count=25, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_machine_restored_collected_and_materialized() -> None:
+    """Runs after the machine: it must have exercised restores and garbage collection."""
+    totals = KafkaMachine.totals
+    assert totals["restores"] > 0, totals
+    assert totals["discarded"] > 0, totals
+    assert totals["deleted_chunks"] > 0, totals

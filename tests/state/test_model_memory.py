@@ -1,0 +1,40 @@
+"""The model-based checkpoint/restore test against the in-memory storage."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+from kafka_changelog import InMemoryChangelogStorage
+from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+
+from .model_machine import CheckpointMachine, Environment, FailingSnapshots
+
+
+def memory_environment() -> Environment:
+    snapshots = FailingSnapshots(InMemorySnapshotStore())
+    storage = InMemoryChangelogStorage()
+    coordinator = CheckpointCoordinator(
+        "model-app", InMemoryCheckpointStore(retain=2), snapshots,  # type: ignore[arg-type]
+        storage)
+    return Environment(coordinator, snapshots, None, storage.close)
+
+
+class MemoryMachine(CheckpointMachine):
+    totals = {"restores": 0, "discarded": 0, "deleted_chunks": 0, "materializations": 0}
+    make_environment = staticmethod(memory_environment)
+
+
+TestMemoryModel = MemoryMachine.TestCase
+TestMemoryModel.settings = settings(
+    max_examples=60, stateful_step_count=50, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_machine_restored_collected_and_materialized() -> None:
+    """Runs after the machine: it must have exercised restores and garbage collection."""
+    totals = MemoryMachine.totals
+    assert totals["restores"] > 0, totals
+    assert totals["discarded"] > 0, totals
+    assert totals["deleted_chunks"] > 0, totals
