@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,7 +20,7 @@ from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaC
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.testing.broker import LocalKafkaCluster
-from tests.state.model_machine import CheckpointMachine, Environment, FailingSnapshots
+from tests.state.model_machine import CheckpointMachine, Environment, FailingSnapshots, fresh_totals
 
 pytestmark = pytest.mark.broker
 
@@ -77,7 +78,7 @@ def kafka_environment() -> Environment:
 
 
 class KafkaMachine(CheckpointMachine):
-    totals = {"restores": 0, "discarded": 0, "deleted_chunks": 0, "materializations": 0}
+    totals: ClassVar[dict[str, int]] = fresh_totals()
     make_environment = staticmethod(kafka_environment)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -58,13 +58,17 @@ class Environment:
     close: Callable[[], None]
 
 
+def fresh_totals() -> dict[str, int]:
+    """Counters a machine class adds its examples' work to."""
+    return {"restores": 0, "discarded": 0, "deleted_chunks": 0, "materializations": 0}
+
+
 class CheckpointMachine(RuleBasedStateMachine):
     """Subclasses set ``make_environment``."""
 
     make_environment: Callable[[], Environment]
     #: Totals over all examples of a run, so a test can check the machine did real work.
-    totals: dict[str, int] = {"restores": 0, "discarded": 0, "deleted_chunks": 0,
-                              "materializations": 0}
+    totals: ClassVar[dict[str, int]] = {}
 
     def __init__(self) -> None:
         super().__init__()

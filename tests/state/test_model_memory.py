@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from hypothesis import HealthCheck, settings
 
 from kafka_changelog import InMemoryChangelogStorage
@@ -9,7 +11,7 @@ from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
 
-from .model_machine import CheckpointMachine, Environment, FailingSnapshots
+from .model_machine import CheckpointMachine, Environment, FailingSnapshots, fresh_totals
 
 
 def memory_environment() -> Environment:
@@ -22,7 +24,7 @@ def memory_environment() -> Environment:
 
 
 class MemoryMachine(CheckpointMachine):
-    totals = {"restores": 0, "discarded": 0, "deleted_chunks": 0, "materializations": 0}
+    totals: ClassVar[dict[str, int]] = fresh_totals()
     make_environment = staticmethod(memory_environment)
 
 
