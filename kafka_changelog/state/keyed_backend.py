@@ -297,19 +297,23 @@ class ChangelogKeyedStateBackend:
         backend id, so later checkpoints need nothing of the old ones.
         """
         narrowed = [n for h in handles if (n := h.intersection(key_group_range)) is not None]
-        adopt = len(narrowed) == 1 and narrowed[0].key_group_range == key_group_range and (
-            len(handles) == 1)
+        # Adopt only an untouched base: one old subtask with exactly this range.
+        adopt = len(handles) == 1 and handles[0].key_group_range == key_group_range
         backend = cls(storage, snapshot_store, operator_id, key_group_range, max_parallelism,
                       materialization, narrowed[0].backend_id if adopt else None)
+        replayed: set[int] = set()
         for handle in narrowed:
-            load_keyed_state(backend.table, handle, key_group_range, snapshot_store,
-                             read_context)
+            replayed |= load_keyed_state(backend.table, handle, key_group_range,
+                                         snapshot_store, read_context)
         backend._log_all_metas()
         if adopt:
             base = narrowed[0]
             backend.materialization_id = base.materialization_id
             backend.snapshot_handle = base.snapshot
             backend._base_changelog = tuple(base.changelog)
+            # What the base log changed is not in the base snapshot: the next
+            # materialization must write it (it drops the base log).
+            backend._changed = replayed
         else:
             backend._changed = set(backend.table.groups)
             backend.materialize_now()
@@ -328,17 +332,23 @@ def load_keyed_state(
     key_group_range: KeyGroupRange,
     snapshot_store: SnapshotStore,
     read_context: object | None = None,
-) -> None:
-    """Snapshot chunks first, then the changelog in order, into ``table``."""
+) -> set[int]:
+    """Snapshot chunks first, then the changelog in order, into ``table``.
+
+    Returns the key groups the changelog changed.
+    """
     if handle.snapshot is not None:
         for key_group, data in snapshot_store.read(handle.snapshot, key_group_range):
             table.load_group(key_group, data)
+    changed: set[int] = set()
     for changelog in handle.changelog:
         for change in changelog.changes(read_context):
             if change.is_meta:
                 table.register(StateMeta.from_bytes(change.payload))
             elif key_group_range.contains(change.key_group):
                 table.apply(change.key_group, StateOp.from_bytes(change.payload))
+                changed.add(change.key_group)
+    return changed
 
 
 def union_of(ranges: Iterable[KeyGroupRange]) -> set[int]:

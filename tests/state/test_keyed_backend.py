@@ -246,3 +246,25 @@ def test_periodic_timer_triggers_materialization(storage: Any, store: Any) -> No
         backend.set_current_key(b"a")  # the operator thread acts on the timer's flag
     assert backend.materialization_stats.completed >= 1
     backend.close()
+
+
+def test_adopted_log_is_materialized_before_it_is_dropped(storage: Any, store: Any) -> None:
+    """Restore (same range) from a checkpoint that has no snapshot, touch one key group,
+    materialize, checkpoint: the key groups only the adopted log held must survive."""
+    model: dict[bytes, Any] = {}
+    first = backend_for(storage, store)
+    drive(first, model, random.Random(9), 200, USERS)
+    handle = first.snapshot(1).result(10)
+    assert handle.snapshot is None
+    second = ChangelogKeyedStateBackend.restore(
+        storage, store, "op", KeyGroupRange.of(0, 127), MAX_P, [handle])
+    assert second.backend_id == handle.backend_id  # adopted
+    apply_event(second, USERS[0], "home", 1)
+    model_apply(model, USERS[0], "home", 1)
+    second.materialize_now()
+    later = second.snapshot(2).result(10)
+    third = ChangelogKeyedStateBackend.restore(
+        storage, store, "op", KeyGroupRange.of(0, 127), MAX_P, [later])
+    assert {u: read_user(third, u) for u in USERS} == expected_for(model, USERS)
+    for b in (first, second, third):
+        b.close()
