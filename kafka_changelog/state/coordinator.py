@@ -21,6 +21,7 @@ from ..storage import StateChangelogStorage
 from .checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore
 from .keyed_backend import ChangelogKeyedStateBackend
+from .local_recovery import LocalRecoveryStore
 from .materializer import MaterializationConfig
 from .operator_state import OperatorStateBackend, redistribute
 from .snapshot import ChunkRef
@@ -114,6 +115,7 @@ class CheckpointCoordinator:
         checkpoint: CompletedCheckpoint | None,
         read_context: object | None = None,
         materialization: MaterializationConfig | None = None,
+        local_recovery: LocalRecoveryStore | None = None,
     ) -> ChangelogKeyedStateBackend:
         """A keyed backend for ``key_group_range`` with the operator's state at ``checkpoint``
         (whatever parallelism wrote it), or an empty one when ``checkpoint`` is None."""
@@ -124,10 +126,10 @@ class CheckpointCoordinator:
         if not handles:
             return ChangelogKeyedStateBackend(
                 self.storage, self.snapshots, operator_id, key_group_range,
-                self.max_parallelism, materialization)
+                self.max_parallelism, materialization, local_recovery=local_recovery)
         return ChangelogKeyedStateBackend.restore(
             self.storage, self.snapshots, operator_id, key_group_range, self.max_parallelism,
-            handles, read_context, materialization)
+            handles, read_context, materialization, local_recovery)
 
     def restore_operator_state(
         self, operator_id: str, subtask_index: int, parallelism: int,

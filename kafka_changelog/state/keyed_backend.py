@@ -8,6 +8,7 @@ of unchanged ones) and truncates the log, so restore costs O(state + tail).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -16,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..change import StateChange
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange, check_parallelism, key_group_for_key
 from ..sequence import SequenceNumber
@@ -24,9 +26,10 @@ from ..writer import StateChangelogWriter
 from .checkpoint import KeyedStateHandle
 from .descriptors import StateDescriptor, StateKind
 from .errors_state import MaterializationFailedError, NoCurrentKeyError
+from .local_recovery import LocalRecoveryStore
 from .materializer import MaterializationConfig, PeriodicMaterializer
 from .ops import StateMeta, StateOp
-from .snapshot import SnapshotHandle
+from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
 from .state_objects import (
     AggregatingState,
@@ -52,6 +55,7 @@ class _InFlight:
     materialization_id: int
     upto: SequenceNumber
     changed: set[int]
+    journal_cut: int
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class ChangelogKeyedStateBackend:
         max_parallelism: int,
         materialization: MaterializationConfig | None = None,
         backend_id: str | None = None,
+        local_recovery: LocalRecoveryStore | None = None,
     ) -> None:
         check_parallelism(max_parallelism)
         if not key_group_range.is_empty and key_group_range.end >= max_parallelism:
@@ -112,6 +117,10 @@ class ChangelogKeyedStateBackend:
         self._skipped = 0
         self._checkpoints: dict[int, tuple[SequenceNumber, SequenceNumber]] = {}
         self._lock = threading.Lock()
+        # Local recovery keeps a journal of what was logged since the materialization:
+        # exactly the changes of the next checkpoint's changelog handle.
+        self._local = local_recovery
+        self._journal: list[StateChange] = []
 
     # -- keys and state access -------------------------------------------------------------
 
@@ -143,21 +152,30 @@ class ChangelogKeyedStateBackend:
                 descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
             self.table.register(meta)  # refuses a different kind or serializer
             self._descriptors[descriptor.name] = descriptor
-            self._writer.append_meta(meta.to_bytes())
+            self._append_meta(meta)
             known = descriptor
         return _STATE_TYPES[known.kind](self, known)
 
     def mutate(self, key_group: int, op: StateOp) -> None:
         """Apply ``op`` to the working copy and log it (used by the state objects)."""
         self.table.apply(key_group, op)
-        self._writer.append(key_group, op.to_bytes())
+        payload = op.to_bytes()
+        self._writer.append(key_group, payload)
         self._changed.add(key_group)
+        if self._local is not None:
+            self._journal.append(StateChange(key_group, payload))
+
+    def _append_meta(self, meta: StateMeta) -> None:
+        payload = meta.to_bytes()
+        self._writer.append_meta(payload)
+        if self._local is not None:
+            self._journal.append(StateChange.meta(payload))
 
     def _log_all_metas(self) -> None:
         # Every log segment a checkpoint may start from begins with the registrations, so
         # replaying it never meets a change of a state it does not know.
         for meta in self.table.metas.values():
-            self._writer.append_meta(meta.to_bytes())
+            self._append_meta(meta)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -172,6 +190,7 @@ class ChangelogKeyedStateBackend:
         snapshot, base = self.snapshot_handle, self._base_changelog
         materialization_id = self.materialization_id
         result: Future[KeyedStateHandle] = Future()
+        local, journal = self._local, list(self._journal)
 
         def done(f: Future[Any]) -> None:
             error = f.exception()
@@ -179,6 +198,8 @@ class ChangelogKeyedStateBackend:
                 result.set_exception(error)
                 return
             handle = f.result().job_owned
+            if local is not None and handle is not None:
+                local.put_changes(handle, journal)
             result.set_result(KeyedStateHandle(
                 self.backend_id, self.key_group_range, materialization_id, snapshot,
                 (*base, handle) if handle is not None else base))
@@ -209,6 +230,7 @@ class ChangelogKeyedStateBackend:
             self._skipped += 1
             return None
         upto = self._writer.next_sequence_number()
+        journal_cut = len(self._journal)
         self._log_all_metas()
         materialization_id = max(self.materialization_id + 1, time.time_ns() // 1000)
         changed = set(self._changed)
@@ -221,11 +243,21 @@ class ChangelogKeyedStateBackend:
             if previous is not None and kg not in changed and previous.chunks_of(kg)
         }
         future = self._executor.submit(
-            self._store.write, self.backend_id, materialization_id, self.key_group_range,
-            states, reused, upto.value)
-        self._in_flight = _InFlight(future, materialization_id, upto, changed)
+            self._write_snapshot, materialization_id, states, reused, upto.value)
+        self._in_flight = _InFlight(future, materialization_id, upto, changed, journal_cut)
         self._changed = set()
         return future
+
+    def _write_snapshot(
+        self, materialization_id: int, states: dict[int, bytes],
+        reused: dict[int, tuple[ChunkRef, ...]], upto: int,
+    ) -> SnapshotHandle:
+        handle = self._store.write(self.backend_id, materialization_id, self.key_group_range,
+                                   states, reused, upto)
+        if self._local is not None:
+            for key_group, data in states.items():
+                self._local.put_key_group(self.backend_id, key_group, materialization_id, data)
+        return handle
 
     def materialize_now(self, timeout: float = 120.0) -> SnapshotHandle | None:
         """Materialize and wait until the result is applied (tests, shutdown, restore)."""
@@ -264,6 +296,7 @@ class ChangelogKeyedStateBackend:
         self._materialized_upto = flight.upto
         self._base_changelog = ()
         self._writer.truncate(flight.upto)
+        del self._journal[:flight.journal_cut]
 
     @property
     def materialization_stats(self) -> MaterializationStats:
@@ -288,6 +321,7 @@ class ChangelogKeyedStateBackend:
         handles: Sequence[KeyedStateHandle],
         read_context: object | None = None,
         materialization: MaterializationConfig | None = None,
+        local_recovery: LocalRecoveryStore | None = None,
     ) -> ChangelogKeyedStateBackend:
         """A backend for ``key_group_range`` with the state of ``handles`` (any old ranges).
 
@@ -300,11 +334,12 @@ class ChangelogKeyedStateBackend:
         # Adopt only an untouched base: one old subtask with exactly this range.
         adopt = len(handles) == 1 and handles[0].key_group_range == key_group_range
         backend = cls(storage, snapshot_store, operator_id, key_group_range, max_parallelism,
-                      materialization, narrowed[0].backend_id if adopt else None)
+                      materialization, narrowed[0].backend_id if adopt else None,
+                      local_recovery)
         replayed: set[int] = set()
         for handle in narrowed:
             replayed |= load_keyed_state(backend.table, handle, key_group_range,
-                                         snapshot_store, read_context)
+                                         snapshot_store, read_context, local_recovery)
         backend._log_all_metas()
         if adopt:
             base = narrowed[0]
@@ -332,17 +367,32 @@ def load_keyed_state(
     key_group_range: KeyGroupRange,
     snapshot_store: SnapshotStore,
     read_context: object | None = None,
+    local: LocalRecoveryStore | None = None,
 ) -> set[int]:
     """Snapshot chunks first, then the changelog in order, into ``table``.
 
+    Valid task-local copies are used first; anything else comes from the stores.
     Returns the key groups the changelog changed.
     """
-    if handle.snapshot is not None:
-        for key_group, data in snapshot_store.read(handle.snapshot, key_group_range):
+    snapshot = handle.snapshot
+    if snapshot is not None and local is not None:
+        remote = set()
+        for key_group in snapshot.key_groups:
+            if key_group_range.contains(key_group):
+                data = local.get_key_group(snapshot.backend_id, snapshot.chunks_of(key_group))
+                if data is None:
+                    remote.add(key_group)
+                else:
+                    table.load_group(key_group, data)
+        snapshot = dataclasses.replace(
+            snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in remote))
+    if snapshot is not None and snapshot.chunks:
+        for key_group, data in snapshot_store.read(snapshot, key_group_range):
             table.load_group(key_group, data)
     changed: set[int] = set()
     for changelog in handle.changelog:
-        for change in changelog.changes(read_context):
+        changes = local.get_changes(changelog) if local is not None else None
+        for change in changes if changes is not None else changelog.changes(read_context):
             if change.is_meta:
                 table.register(StateMeta.from_bytes(change.payload))
             elif key_group_range.contains(change.key_group):
