@@ -10,12 +10,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from ..change import StateChange
+from ..change import META_KEY_GROUP, StateChange
 from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
 from .config import KafkaChangelogConfig
 from .errors import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
-from .record_format import UnknownSchemaError, check_schema_header, decode_record
+from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
 
 _TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -24,6 +24,9 @@ _TRANSIENT = {
     KafkaError._TIMED_OUT,
     KafkaError.REQUEST_TIMED_OUT,
 }
+
+#: ``tuple.__new__``: builds a StateChange from decoded, already valid parts.
+_new_change = tuple.__new__
 
 #: Messages fetched per consume call.
 BATCH = 1000
@@ -46,17 +49,23 @@ class KafkaChangelogReader:
         partition's log start offset, and :class:`RecordDecodeError` naming the
         offset of a record that cannot be decoded.
         """
-        collected: dict[tuple[int, int], StateChange] = {}
+        collected: list[tuple[int, int, int, bytes]] = []
         for partition_range in handle.ranges:
             self._read_range(handle, partition_range, collected)
-        for key in sorted(collected):
-            yield collected[key]
+        # Partitions arrive as sorted runs, which the sort merges cheaply; equal
+        # (sequence number, position) pairs are copies from retried uploads.
+        collected.sort()
+        previous = None
+        for sqn, position, key_group, payload in collected:
+            if (sqn, position) != previous:
+                previous = (sqn, position)
+                yield _new_change(StateChange, (key_group, payload))
 
     def _read_range(
         self,
         handle: KafkaChangelogHandle,
         r: PartitionRange,
-        collected: dict[tuple[int, int], StateChange],
+        collected: list[tuple[int, int, int, bytes]],
     ) -> None:
         if r.end_offset <= r.start_offset:
             return
@@ -72,7 +81,8 @@ class KafkaChangelogReader:
             )
         log_key = handle.log_id.encode()
         first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
-        key_groups = handle.key_group_range
+        lowest, highest = handle.key_group_range.start, handle.key_group_range.end
+        keep = collected.append
         self._consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
         position = r.start_offset
         deadline = time.monotonic() + self._timeout
@@ -108,7 +118,7 @@ class KafkaChangelogReader:
                         headers = message.headers()
                         check_schema_header(
                             list(headers.items()) if isinstance(headers, dict) else headers)
-                        log_id, changes = decode_record(value)
+                        log_id, changes = decode_record_fields(value)
                     except (UnknownSchemaError, ValueError) as exc:
                         raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
                     if log_id != handle.log_id:
@@ -117,11 +127,11 @@ class KafkaChangelogReader:
                             f"record key says log {handle.log_id} but value says {log_id}",
                         )
                     for c in changes:
-                        if first_sqn <= c.sequence_number <= last_sqn and (
-                            c.is_meta or key_groups.contains(c.key_group)
+                        sqn, key_group = c["sequence_number"], c["key_group"]
+                        if first_sqn <= sqn <= last_sqn and (
+                            key_group == META_KEY_GROUP or lowest <= key_group <= highest
                         ):
-                            collected[(c.sequence_number, c.position)] = StateChange(
-                                c.key_group, c.payload)
+                            keep((sqn, c["index"], key_group, c["payload"]))
         finally:
             self._consumer.unassign()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import fastavro
 
@@ -161,6 +161,15 @@ def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None
 
 def decode_record(value: bytes) -> tuple[str, list[LoggedChange]]:
     """The log id and changes of a record value; raises ``ValueError`` if malformed."""
+    log_id, changes = decode_record_fields(value)
+    return log_id, [
+        LoggedChange(c["sequence_number"], c["index"], c["key_group"], c["payload"])
+        for c in changes
+    ]
+
+
+def decode_record_fields(value: bytes) -> tuple[str, list[dict[str, Any]]]:
+    """Like :func:`decode_record` with the changes as Avro field dicts (the restore path)."""
     buffer = io.BytesIO(value)
     try:
         record = fastavro.schemaless_reader(buffer, load_schema(SCHEMA_NAME), None)
@@ -168,7 +177,4 @@ def decode_record(value: bytes) -> tuple[str, list[LoggedChange]]:
         raise ValueError(f"not a {SCHEMA_NAME} Avro value: {exc}") from exc
     if buffer.tell() != len(value) or not isinstance(record, dict):
         raise ValueError(f"{len(value) - buffer.tell()} trailing bytes after the batch")
-    return record["log_id"], [
-        LoggedChange(c["sequence_number"], c["index"], c["key_group"], c["payload"])
-        for c in record["changes"]
-    ]
+    return record["log_id"], record["changes"]
