@@ -20,7 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -78,6 +78,9 @@ def check_retain(retain: int) -> None:
             f"retain must be at least {MIN_RETAIN} (the latest checkpoint and the one before "
             f"it), got {retain}"
         )
+
+
+_Store = TypeVar("_Store", bound="CheckpointStore")
 
 
 class CheckpointStore(ABC):
@@ -177,7 +180,7 @@ class CheckpointStore(ABC):
     def close(self) -> None:  # noqa: B027 - nothing to release unless overridden
         """Release clients (idempotent)."""
 
-    def __enter__(self) -> CheckpointStore:
+    def __enter__(self: _Store) -> _Store:
         return self
 
     def __exit__(
@@ -349,21 +352,29 @@ class KafkaCheckpointStore(CheckpointStore):
         pointer = encode(POINTER_SCHEMA, {
             "application": application, "checkpoint_id": checkpoint_id,
             "timestamp_ms": checkpoint.timestamp_ms})
-        self._producer.produce_all([
+        self._written(self._producer.produce_all([
             OutRecord(self.PARTITION, checkpoint_key(application, checkpoint_id).encode(),
                       checkpoint.to_bytes(),
                       [(HEADER_SCHEMA, CHECKPOINT_SCHEMA_HEADER.encode())]),
             OutRecord(self.PARTITION, latest_key(application).encode(), pointer,
                       [(HEADER_SCHEMA, POINTER_SCHEMA_HEADER.encode())]),
-        ], f"checkpoint {checkpoint_id} of application {application!r}")
+        ], f"checkpoint {checkpoint_id} of application {application!r}"))
 
     def _persist_discard(self, application: str, checkpoint_id: int) -> None:
         self._check_open()
-        self._producer.produce_all(
+        self._written(self._producer.produce_all(
             [OutRecord(self.PARTITION, checkpoint_key(application, checkpoint_id).encode(),
                        None, [])],
             f"tombstone of checkpoint {checkpoint_id} of application {application!r}",
-        )
+        ))
+
+    def _written(self, offsets: list[int]) -> None:
+        # The caller applies its own records to the view; skip re-reading them unless
+        # another writer's records came first (then the next refresh reads them all).
+        if offsets and offsets[0] == self._position and offsets == list(
+            range(offsets[0], offsets[0] + len(offsets))
+        ):
+            self._position = offsets[-1] + 1
 
     def _check_open(self) -> None:
         if self._closed:

@@ -141,7 +141,7 @@ class AckedProducer:
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._fatal: KafkaError | None = None
-        self._producer = self._new_producer()
+        self._producer: Producer | None = self._new_producer()
 
     def _new_producer(self) -> Producer:
         return Producer({**self._settings, "error_cb": self._on_error})
@@ -156,6 +156,8 @@ class AckedProducer:
         ``what`` names the records in errors ("snapshot chunks of backend b").
         """
         with self._lock:
+            if self._producer is None:
+                raise self._error_type(f"cannot produce {what} to {self._topic}: closed")
             if self._fatal is not None:
                 # A fatal error (e.g. an idempotence sequence error) ends a producer's life.
                 self._producer, self._fatal = self._new_producer(), None
@@ -213,8 +215,11 @@ class AckedProducer:
         return self._error_type(message)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Wait up to ``timeout_s`` for anything still queued."""
-        self._producer.flush(timeout_s)
+        """Wait up to ``timeout_s`` for anything still queued, then drop the producer."""
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(timeout_s)
 
 
 def watermarks(

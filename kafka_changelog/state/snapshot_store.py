@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -52,6 +52,9 @@ DEFAULT_MAX_CHUNK_BYTES = 512 * KIB
 RECORD_OVERHEAD_BYTES = 16 * KIB
 #: The broker's default ``max.message.bytes`` of a topic.
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+_Store = TypeVar("_Store", bound="SnapshotStore")
 
 
 class StoredRecord(NamedTuple):
@@ -176,7 +179,7 @@ class SnapshotStore(ABC):
     def close(self) -> None:  # noqa: B027 - nothing to release unless overridden
         """Release clients (idempotent)."""
 
-    def __enter__(self) -> SnapshotStore:
+    def __enter__(self: _Store) -> _Store:
         return self
 
     def __exit__(
