@@ -1,0 +1,52 @@
+"""Spark sessions for kafka-changelog: the right Python on the workers, the Kafka connector.
+
+Spark starts Python workers with ``PYSPARK_PYTHON`` (else ``python3`` from PATH), which
+on most machines is not the interpreter that has this project and pyarrow installed:
+the workers then crash on a missing import. :func:`ensure_worker_python` points it at
+this interpreter before a session starts, so users never have to.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def ensure_worker_python() -> str:
+    """Make Spark's Python workers (and driver) run this interpreter; returns its path."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return sys.executable
+
+
+def spark_version() -> str:
+    """The installed PySpark's version."""
+    import pyspark
+
+    return str(pyspark.__version__)
+
+
+def local_session(
+    app_name: str = "kafka-changelog",
+    parallelism: int = 2,
+    extra_config: dict[str, Any] | None = None,
+) -> Any:
+    """A ``local[parallelism]`` SparkSession set up for this project (small, quiet, fast)."""
+    ensure_worker_python()
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(f"local[{parallelism}]")
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(parallelism))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+    )
+    for key, value in (extra_config or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
