@@ -1,0 +1,324 @@
+"""Spark reader throughput: ``format("kafka-changelog")`` (changes mode) vs the in-process reader.
+
+One checkpoint of application ``bench`` is written directly with the storage: four
+subtasks (key groups 0..127 split four ways, 16 partitions) append N state-op
+changes (70% ``SET`` of an int64, 20% ``MAP_PUT``, 10% ``LIST_ADD``; keys from a
+pool of 20,000 users, each change in its key's key group) after their
+registrations, persist once and commit the checkpoint. Then every change of the
+checkpoint is read:
+
+- in process, with one :class:`~kafka_changelog.kafka.KafkaChangelogReader` over
+  every subtask's handles (every change iterated), from creating the reader to
+  closing it;
+- with Spark, ``spark.read.format("kafka-changelog")`` in mode ``changes`` and an
+  aggregate over all rows (``count(*)``, checked equal to the in-process count), at
+  ``local[1]`` and ``local[2]``: the wall time of the query, planning included,
+  after one unmeasured warm-up query (Python worker start-up). Spark also decodes
+  every payload into columns, which the in-process reader does not.
+
+Figures are changes/s; the ratios are Spark / in-process. ``--rounds`` measured
+runs of each (default 2); the best counts. Spark's own ``format("kafka")`` cannot be
+measured as a baseline here: its JVM connector for this Spark version is not on
+Maven Central (see :data:`SPARK_KAFKA_BASELINE`).
+
+Run: ``python -m benchmarks.bench_spark_reader [--json FILE] [--rounds N]`` (default
+``benchmarks/results/spark_reader.json``; ``BENCH_SCALE`` scales the number of changes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import (
+    MAX_PARALLELISM,
+    RESULTS_DIR,
+    Broker,
+    ForeignLoad,
+    kafka_broker,
+    machine_info,
+    ratio_text,
+    scaled,
+    table,
+    unique_topic,
+    wait_for_quiet,
+    write_json,
+)
+from kafka_changelog import key_group_for_key, key_group_range_for_operator
+from kafka_changelog.kafka import (
+    KafkaChangelogConfig,
+    KafkaChangelogHandle,
+    KafkaChangelogReader,
+    KafkaChangelogStorage,
+)
+from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
+from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.state.descriptors import StateKind
+from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
+
+DEFAULT_JSON = RESULTS_DIR / "spark_reader.json"
+APPLICATION = "bench"
+OPERATOR = "op"
+SUBTASKS = 4
+USERS = 20_000
+#: Changes at BENCH_SCALE=1.
+CHANGES = 1_000_000
+SPARK_PARALLELISM = (1, 2)
+
+SPARK_KAFKA_BASELINE = (
+    "not measured: Spark's format('kafka') needs the JVM connector of this Spark version, "
+    "which is not on Maven Central (org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0 is "
+    "missing, and 4.2.0 depends on spark-token-provider-kafka-0-10_2.13:4.2.0, which is "
+    "missing too)"
+)
+
+
+@dataclass
+class Run:
+    """One measured read."""
+
+    impl: str
+    changes: int
+    seconds: float
+    cpu_s: float
+    foreign_cpu_share: float
+    input_partitions: int = 0
+    waited_s: float = 0.0
+
+    @property
+    def changes_per_s(self) -> float:
+        return self.changes / self.seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "changes_per_s": self.changes_per_s}
+
+
+@dataclass
+class Checkpoint:
+    """The written checkpoint: topics, handles and how many changes they hold."""
+
+    changelog: KafkaChangelogConfig
+    checkpoint_topic: str
+    handles: list[KafkaChangelogHandle]
+    changes: int
+
+
+def _payload_pool(rng: random.Random) -> list[tuple[int, list[bytes]]]:
+    """Per user: its key group and a few encoded state ops."""
+    pool = []
+    for i in range(USERS):
+        key = f"user-{i:05d}".encode()
+        ops = [
+            StateOp("count", OpKind.SET, key, value=rng.randrange(1 << 40).to_bytes(8, "big")),
+            StateOp("count", OpKind.SET, key, value=rng.randrange(1 << 20).to_bytes(8, "big")),
+            StateOp("pages", OpKind.MAP_PUT, key, rng.choice([b"home", b"cart", b"pay"]),
+                    rng.randrange(100).to_bytes(8, "big")),
+            StateOp("events", OpKind.LIST_ADD, key, values=(b"click",)),
+        ]
+        pool.append((key_group_for_key(key, MAX_PARALLELISM), [op.to_bytes() for op in ops]))
+    return pool
+
+
+def write_checkpoint(broker: Broker, count: int) -> Checkpoint:
+    """Write ``count`` changes as checkpoint 1 of :data:`APPLICATION`."""
+    rng = random.Random(42)
+    pool = _payload_pool(rng)
+    config = broker.changelog_config(unique_topic("spark-reader-log"))
+    checkpoint_topic = unique_topic("spark-reader-cp")
+    broker.topics.append(checkpoint_topic)
+    metas = [StateMeta("count", StateKind.VALUE, "int64").to_bytes(),
+             StateMeta("pages", StateKind.MAP, "int64", "utf8").to_bytes(),
+             StateMeta("events", StateKind.LIST, "utf8").to_bytes()]
+    ranges = [key_group_range_for_operator(MAX_PARALLELISM, SUBTASKS, i) for i in range(SUBTASKS)]
+    users = [[(kg, ops) for kg, ops in pool if r.contains(kg)] for r in ranges]
+    subtasks = []
+    handles = []
+    with KafkaChangelogStorage(config) as storage:
+        writers = [storage.create_writer(OPERATOR, r) for r in ranges]
+        starts = [w.initial_sequence_number() for w in writers]
+        for writer in writers:
+            for meta in metas:
+                writer.append_meta(meta)
+        for i in range(count):
+            index = i % SUBTASKS
+            key_group, ops = rng.choice(users[index])
+            roll = rng.random()
+            payload = ops[0 if roll < 0.35 else 1 if roll < 0.7 else 2 if roll < 0.9 else 3]
+            writers[index].append(key_group, payload)
+            if i % 50_000 == 0:
+                for writer in writers:
+                    writer.next_sequence_number()  # several change sets, as a job has
+        for index, (writer, start) in enumerate(zip(writers, starts, strict=True)):
+            handle = writer.persist(start, 1).result(timeout=300).job_owned
+            if not isinstance(handle, KafkaChangelogHandle):
+                raise RuntimeError(f"subtask {index} persisted nothing")
+            handles.append(handle)
+            keyed = KeyedStateHandle(f"bench-{index}", ranges[index], 0, None, (handle,))
+            subtasks.append(SubtaskState(OPERATOR, index, SUBTASKS, keyed, None))
+        for writer in writers:
+            writer.close()
+    store = KafkaCheckpointStore(CheckpointStoreConfig(
+        bootstrap_servers=broker.bootstrap_servers, topic=checkpoint_topic,
+        client_config={k: v for k, v in broker.client_config.items()
+                       if k != "bootstrap.servers"}))
+    with store:
+        store.commit(CompletedCheckpoint(APPLICATION, 1, int(time.time() * 1000),
+                                         MAX_PARALLELISM, tuple(subtasks)))
+    return Checkpoint(config, checkpoint_topic, handles, count + len(metas) * SUBTASKS)
+
+
+def run_in_process(broker: Broker, checkpoint: Checkpoint) -> Run:
+    """Every change of every handle with one reader."""
+    gc.collect()
+    foreign = ForeignLoad(broker.pids())
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    count = 0
+    with KafkaChangelogReader(checkpoint.changelog) as reader:
+        for handle in checkpoint.handles:
+            for _ in reader.read(handle):
+                count += 1
+    seconds = time.perf_counter() - start
+    return Run("in_process", count, seconds, time.process_time() - cpu0, foreign.share())
+
+
+def spark_options(broker: Broker, checkpoint: Checkpoint) -> dict[str, str]:
+    """Reader options for the checkpoint."""
+    return {
+        "kafka.bootstrap.servers": broker.bootstrap_servers,
+        **{f"kafka.{k}": str(v) for k, v in broker.client_config.items()
+           if k != "bootstrap.servers"},
+        "application": APPLICATION,
+        "changelog.topic": checkpoint.changelog.topic,
+        "checkpoint.topic": checkpoint.checkpoint_topic,
+        "mode": "changes",
+    }
+
+
+def run_spark(broker: Broker, checkpoint: Checkpoint, parallelism: int,
+              rounds: int) -> list[Run]:
+    """A warm-up query, then ``rounds`` measured ones, in a ``local[parallelism]`` session."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import functions as F
+
+    from spark_integration.datasource import register
+    from spark_integration.planning import parse_options, plan_read
+    from spark_integration.session import local_session
+
+    options = spark_options(broker, checkpoint)
+    partitions = len(plan_read(parse_options(options)).tasks)
+    spark = local_session(
+        app_name=f"bench-spark-reader-{parallelism}", parallelism=parallelism,
+        extra_config={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                      "spark.driver.memory": "2g"})
+    runs = []
+    try:
+        register(spark)
+
+        def query() -> int:
+            df = spark.read.format("kafka-changelog").options(**options).load()
+            row = df.agg(F.count(F.lit(1)).alias("n"), F.sum("offset")).collect()[0]
+            return int(row["n"])
+
+        found = query()  # warm-up: Python workers, JIT
+        if found != checkpoint.changes:
+            raise RuntimeError(f"Spark read {found} changes; the checkpoint holds "
+                               f"{checkpoint.changes}")
+        for _ in range(rounds):
+            waited = wait_for_quiet(broker.pids())["waited_s"]
+            foreign = ForeignLoad(broker.pids())
+            cpu0 = time.process_time()
+            start = time.perf_counter()
+            found = query()
+            seconds = time.perf_counter() - start
+            run = Run(f"spark_local_{parallelism}", found, seconds,
+                      time.process_time() - cpu0, foreign.share(), partitions, waited)
+            runs.append(run)
+            print(f"  local[{parallelism}]  {run.changes_per_s:>12,.0f} changes/s "
+                  f"({seconds:.1f} s, {partitions} input partitions, others used "
+                  f"{run.foreign_cpu_share:.0%} of the CPUs)", flush=True)
+    finally:
+        spark.stop()
+    return runs
+
+
+def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
+    """Write the checkpoint, read it every way; the JSON-able results."""
+    count = int(scaled(CHANGES, minimum=20_000))
+    print(f"\n[spark reader] writing {count:,} changes ({SUBTASKS} subtasks)", flush=True)
+    started = time.perf_counter()
+    checkpoint = write_checkpoint(broker, count)
+    print(f"  written in {time.perf_counter() - started:.1f} s", flush=True)
+    runs: list[Run] = []
+    for _ in range(rounds):
+        waited = wait_for_quiet(broker.pids())["waited_s"]
+        result = run_in_process(broker, checkpoint)
+        result.waited_s = waited
+        if result.changes != checkpoint.changes:
+            raise RuntimeError(f"in-process reader read {result.changes} changes; the "
+                               f"checkpoint holds {checkpoint.changes}")
+        runs.append(result)
+        print(f"  in process {result.changes_per_s:>12,.0f} changes/s ({result.seconds:.1f} s, "
+              f"others used {result.foreign_cpu_share:.0%} of the CPUs)", flush=True)
+    for parallelism in SPARK_PARALLELISM:
+        runs.extend(run_spark(broker, checkpoint, parallelism, rounds))
+    best = {impl: max((r for r in runs if r.impl == impl), key=lambda r: r.changes_per_s)
+            for impl in dict.fromkeys(r.impl for r in runs)}
+    base = best["in_process"].changes_per_s
+    return {
+        "name": "spark_reader",
+        "changes": checkpoint.changes,
+        "subtasks": SUBTASKS,
+        "rounds": rounds,
+        "best": {impl: r.as_dict() for impl, r in best.items()},
+        "ratios": {impl: r.changes_per_s / base for impl, r in best.items()
+                   if impl != "in_process"},
+        "spark_kafka_baseline": SPARK_KAFKA_BASELINE,
+        "runs": [r.as_dict() for r in runs],
+    }
+
+
+def report(results: dict[str, Any]) -> str:
+    rows = []
+    base = results["best"]["in_process"]["changes_per_s"]
+    for impl, best in results["best"].items():
+        rows.append([
+            impl, f"{best['changes_per_s']:,.0f}", f"{best['seconds']:.2f}",
+            str(best["input_partitions"] or "-"),
+            ratio_text(best["changes_per_s"] / base),
+            f"{best['foreign_cpu_share']:.0%}",
+        ])
+    rows.append(["spark format('kafka')", "-", "-", "-", "-", "-"])
+    return table(["reader", "changes/s", "seconds", "input partitions", "vs in-process",
+                  "others' CPU"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
+                        help="write the results to this file")
+    parser.add_argument("--rounds", type=int, default=2, help="measured runs of each reader")
+    args = parser.parse_args(argv)
+    with kafka_broker() as broker:
+        results = run(broker, rounds=args.rounds)
+        results["machine"] = machine_info()
+    print(f"\nreader throughput, changes mode ({results['changes']:,} changes; best run of "
+          "each; ratio = reader / in-process KafkaChangelogReader)")
+    print(report(results))
+    print(f"spark format('kafka') baseline: {SPARK_KAFKA_BASELINE}")
+    write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

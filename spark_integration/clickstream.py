@@ -1,0 +1,202 @@
+"""The clickstream job: per-user sessions and totals kept with kafka-changelog.
+
+Used by the main job (``python -m spark_integration.demo``) and the crash tests. The
+input is a Kafka topic of JSON events keyed by user; a Structured Streaming query
+reads it (``format("kafka-topic")``) and keeps, per user, the number of events, the
+running total spent, a count per event kind and the last five pages, writing each
+batch's updated totals to an output topic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
+from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
+
+from .streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
+
+EVENTS = value_state("events", INT64)
+SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
+KINDS = map_state("kinds", UTF8, INT64)
+LAST_PAGES = list_state("last_pages", UTF8)
+OUTPUT_SCHEMA = "user string, events long, spent double"
+EVENT_SCHEMA = "seq long, kind string, page string, amount double"
+
+
+def events(count: int, users: int, seed: int = 7) -> Iterator[dict[str, Any]]:
+    """A deterministic clickstream."""
+    rng = random.Random(seed)
+    for seq in range(count):
+        kind = rng.choices(["view", "click", "purchase"], weights=[70, 25, 5])[0]
+        yield {
+            "seq": seq,
+            "user": f"user-{rng.randrange(users):04d}",
+            "kind": kind,
+            "page": rng.choice(["home", "search", "item", "cart", "help"]),
+            "amount": round(rng.uniform(1, 100), 2) if kind == "purchase" else 0.0,
+        }
+
+
+def produce_events(settings: dict[str, Any], topic: str, count: int, users: int,
+                   partitions: int = 4, seed: int = 7) -> int:
+    """Create ``topic`` if needed and write the clickstream to it (acks=all)."""
+    admin = AdminClient(settings)
+    if topic not in admin.list_topics(timeout=30).topics:
+        for future in admin.create_topics([NewTopic(topic, partitions, -1)]).values():
+            future.result(30)
+    producer = Producer({**settings, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 10})
+    for event in events(count, users, seed):
+        producer.produce(topic, key=event["user"].encode(), value=json.dumps(event).encode())
+        producer.poll(0)
+    if producer.flush(60) != 0:
+        raise RuntimeError(f"events to {topic} were not all acknowledged")
+    return count
+
+
+def update_user(key: bytes, rows: pd.DataFrame, state: KeyState) -> list[dict[str, Any]]:
+    """The stateful function: fold one user's events of a batch into its state."""
+    count = state(EVENTS)
+    spent = state(SPENT)
+    kinds = state(KINDS)
+    pages = state(LAST_PAGES)
+    for row in rows.itertuples(index=False):
+        count.update((count.value() or 0) + 1)
+        spent.add(float(row.amount))
+        kinds.put(row.kind, (kinds.get(row.kind) or 0) + 1)
+        pages.add(row.page)
+    recent = pages.get()
+    if len(recent) > 5:
+        pages.update(recent[-5:])
+    return [{"user": key.decode(), "events": count.value(), "spent": spent.get()}]
+
+
+def expected_state(all_events: Iterator[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The state computed directly from the events, in the same per-user order (seq)."""
+    users: dict[str, dict[str, Any]] = {}
+    for e in sorted(all_events, key=lambda e: e["seq"]):
+        s = users.setdefault(e["user"], {"events": 0, "spent": None, "kinds": {},
+                                         "last_pages": []})
+        s["events"] += 1
+        s["spent"] = e["amount"] if s["spent"] is None else round(s["spent"] + e["amount"], 2)
+        s["kinds"][e["kind"]] = s["kinds"].get(e["kind"], 0) + 1
+        s["last_pages"].append(e["page"])
+    for s in users.values():
+        s["last_pages"] = s["last_pages"][-5:] if len(s["last_pages"]) > 5 else s["last_pages"]
+    return users
+
+
+def output_sink(settings: dict[str, Any], topic: str) -> Any:
+    """A foreachBatch sink writing the outputs as JSON to ``topic`` (key = user)."""
+    def sink(frame: Any, batch_id: int) -> None:
+        producer = Producer({**settings, "acks": "all", "enable.idempotence": True})
+        for row in frame.toPandas().to_dict("records"):
+            row["batch_id"] = batch_id
+            producer.produce(topic, key=row["user"].encode(), value=json.dumps(row).encode())
+        producer.flush(60)
+    return sink
+
+
+def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topic: str,
+              output_topic: str, checkpoint_dir: str, expected_events: int,
+              max_per_batch: int = 2000, timeout_s: float = 600.0,
+              progress: bool = True) -> dict[str, Any]:
+    """Run the streaming query until ``expected_events`` were processed; returns a summary."""
+    from pyspark.sql import functions as F
+
+    from .kafka_source import KafkaTopicSource
+    from .session import local_session
+
+    spark = local_session("clickstream", parallelism=max(2, config.parallelism))
+    spark.dataSource.register(KafkaTopicSource)
+    processor = stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
+                                       sink=output_sink(settings, output_topic),
+                                       order_by=["seq"])
+    source = spark.readStream.format("kafka-topic").option("subscribe", input_topic) \
+        .option("maxOffsetsPerTrigger", str(max_per_batch))
+    for key, value in settings.items():
+        source = source.option(f"kafka.{key}", str(value))
+    parsed = source.load().select(
+        F.col("key").cast("string").alias("user"),
+        F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
+    stream = parsed.select("user", "e.seq", "e.kind", "e.page", "e.amount")
+    query = (stream.writeStream.foreachBatch(processor)
+             .option("checkpointLocation", checkpoint_dir)
+             .trigger(processingTime="500 milliseconds").start())
+    started = time.monotonic()
+    try:
+        while True:
+            done = _processed_offsets(spark, query)
+            if progress:
+                print(f"\r[job] batches {len(processor.reports)}, events read "
+                      f"{done}/{expected_events}", end="", flush=True)
+            if done >= expected_events:
+                break
+            if query.exception() is not None:
+                raise RuntimeError(f"the query failed: {query.exception()}")
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"{done} of {expected_events} events after {timeout_s} s")
+            time.sleep(0.5)
+        query.processAllAvailable()
+    finally:
+        if progress:
+            print(flush=True)
+        query.stop()
+        spark.stop()
+    return {"batches": len(processor.reports),
+            "committed": sum(r.committed for r in processor.reports),
+            "rows_in": sum(r.rows_in for r in processor.reports),
+            "seconds": time.monotonic() - started}
+
+
+def _processed_offsets(spark: Any, query: Any) -> int:
+    progress = query.lastProgress
+    if not progress or not progress.get("sources"):
+        return 0
+    end = progress["sources"][0].get("endOffset")
+    if isinstance(end, str):
+        end = json.loads(end)
+    return sum(int(v) for v in (end or {}).values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the query in this process (the demo runs it as a child it can kill -9)."""
+    parser = argparse.ArgumentParser(description="the clickstream streaming query")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--application", default="clickstream")
+    parser.add_argument("--input-topic", default="clicks")
+    parser.add_argument("--output-topic", default="user-totals")
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--expected-events", type=int, required=True)
+    parser.add_argument("--max-per-batch", type=int, default=2000)
+    parser.add_argument("--materialization-interval", type=float, default=5.0)
+    parser.add_argument("--topic-prefix", default="clickstream")
+    args = parser.parse_args(argv)
+    settings = {"bootstrap.servers": args.bootstrap_servers}
+    config = StreamingStateConfig(
+        application=args.application, operator_id="user-sessions",
+        bootstrap_servers=args.bootstrap_servers, parallelism=args.parallelism,
+        changelog_topic=f"{args.topic_prefix}-changelog",
+        snapshot_topic=f"{args.topic_prefix}-snapshots",
+        checkpoint_topic=f"{args.topic_prefix}-checkpoints",
+        partitions=8, materialization_interval_s=args.materialization_interval)
+    summary = run_query(config, settings, args.input_topic, args.output_topic,
+                        args.checkpoint_dir, args.expected_events, args.max_per_batch)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""``spark.read.format("kafka-changelog")``: a checkpoint's changes or state as a DataFrame.
+
+A PySpark Python data source (Spark 4). Register it once per session with
+:func:`register`, then::
+
+    df = (spark.read.format("kafka-changelog")
+          .option("kafka.bootstrap.servers", "localhost:9092")
+          .option("application", "shop")
+          .option("mode", "state")           # or "changes" (default)
+          .option("checkpoint", "41")        # default: the latest
+          .load())
+
+Planning (which checkpoint, which input partitions) is in
+:mod:`spark_integration.planning`, reading in :mod:`spark_integration.scan` and
+the Arrow rows in :mod:`spark_integration.rows`. See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from .planning import (
+    FORMAT,
+    MODE_CHANGES,
+    ChangesTask,
+    ReaderOptionError,
+    ReaderOptions,
+    StateTask,
+    parse_options,
+    plan_read,
+)
+from .rows import CHANGES_SCHEMA, STATE_SCHEMA, read_task
+
+
+def _spark_type(arrow: pa.DataType) -> DataType:
+    if pa.types.is_string(arrow):
+        return StringType()
+    if pa.types.is_int32(arrow):
+        return IntegerType()
+    if pa.types.is_int64(arrow):
+        return LongType()
+    if pa.types.is_binary(arrow):
+        return BinaryType()
+    if pa.types.is_list(arrow):
+        return ArrayType(_spark_type(arrow.value_type))
+    raise TypeError(f"no Spark type for Arrow type {arrow}")
+
+
+def spark_schema(arrow: pa.Schema) -> StructType:
+    """The Spark schema whose Arrow form is ``arrow`` (every column nullable)."""
+    return StructType([StructField(f.name, _spark_type(f.type), True) for f in arrow])
+
+
+#: Spark schema of mode ``changes``.
+CHANGES_STRUCT = spark_schema(CHANGES_SCHEMA)
+#: Spark schema of mode ``state``.
+STATE_STRUCT = spark_schema(STATE_SCHEMA)
+
+
+def schema_of(mode: str) -> StructType:
+    """The Spark schema of a mode."""
+    return CHANGES_STRUCT if mode == MODE_CHANGES else STATE_STRUCT
+
+
+class TaskPartition(InputPartition):
+    """One input partition: a :class:`ChangesTask` or a :class:`StateTask` (picklable)."""
+
+    def __init__(self, task: ChangesTask | StateTask) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+class KafkaChangelogDataSource(DataSource):
+    """The batch data source ``kafka-changelog`` (options in ``docs/spark.md``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return FORMAT
+
+    def schema(self) -> StructType:
+        """The schema of the requested mode (options are checked here, at ``load()``)."""
+        return schema_of(parse_options(self.options).mode)
+
+    def reader(self, schema: StructType) -> KafkaChangelogBatchReader:
+        """A reader; a user-given schema must equal the mode's schema."""
+        options = parse_options(self.options)
+        expected = schema_of(options.mode)
+        if schema != expected:
+            raise ReaderOptionError(
+                f"format('{FORMAT}') in mode {options.mode!r} has the fixed schema "
+                f"{expected.simpleString()}; got {schema.simpleString()} (drop .schema(...))")
+        return KafkaChangelogBatchReader(options)
+
+
+class KafkaChangelogBatchReader(DataSourceReader):
+    """Plans on the driver (checkpoint, tasks) and reads one task per Spark task.
+
+    Holds only the parsed options, so it pickles small; the plan is made again by
+    each query that uses the DataFrame (pin ``checkpoint`` for the same data).
+    """
+
+    def __init__(self, options: ReaderOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        """One input partition per task of the plan."""
+        plan = plan_read(self.options)
+        return [TaskPartition(task) for task in plan.tasks]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Arrow record batches (about 10k rows each) of one input partition."""
+        task = getattr(partition, "task", None)
+        if task is None:  # Spark's placeholder when the plan has no task
+            return iter(())
+        return _with_context(read_task(task, self.options), task)
+
+
+def _with_context(batches: Iterator[pa.RecordBatch],
+                  task: ChangesTask | StateTask) -> Iterator[pa.RecordBatch]:
+    """``batches``, with the task named in the traceback of any error (the message is kept)."""
+    try:
+        yield from batches
+    except Exception as exc:
+        add_note = getattr(exc, "add_note", None)
+        if add_note is not None:
+            add_note(f"while reading {describe_task(task)} for format('{FORMAT}')")
+        raise
+
+
+def describe_task(task: ChangesTask | StateTask) -> str:
+    """A short description of a task for messages."""
+    if isinstance(task, ChangesTask):
+        s = task.slice
+        return (f"changes of operator {task.operator!r} subtask {task.subtask}, log {s.log_id}, "
+                f"{s.topic}[{s.partition}] offsets [{s.start_offset}, {s.end_offset})")
+    return (f"state of operator {task.operator!r} subtask {task.subtask}, key groups "
+            f"{task.key_groups}")
+
+
+def register(spark: Any) -> None:
+    """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent."""
+    spark.dataSource.register(KafkaChangelogDataSource)
+
+
+__all__ = [
+    "CHANGES_STRUCT",
+    "STATE_STRUCT",
+    "KafkaChangelogBatchReader",
+    "KafkaChangelogDataSource",
+    "TaskPartition",
+    "register",
+]

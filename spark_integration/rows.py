@@ -1,0 +1,268 @@
+"""Arrow record batches of ``format("kafka-changelog")``: change rows and state rows.
+
+The Arrow schemas here are exactly what Spark derives from the reader's Spark
+schema (``spark_integration.datasource``; a test compares the two), because Spark
+refuses batches whose schema differs. No pyspark import.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from kafka_changelog.change import META_KEY_GROUP
+from kafka_changelog.errors import RecordDecodeError
+from kafka_changelog.state.keyed_backend import load_keyed_state
+from kafka_changelog.state.ops import StateMeta
+from kafka_changelog.state.table import StateTable
+
+from .planning import ChangesTask, ReaderOptions, StateTask
+from .scan import ChunkReader, OffsetSlice, ScannedChange, SliceReader, decode_state_op
+
+#: Rows per record batch.
+BATCH_ROWS = 10_000
+
+#: ``op`` of a registration (meta change) row.
+META_OP = "META"
+
+_BINARY_LIST = pa.list_(pa.field("element", pa.binary()))
+
+#: Mode ``changes``: one row per change of the checkpoint's changelog handles.
+CHANGES_SCHEMA = pa.schema([
+    pa.field("operator", pa.string()),
+    pa.field("subtask", pa.int32()),
+    pa.field("log_id", pa.string()),
+    pa.field("key_group", pa.int32()),
+    pa.field("topic", pa.string()),
+    pa.field("partition", pa.int32()),
+    pa.field("offset", pa.int64()),
+    pa.field("sequence_number", pa.int64()),
+    pa.field("position", pa.int32()),
+    pa.field("op", pa.string()),
+    pa.field("state", pa.string()),
+    pa.field("key", pa.binary()),
+    pa.field("map_key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("values", _BINARY_LIST),
+])
+
+#: Mode ``state``: one row per (state, key[, map key | list index]) at the checkpoint.
+STATE_SCHEMA = pa.schema([
+    pa.field("operator", pa.string()),
+    pa.field("key_group", pa.int32()),
+    pa.field("state", pa.string()),
+    pa.field("kind", pa.string()),
+    pa.field("key", pa.binary()),
+    pa.field("map_key", pa.binary()),
+    pa.field("list_index", pa.int32()),
+    pa.field("value", pa.binary()),
+    pa.field("value_decoded", pa.string()),
+])
+
+
+class ChangeRows:
+    """Collects the change rows of one slice and turns them into record batches.
+
+    Registrations become ``op = 'META'`` rows with ``state`` set, ``key_group``
+    null and ``value`` holding the registration payload (``schemas/state_meta.avsc``);
+    every other change is decoded as a ``StateOp``.
+    """
+
+    def __init__(self, operator: str, subtask: int, piece: OffsetSlice) -> None:
+        self._operator = operator
+        self._subtask = subtask
+        self._slice = piece
+        self._clear()
+
+    def _clear(self) -> None:
+        self._key_group: list[int | None] = []
+        self._offset: list[int] = []
+        self._sqn: list[int] = []
+        self._position: list[int] = []
+        self._op: list[str] = []
+        self._state: list[str] = []
+        self._key: list[bytes | None] = []
+        self._map_key: list[bytes | None] = []
+        self._value: list[bytes | None] = []
+        self._values: list[list[bytes] | None] = []
+
+    def __len__(self) -> int:
+        return len(self._offset)
+
+    def add(self, change: ScannedChange) -> None:
+        """Decode ``change`` into a row (``RecordDecodeError`` naming its offset if it cannot)."""
+        offset, sqn, position, key_group, payload = change
+        if key_group == META_KEY_GROUP:
+            try:
+                meta = StateMeta.from_bytes(payload)
+            except Exception as exc:  # fastavro raises several types for garbage
+                raise self._undecodable(offset, sqn, position, "registration", exc) from exc
+            self._key_group.append(None)
+            self._op.append(META_OP)
+            self._state.append(meta.state)
+            self._key.append(None)
+            self._map_key.append(None)
+            self._value.append(payload)
+            self._values.append(None)
+        else:
+            try:
+                op = decode_state_op(payload)
+            except ValueError as exc:
+                raise self._undecodable(offset, sqn, position, "state op", exc) from exc
+            self._key_group.append(key_group)
+            self._op.append(op.op)
+            self._state.append(op.state)
+            self._key.append(op.key)
+            self._map_key.append(op.map_key)
+            self._value.append(op.value)
+            self._values.append(op.values)
+        self._offset.append(offset)
+        self._sqn.append(sqn)
+        self._position.append(position)
+
+    def _undecodable(self, offset: int, sqn: int, position: int, what: str,
+                     exc: Exception) -> RecordDecodeError:
+        piece = self._slice
+        return RecordDecodeError(
+            piece.topic, piece.partition, offset,
+            f"change {position} of change set {sqn} (log {piece.log_id}) is not a {what}: "
+            f"{exc}")
+
+    def flush(self) -> pa.RecordBatch:
+        """The collected rows as one batch (and start collecting anew)."""
+        n = len(self)
+        piece = self._slice
+        batch = pa.RecordBatch.from_arrays([
+            pa.array([self._operator] * n, pa.string()),
+            pa.array([self._subtask] * n, pa.int32()),
+            pa.array([piece.log_id] * n, pa.string()),
+            pa.array(self._key_group, pa.int32()),
+            pa.array([piece.topic] * n, pa.string()),
+            pa.array([piece.partition] * n, pa.int32()),
+            pa.array(self._offset, pa.int64()),
+            pa.array(self._sqn, pa.int64()),
+            pa.array(self._position, pa.int32()),
+            pa.array(self._op, pa.string()),
+            pa.array(self._state, pa.string()),
+            pa.array(self._key, pa.binary()),
+            pa.array(self._map_key, pa.binary()),
+            pa.array(self._value, pa.binary()),
+            pa.array(self._values, _BINARY_LIST),
+        ], schema=CHANGES_SCHEMA)
+        self._clear()
+        return batch
+
+
+def change_batches(changes: Iterable[ScannedChange], operator: str, subtask: int,
+                   piece: OffsetSlice, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Record batches of at most ``batch_rows`` rows of the slice's ``changes``."""
+    rows = ChangeRows(operator, subtask, piece)
+    for change in changes:
+        rows.add(change)
+        if len(rows) >= batch_rows:
+            yield rows.flush()
+    if len(rows):
+        yield rows.flush()
+
+
+# -- state rows ------------------------------------------------------------------------------
+
+
+_INT64 = struct.Struct(">q")
+_FLOAT64 = struct.Struct(">d")
+
+
+def render_value(serializer: str, data: bytes) -> str | None:
+    """A readable rendering of ``data`` written by serializer ``serializer``, else None.
+
+    ``utf8``: the text; ``int64``/``float64``: the number as text; ``json``: the JSON
+    text. Other serializers (``bytes``, ``avro:...``) and bytes that do not decode
+    give None.
+    """
+    try:
+        if serializer == "utf8" or serializer == "json":
+            return data.decode()
+        if serializer == "int64":
+            return str(_INT64.unpack(data)[0])
+        if serializer == "float64":
+            return repr(_FLOAT64.unpack(data)[0])
+    except (UnicodeDecodeError, struct.error):
+        return None
+    return None
+
+
+#: (operator, key group, state, kind, key, map key, list index, value, value decoded)
+StateRow = tuple[str, int, str, str, bytes, bytes | None, int | None, bytes, str | None]
+
+
+def state_rows(table: StateTable, operator: str) -> Iterator[StateRow]:
+    """Every entry of ``table`` as rows, ordered by key group, state, key, map key/index."""
+    for key_group in sorted(table.groups):
+        states = table.groups[key_group]
+        for name in sorted(states):
+            meta = table.metas[name]
+            kind = meta.kind.value
+            serializer = meta.value_serializer
+            entries = states[name]
+            for key in sorted(entries):
+                entry = entries[key]
+                if isinstance(entry, bytes):
+                    yield (operator, key_group, name, kind, key, None, None, entry,
+                           render_value(serializer, entry))
+                elif isinstance(entry, list):
+                    for index, item in enumerate(entry):
+                        yield (operator, key_group, name, kind, key, None, index, item,
+                               render_value(serializer, item))
+                else:
+                    for map_key in sorted(entry):
+                        item = entry[map_key]
+                        yield (operator, key_group, name, kind, key, map_key, None, item,
+                               render_value(serializer, item))
+
+
+def rows_to_batch(rows: list[StateRow]) -> pa.RecordBatch:
+    """State rows as one record batch of :data:`STATE_SCHEMA`."""
+    columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)] if rows else [
+        [] for _ in STATE_SCHEMA]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(column, f.type) for column, f in zip(columns, STATE_SCHEMA, strict=True)],
+        schema=STATE_SCHEMA)
+
+
+def state_batches(table: StateTable, operator: str,
+                  batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Record batches of at most ``batch_rows`` rows of :func:`state_rows`."""
+    rows: list[StateRow] = []
+    for row in state_rows(table, operator):
+        rows.append(row)
+        if len(rows) >= batch_rows:
+            yield rows_to_batch(rows)
+            rows = []
+    if rows:
+        yield rows_to_batch(rows)
+
+
+# -- one input partition ---------------------------------------------------------------------
+
+
+def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
+              batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The record batches of one input partition (what a Spark task runs).
+
+    ``ChangesTask``: the changes of its offset slice. ``StateTask``: its key groups'
+    snapshot chunks, then the changelog replayed on top (exactly as a restore does,
+    with :func:`~kafka_changelog.state.keyed_backend.load_keyed_state`), as rows.
+    """
+    if isinstance(task, ChangesTask):
+        with SliceReader(options.changelog_config()) as reader:
+            yield from change_batches(reader.scan(task.slice), task.operator, task.subtask,
+                                      task.slice, batch_rows)
+        return
+    table = StateTable()
+    chunks = ChunkReader(options.snapshot_config())
+    with SliceReader(options.changelog_config()) as reader:
+        load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
+    yield from state_batches(table, task.operator, batch_rows)

@@ -1,0 +1,324 @@
+"""Worker-side reading: one offset slice of a changelog partition, snapshot chunks, payloads.
+
+An input partition of ``format("kafka-changelog")`` reads either an offset slice
+``[start, end)`` of one changelog partition (mode ``changes``) or the state of a
+key-group slice of one subtask (mode ``state``). Slices follow the error rules of
+:class:`~kafka_changelog.kafka.KafkaChangelogReader`, whose consumer handling this
+module reuses:
+
+- a slice starting below the partition's log start raises
+  :class:`~kafka_changelog.errors.ChangelogTruncatedError` (topic, partition, offsets);
+- an undecodable record (or state-op payload) raises
+  :class:`~kafka_changelog.errors.RecordDecodeError` naming its offset;
+- offsets may have gaps; a slice is done when the position reaches its end.
+
+Nothing here imports pyspark.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from confluent_kafka import TopicPartition
+
+from kafka_changelog.change import META_KEY_GROUP
+from kafka_changelog.errors import ChangelogError, ChangelogTruncatedError, RecordDecodeError
+from kafka_changelog.kafka.handle import PartitionRange
+from kafka_changelog.kafka.reader import BATCH, KafkaChangelogReader
+from kafka_changelog.kafka.record_format import (
+    UnknownSchemaError,
+    check_schema_header,
+    decode_record_fields,
+)
+from kafka_changelog.keygroups import KeyGroupRange
+from kafka_changelog.serialization import schemas_dir
+from kafka_changelog.state.kafka_io import OutRecord
+from kafka_changelog.state.snapshot_store import (
+    SnapshotStore,
+    SnapshotStoreConfig,
+    _KafkaSource,
+    _RecordSource,
+)
+
+
+@dataclass(frozen=True)
+class OffsetSlice:
+    """Offsets ``[start_offset, end_offset)`` of one partition, filtered like a handle.
+
+    Only records keyed by ``log_id`` count; of their changes, those with sequence
+    numbers in ``[from_sequence_number, to_sequence_number]`` and key groups in
+    ``[key_group_start, key_group_end]`` are kept (meta changes always).
+    """
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    log_id: str
+    key_group_start: int
+    key_group_end: int
+    from_sequence_number: int
+    to_sequence_number: int
+
+    def __post_init__(self) -> None:
+        if self.start_offset < 0 or self.end_offset < self.start_offset:
+            raise ValueError(
+                f"offset slice of {self.topic}[{self.partition}] must satisfy 0 <= start <= "
+                f"end, got [{self.start_offset}, {self.end_offset})"
+            )
+
+    @property
+    def offset_count(self) -> int:
+        """Offsets the slice spans (records of other writers included)."""
+        return self.end_offset - self.start_offset
+
+
+class ScannedChange(NamedTuple):
+    """A change as found in a slice: where its record is, its place in its change set."""
+
+    offset: int
+    sequence_number: int
+    position: int
+    key_group: int
+    payload: bytes
+
+
+#: ``tuple.__new__``: builds a ScannedChange from decoded, already valid parts.
+_new_scanned = tuple.__new__
+
+
+class SliceReader(KafkaChangelogReader):
+    """A :class:`KafkaChangelogReader` that also reads single offset slices, in offset order.
+
+    ``read(handle)`` still works (the state mode replays handles with it); ``scan``
+    reads one slice without sorting or de-duplicating, so every change keeps its
+    offset and the slice's output never depends on other slices.
+    """
+
+    def __enter__(self) -> SliceReader:
+        return self
+
+    def scan(self, piece: OffsetSlice) -> Iterator[ScannedChange]:
+        """The kept changes of the slice's records, in offset order (append order within)."""
+        if piece.end_offset <= piece.start_offset:
+            return
+        topic, partition = piece.topic, piece.partition
+        low, high = self._watermarks(topic, partition)
+        if piece.start_offset < low:
+            raise ChangelogTruncatedError(topic, partition, piece.start_offset, low)
+        if piece.end_offset > high:
+            raise ChangelogError(
+                f"changelog {topic}[{partition}] ends at offset {high} but the slice of log "
+                f"{piece.log_id} needs records up to offset {piece.end_offset - 1}: records "
+                "were lost (unclean leader election or a recreated topic?)"
+            )
+        # The base class reports errors of a range; a slice is one.
+        as_range = PartitionRange(partition, piece.start_offset, piece.end_offset,
+                                  _range_of(piece), 0)
+        log_key = piece.log_id.encode()
+        first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
+        lowest, highest = piece.key_group_start, piece.key_group_end
+        end = piece.end_offset
+        consumer = self._consumer
+        consumer.assign([TopicPartition(topic, partition, piece.start_offset)])
+        position = piece.start_offset
+        deadline = time.monotonic() + self._timeout
+        try:
+            while position < end:
+                # No more than the slice holds, so a full batch returns at once.
+                messages = consumer.consume(min(BATCH, end - position), timeout=0.5)
+                if not messages:
+                    if time.monotonic() > deadline:
+                        raise ChangelogError(
+                            f"timed out reading {topic}[{partition}] at offset {position} "
+                            f"(slice ends at {end})"
+                        )
+                    continue
+                deadline = time.monotonic() + self._timeout
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        position = self._after_error(topic, as_range, position, error)
+                        continue
+                    offset = message.offset() or 0
+                    if offset >= end:
+                        position = offset
+                        break
+                    position = offset + 1
+                    if message.key() != log_key:
+                        continue
+                    value = message.value() or b""
+                    self.records_read += 1
+                    self.bytes_read += len(value)
+                    try:
+                        headers = message.headers()
+                        check_schema_header(
+                            list(headers.items()) if isinstance(headers, dict) else headers)
+                        log_id, changes = decode_record_fields(value)
+                    except (UnknownSchemaError, ValueError) as exc:
+                        raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
+                    if log_id != piece.log_id:
+                        raise RecordDecodeError(
+                            topic, partition, offset,
+                            f"record key says log {piece.log_id} but value says {log_id}",
+                        )
+                    for c in changes:
+                        sqn, key_group = c["sequence_number"], c["key_group"]
+                        if first_sqn <= sqn <= last_sqn and (
+                            key_group == META_KEY_GROUP or lowest <= key_group <= highest
+                        ):
+                            yield _new_scanned(ScannedChange, (
+                                offset, sqn, c["index"], key_group, c["payload"]))
+        finally:
+            consumer.unassign()
+
+
+def _range_of(piece: OffsetSlice) -> KeyGroupRange:
+    if piece.key_group_end < piece.key_group_start:
+        return KeyGroupRange.empty()
+    return KeyGroupRange(piece.key_group_start, piece.key_group_end)
+
+
+# -- snapshot chunks ---------------------------------------------------------------------------
+
+
+class ChunkReader(SnapshotStore):
+    """A read-only :class:`SnapshotStore` over Kafka: no topic check, no producer.
+
+    :class:`~kafka_changelog.state.snapshot_store.KafkaSnapshotStore` creates or
+    validates its topic and starts an idempotent producer, which a reader neither
+    needs nor may be allowed to (READ ACLs only). Reading, verification and errors
+    are the store's own.
+    """
+
+    def __init__(self, config: SnapshotStoreConfig) -> None:
+        super().__init__(config.topic, config.partitions, config.max_parallelism,
+                         config.max_chunk_bytes)
+        self.config = config
+
+    def _append(self, records: Sequence[OutRecord], what: str) -> list[int]:
+        raise ChangelogError(
+            f"cannot write {what}: the Spark reader opens snapshot topic {self.topic} read-only")
+
+    def _open_source(self, topic: str) -> _RecordSource:
+        return _KafkaSource(self.config, topic)
+
+
+# -- state-op payloads ---------------------------------------------------------------------------
+
+
+def _op_symbols() -> tuple[str, ...]:
+    """The enum symbols of ``StateOp.op``, from the schema file (the contract)."""
+    schema = json.loads((schemas_dir() / "state_op.avsc").read_text(encoding="utf-8"))
+    for state_field in schema["fields"]:
+        if state_field["name"] == "op":
+            return tuple(state_field["type"]["symbols"])
+    raise RuntimeError("schemas/state_op.avsc has no field 'op'")
+
+
+OP_SYMBOLS = _op_symbols()
+
+
+class DecodedOp(NamedTuple):
+    """The fields of a ``StateOp`` payload (``schemas/state_op.avsc``)."""
+
+    state: str
+    op: str
+    key: bytes
+    map_key: bytes | None
+    value: bytes | None
+    values: list[bytes] | None
+
+
+def _long(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro long (zig-zag varint) at ``pos``: (value, next position)."""
+    byte = data[pos]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), pos + 1
+    n = byte & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        byte = data[pos]
+        pos += 1
+        n |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (n >> 1) ^ -(n & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError(f"varint longer than 10 bytes at byte {pos}")
+
+
+def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    size, pos = _long(data, pos)
+    end = pos + size
+    if size < 0 or end > len(data):
+        raise ValueError(f"bytes of length {size} at byte {pos} overrun the {len(data)}-byte value")
+    return data[pos:end], end
+
+
+def _optional_bytes(data: bytes, pos: int, name: str) -> tuple[bytes | None, int]:
+    branch, pos = _long(data, pos)
+    if branch == 0:
+        return None, pos
+    if branch != 1:
+        raise ValueError(f"union branch {branch} of field {name} is neither 0 (null) nor 1")
+    return _bytes(data, pos)
+
+
+def decode_state_op(payload: bytes) -> DecodedOp:
+    """Decode a ``StateOp`` payload (Avro binary, hand-decoded: the hot path of a scan).
+
+    Equal to ``StateOp.from_bytes`` field by field (tested); raises ``ValueError``
+    naming what is wrong for anything that is not exactly one ``StateOp``.
+    """
+    try:
+        size, pos = _long(payload, 0)
+        end = pos + size
+        if size < 0 or end > len(payload):
+            raise ValueError(f"state name of length {size} overruns the value")
+        state = payload[pos:end].decode()
+        symbol, pos = _long(payload, end)
+        if not 0 <= symbol < len(OP_SYMBOLS):
+            raise ValueError(f"op symbol {symbol} is not one of {len(OP_SYMBOLS)} symbols")
+        key, pos = _bytes(payload, pos)
+        map_key, pos = _optional_bytes(payload, pos, "map_key")
+        value, pos = _optional_bytes(payload, pos, "value")
+        branch, pos = _long(payload, pos)
+        values: list[bytes] | None = None
+        if branch == 1:
+            values = []
+            while True:
+                count, pos = _long(payload, pos)
+                if count == 0:
+                    break
+                if count < 0:  # a block with its byte size
+                    count = -count
+                    _, pos = _long(payload, pos)
+                for _ in range(count):
+                    item, pos = _bytes(payload, pos)
+                    values.append(item)
+        elif branch != 0:
+            raise ValueError(f"union branch {branch} of field values is neither 0 (null) nor 1")
+    except IndexError:
+        raise ValueError(f"state op truncated ({len(payload)} bytes)") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"state name is not UTF-8: {exc}") from None
+    if pos != len(payload):
+        raise ValueError(f"{len(payload) - pos} trailing bytes after the state op")
+    return DecodedOp(state, OP_SYMBOLS[symbol], key, map_key, value, values)
+
+
+__all__ = [
+    "OP_SYMBOLS",
+    "ChunkReader",
+    "DecodedOp",
+    "OffsetSlice",
+    "ScannedChange",
+    "SliceReader",
+    "decode_state_op",
+]
