@@ -156,7 +156,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
         spark.stop()
     return {"batches": len(processor.reports),
             "committed": sum(r.committed for r in processor.reports),
-            "rows_in": sum(r.rows_in for r in processor.reports),
+            "rows_out": sum(r.rows_out for r in processor.reports),
             "seconds": time.monotonic() - started}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ class TopicSlice(InputPartition):
     end: int
 
 
-def _client_settings(options: dict[str, str]) -> dict[str, Any]:
+def _client_settings(options: Mapping[str, str]) -> dict[str, Any]:
     settings = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
     if "bootstrap.servers" not in settings:
         raise ChangelogError("format('kafka-topic') needs the option kafka.bootstrap.servers")
@@ -53,13 +53,14 @@ class KafkaTopicSource(DataSource):
         return SCHEMA
 
     def streamReader(self, schema: Any) -> KafkaTopicStreamReader:
-        return KafkaTopicStreamReader(dict(self.options))
+        # Spark's options are case-insensitive: keep its mapping (dict() would lower-case keys).
+        return KafkaTopicStreamReader(self.options)
 
 
 class KafkaTopicStreamReader(DataSourceStreamReader):
     """Micro-batches of a topic's partitions."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.settings = _client_settings(options)
         topic = options.get("subscribe")
         if not topic:
@@ -68,6 +69,9 @@ class KafkaTopicStreamReader(DataSourceStreamReader):
         self.starting = options.get("startingOffsets", "earliest")
         self.max_per_trigger = int(options["maxOffsetsPerTrigger"]) if (
             "maxOffsetsPerTrigger" in options) else None
+        # Where the next batch starts, as far as this reader instance has seen (Spark may
+        # call latestOffset() without the start offset).
+        self._next_start: dict[str, int] | None = None
 
     def _consumer(self) -> Consumer:
         return Consumer({**self.settings, "group.id": "kafka-topic-source",
@@ -92,11 +96,13 @@ class KafkaTopicStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, int]:
         marks = self._watermarks()
         use = 1 if self.starting == "latest" else 0
-        return {p: int(m[use]) for p, m in marks.items()}
+        self._next_start = {p: int(m[use]) for p, m in marks.items()}
+        return dict(self._next_start)
 
     def latestOffset(self, start: dict[str, int] | None = None, limit: Any = None
                      ) -> dict[str, int]:
         latest = {p: int(high) for p, (_, high) in self._watermarks().items()}
+        start = start if start is not None else self._next_start
         if self.max_per_trigger is None or start is None:
             return latest
         # Spread the per-trigger budget over the partitions, in partition order.
@@ -110,6 +116,7 @@ class KafkaTopicStreamReader(DataSourceStreamReader):
         return capped
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[TopicSlice]:
+        self._next_start = dict(end)
         return [TopicSlice(int(p), int(start.get(p, 0)), int(e))
                 for p, e in sorted(end.items(), key=lambda kv: int(kv[0]))
                 if int(e) > int(start.get(p, 0))]
@@ -142,7 +149,8 @@ class KafkaTopicStreamReader(DataSourceStreamReader):
             consumer.close()
 
     def commit(self, end: dict[str, int]) -> None:
-        """Nothing to do: Spark's checkpoint location keeps the offsets."""
+        """Spark's checkpoint location keeps the offsets; only remember where we are."""
+        self._next_start = dict(end)
 
 
 def offsets_json(offsets: dict[str, int]) -> str:

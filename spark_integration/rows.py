@@ -7,6 +7,7 @@ refuses batches whose schema differs. No pyspark import.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -92,36 +93,48 @@ class ChangeRows:
     def __len__(self) -> int:
         return len(self._offset)
 
-    def add(self, change: ScannedChange) -> None:
-        """Decode ``change`` into a row (``RecordDecodeError`` naming its offset if it cannot)."""
-        offset, sqn, position, key_group, payload = change
-        if key_group == META_KEY_GROUP:
-            try:
-                meta = StateMeta.from_bytes(payload)
-            except Exception as exc:  # fastavro raises several types for garbage
-                raise self._undecodable(offset, sqn, position, "registration", exc) from exc
-            self._key_group.append(None)
-            self._op.append(META_OP)
-            self._state.append(meta.state)
-            self._key.append(None)
-            self._map_key.append(None)
-            self._value.append(payload)
-            self._values.append(None)
-        else:
-            try:
-                op = decode_state_op(payload)
-            except ValueError as exc:
-                raise self._undecodable(offset, sqn, position, "state op", exc) from exc
-            self._key_group.append(key_group)
-            self._op.append(op.op)
-            self._state.append(op.state)
-            self._key.append(op.key)
-            self._map_key.append(op.map_key)
-            self._value.append(op.value)
-            self._values.append(op.values)
-        self._offset.append(offset)
-        self._sqn.append(sqn)
-        self._position.append(position)
+    def fill(self, changes: Iterator[ScannedChange], limit: int) -> int:
+        """Decode up to ``limit`` changes from ``changes`` into rows; how many were taken.
+
+        Raises ``RecordDecodeError`` naming the offset of a change that does not decode.
+        """
+        # The hot loop of a scan: bound methods and functions are looked up once.
+        key_groups, offsets = self._key_group.append, self._offset.append
+        sqns, positions = self._sqn.append, self._position.append
+        ops, states, keys = self._op.append, self._state.append, self._key.append
+        map_keys, values_, lists = self._map_key.append, self._value.append, self._values.append
+        decode = decode_state_op
+        taken = 0
+        for offset, sqn, position, key_group, payload in itertools.islice(changes, limit):
+            taken += 1
+            if key_group == META_KEY_GROUP:
+                try:
+                    meta = StateMeta.from_bytes(payload)
+                except Exception as exc:  # fastavro raises several types for garbage
+                    raise self._undecodable(offset, sqn, position, "registration", exc) from exc
+                key_groups(None)
+                ops(META_OP)
+                states(meta.state)
+                keys(None)
+                map_keys(None)
+                values_(payload)
+                lists(None)
+            else:
+                try:
+                    state, op, key, map_key, value, values = decode(payload)
+                except ValueError as exc:
+                    raise self._undecodable(offset, sqn, position, "state op", exc) from exc
+                key_groups(key_group)
+                ops(op)
+                states(state)
+                keys(key)
+                map_keys(map_key)
+                values_(value)
+                lists(values)
+            offsets(offset)
+            sqns(sqn)
+            positions(position)
+        return taken
 
     def _undecodable(self, offset: int, sqn: int, position: int, what: str,
                      exc: Exception) -> RecordDecodeError:
@@ -160,12 +173,13 @@ def change_batches(changes: Iterable[ScannedChange], operator: str, subtask: int
                    piece: OffsetSlice, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Record batches of at most ``batch_rows`` rows of the slice's ``changes``."""
     rows = ChangeRows(operator, subtask, piece)
-    for change in changes:
-        rows.add(change)
-        if len(rows) >= batch_rows:
+    source = iter(changes)
+    while True:
+        taken = rows.fill(source, batch_rows)
+        if taken:
             yield rows.flush()
-    if len(rows):
-        yield rows.flush()
+        if taken < batch_rows:
+            return
 
 
 # -- state rows ------------------------------------------------------------------------------

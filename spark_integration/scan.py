@@ -276,6 +276,95 @@ def decode_state_op(payload: bytes) -> DecodedOp:
     Equal to ``StateOp.from_bytes`` field by field (tested); raises ``ValueError``
     naming what is wrong for anything that is not exactly one ``StateOp``.
     """
+    return _decode_short(payload) or _decode_any(payload)
+
+
+#: ``tuple.__new__``: builds a DecodedOp from checked parts.
+_new_op = tuple.__new__
+_SYMBOL_COUNT = len(OP_SYMBOLS)
+
+
+def _decode_short(p: bytes) -> DecodedOp | None:
+    """The common case fast: every length and count below 64 (one-byte varints), at most
+    one block of values. None for anything else (then :func:`_decode_any` decides).
+
+    A byte ``b`` with ``b & 0x81 == 0`` is a one-byte varint of the non-negative value
+    ``b >> 1``. Slices never raise; an overrun leaves ``pos`` past the end, which the
+    next index (IndexError) or the final length check catches.
+    """
+    try:
+        b = p[0]
+        if b & 0x81:
+            return None
+        pos = 1 + (b >> 1)
+        state = p[1:pos]
+        b = p[pos]
+        if b & 0x81 or b >> 1 >= _SYMBOL_COUNT:
+            return None
+        op = OP_SYMBOLS[b >> 1]
+        b = p[pos + 1]
+        if b & 0x81:
+            return None
+        start = pos + 2
+        pos = start + (b >> 1)
+        key = p[start:pos]
+        b = p[pos]
+        map_key: bytes | None = None
+        if b == 2:
+            b = p[pos + 1]
+            if b & 0x81:
+                return None
+            start = pos + 2
+            pos = start + (b >> 1)
+            map_key = p[start:pos]
+        elif b:
+            return None
+        else:
+            pos += 1
+        b = p[pos]
+        value: bytes | None = None
+        if b == 2:
+            b = p[pos + 1]
+            if b & 0x81:
+                return None
+            start = pos + 2
+            pos = start + (b >> 1)
+            value = p[start:pos]
+        elif b:
+            return None
+        else:
+            pos += 1
+        b = p[pos]
+        values: list[bytes] | None = None
+        if b == 2:
+            b = p[pos + 1]
+            if b & 0x81:
+                return None
+            pos += 2
+            values = []
+            for _ in range(b >> 1):
+                b = p[pos]
+                if b & 0x81:
+                    return None
+                start = pos + 1
+                pos = start + (b >> 1)
+                values.append(p[start:pos])
+            if p[pos]:  # another block follows
+                return None
+            pos += 1
+        elif b:
+            return None
+        else:
+            pos += 1
+        if pos != len(p):
+            return None
+        return _new_op(DecodedOp, (state.decode(), op, key, map_key, value, values))
+    except (IndexError, UnicodeDecodeError):
+        return None
+
+
+def _decode_any(payload: bytes) -> DecodedOp:
+    """Any valid ``StateOp`` payload; ``ValueError`` naming what is wrong otherwise."""
     try:
         size, pos = _long(payload, 0)
         end = pos + size

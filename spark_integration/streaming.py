@@ -139,7 +139,6 @@ class BatchReport:
     checkpoint_id: int
     restored_from: int | None
     committed: bool
-    rows_in: int
     rows_out: int
     seconds: float
 
@@ -229,9 +228,8 @@ class StatefulProcessor:
         if self.sink is not None:
             frame = batch_df.sparkSession.createDataFrame(outputs, self.output_schema)
             self.sink(frame, batch_id)
-        rows_in = int((~collected[HANDLE_COLUMN].notnull()).sum())
-        self.reports.append(BatchReport(batch_id, checkpoint_id, base, commit, rows_in,
-                                        len(outputs), time.monotonic() - started))
+        self.reports.append(BatchReport(batch_id, checkpoint_id, base, commit, len(outputs),
+                                        time.monotonic() - started))
 
 
 class _SubtaskTask:
@@ -269,12 +267,12 @@ class _SubtaskTask:
             self.config.application, self.checkpoint_id, 0, self.config.max_parallelism,
             (SubtaskState(self.config.operator_id, subtask, self.config.parallelism, handle,
                           None),)).to_bytes()
-        frame = pd.DataFrame(outputs, columns=self.output_columns)
-        frame[SUBTASK_COLUMN] = subtask
-        frame[HANDLE_COLUMN] = None
         marker: dict[str, Any] = dict.fromkeys(self.output_columns)
-        marker.update({SUBTASK_COLUMN: subtask, HANDLE_COLUMN: encoded})
-        return pd.concat([frame, pd.DataFrame([marker])], ignore_index=True)
+        marker.update({HANDLE_COLUMN: encoded})
+        records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
+        frame = pd.DataFrame(records, columns=[*self.output_columns, HANDLE_COLUMN])
+        frame[SUBTASK_COLUMN] = subtask
+        return frame[[*self.output_columns, SUBTASK_COLUMN, HANDLE_COLUMN]]
 
     def _cache_key(self, subtask: int) -> tuple[Any, ...]:
         c = self.config

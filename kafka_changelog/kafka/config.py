@@ -47,7 +47,7 @@ class KafkaChangelogConfig:
     #: Producer compression: ``none``, ``lz4``, ``zstd``, ``snappy`` or ``gzip``.
     compression: str = "lz4"
     #: Producer ``linger.ms``: how long the shared producer waits to batch records.
-    linger_ms: float = 5.0
+    linger_ms: float = 1.0
     #: Producer ``delivery.timeout.ms``: a persist fails after this long without acks.
     delivery_timeout_ms: int = 120_000
     #: Seconds to wait for admin operations and for the first metadata answer.
