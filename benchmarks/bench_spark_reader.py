@@ -16,6 +16,10 @@ checkpoint is read:
   after one unmeasured warm-up query (Python worker start-up). Spark also decodes
   every payload into columns, which the in-process reader does not.
 
+"Others' CPU" is the share of the machine used by processes other than this one,
+the broker and Spark (its JVM and Python workers) during a run: on a shared 2-core
+machine, the figure that says how much to trust the others.
+
 Figures are changes/s; the ratios are Spark / in-process. ``--rounds`` measured
 runs of each (default 2); the best counts. Spark's own ``format("kafka")`` cannot be
 measured as a baseline here: its JVM connector for this Spark version is not on
@@ -36,6 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -177,10 +183,19 @@ def write_checkpoint(broker: Broker, count: int) -> Checkpoint:
     return Checkpoint(config, checkpoint_topic, handles, count + len(metas) * SUBTASKS)
 
 
+def own_pids(broker: Broker) -> list[int]:
+    """The broker's JVMs and every process this one started (Spark's JVM, its Python
+    workers): their CPU is the benchmark's, not other processes' load."""
+    pids = set(broker.pids())
+    pids.update(child.pid for child in psutil.Process().children(recursive=True))
+    pids.discard(os.getpid())
+    return sorted(pids)
+
+
 def run_in_process(broker: Broker, checkpoint: Checkpoint) -> Run:
     """Every change of every handle with one reader."""
     gc.collect()
-    foreign = ForeignLoad(broker.pids())
+    foreign = ForeignLoad(own_pids(broker))
     cpu0 = time.process_time()
     start = time.perf_counter()
     count = 0
@@ -220,7 +235,7 @@ def run_spark(broker: Broker, checkpoint: Checkpoint, parallelism: int,
     spark = local_session(
         app_name=f"bench-spark-reader-{parallelism}", parallelism=parallelism,
         extra_config={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                      "spark.driver.memory": "2g"})
+                      "spark.driver.memory": "2g", "spark.ui.showConsoleProgress": "false"})
     runs = []
     try:
         register(spark)
@@ -235,8 +250,8 @@ def run_spark(broker: Broker, checkpoint: Checkpoint, parallelism: int,
             raise RuntimeError(f"Spark read {found} changes; the checkpoint holds "
                                f"{checkpoint.changes}")
         for _ in range(rounds):
-            waited = wait_for_quiet(broker.pids())["waited_s"]
-            foreign = ForeignLoad(broker.pids())
+            waited = wait_for_quiet(own_pids(broker))["waited_s"]
+            foreign = ForeignLoad(own_pids(broker))
             cpu0 = time.process_time()
             start = time.perf_counter()
             found = query()
@@ -261,7 +276,7 @@ def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
     print(f"  written in {time.perf_counter() - started:.1f} s", flush=True)
     runs: list[Run] = []
     for _ in range(rounds):
-        waited = wait_for_quiet(broker.pids())["waited_s"]
+        waited = wait_for_quiet(own_pids(broker))["waited_s"]
         result = run_in_process(broker, checkpoint)
         result.waited_s = waited
         if result.changes != checkpoint.changes:

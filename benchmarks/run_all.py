@@ -28,7 +28,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import bench_append_persist, bench_memory_stalled, bench_persist_latency
+from benchmarks import (
+    bench_append_persist,
+    bench_memory_stalled,
+    bench_persist_latency,
+    bench_restore,
+)
 from benchmarks.common import (
     REPO_ROOT,
     RESULTS_DIR,
@@ -42,6 +47,7 @@ BENCHMARKS = (
     ("append_persist", "benchmarks.bench_append_persist"),
     ("persist_latency", "benchmarks.bench_persist_latency"),
     ("memory_stalled", "benchmarks.bench_memory_stalled"),
+    ("restore", "benchmarks.bench_restore"),
 )
 
 
@@ -64,6 +70,7 @@ def summary(results: dict[str, Any]) -> str:
         ("append_persist", bench_append_persist),
         ("persist_latency", bench_persist_latency),
         ("memory_stalled", bench_memory_stalled),
+        ("restore", bench_restore),
     ):
         lines.append(f"\n== {key} ==")
         found = results["benchmarks"].get(key)
