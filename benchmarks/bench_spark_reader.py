@@ -96,7 +96,9 @@ class Run:
     impl: str
     changes: int
     seconds: float
+    #: CPU seconds of this Python process (for Spark: the driver's only).
     cpu_s: float
+    #: Share of the machine's CPUs used by other processes (not the broker, not Spark).
     foreign_cpu_share: float
     input_partitions: int = 0
     waited_s: float = 0.0

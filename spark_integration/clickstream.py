@@ -48,13 +48,18 @@ def events(count: int, users: int, seed: int = 7) -> Iterator[dict[str, Any]]:
         }
 
 
-def produce_events(settings: dict[str, Any], topic: str, count: int, users: int,
-                   partitions: int = 4, seed: int = 7) -> int:
-    """Create ``topic`` if needed and write the clickstream to it (acks=all)."""
+def ensure_topic(settings: dict[str, Any], topic: str, partitions: int = 4) -> None:
+    """Create ``topic`` unless it exists (brokers may not auto-create topics)."""
     admin = AdminClient(settings)
     if topic not in admin.list_topics(timeout=30).topics:
         for future in admin.create_topics([NewTopic(topic, partitions, -1)]).values():
             future.result(30)
+
+
+def produce_events(settings: dict[str, Any], topic: str, count: int, users: int,
+                   partitions: int = 4, seed: int = 7) -> int:
+    """Create ``topic`` if needed and write the clickstream to it (acks=all)."""
+    ensure_topic(settings, topic, partitions)
     producer = Producer({**settings, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 10})
     for event in events(count, users, seed):
@@ -104,7 +109,8 @@ def output_sink(settings: dict[str, Any], topic: str) -> Any:
         for row in frame.toPandas().to_dict("records"):
             row["batch_id"] = batch_id
             producer.produce(topic, key=row["user"].encode(), value=json.dumps(row).encode())
-        producer.flush(60)
+        if producer.flush(60) != 0:
+            raise RuntimeError(f"outputs of batch {batch_id} to {topic} not acknowledged")
     return sink
 
 
@@ -118,6 +124,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     from .kafka_source import KafkaTopicSource
     from .session import local_session
 
+    ensure_topic(settings, output_topic)
     spark = local_session("clickstream", parallelism=max(2, config.parallelism))
     spark.dataSource.register(KafkaTopicSource)
     processor = stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
@@ -157,6 +164,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     return {"batches": len(processor.reports),
             "committed": sum(r.committed for r in processor.reports),
             "rows_out": sum(r.rows_out for r in processor.reports),
+            "batch_seconds": [(round(r.seconds, 2), round(r.task_s, 2), round(r.commit_s, 2),
+                               round(r.sink_s, 2)) for r in processor.reports],
             "seconds": time.monotonic() - started}
 
 

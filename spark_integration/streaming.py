@@ -141,6 +141,10 @@ class BatchReport:
     committed: bool
     rows_out: int
     seconds: float
+    #: Seconds in the subtask tasks (Spark job), the commit, and the sink.
+    task_s: float = 0.0
+    commit_s: float = 0.0
+    sink_s: float = 0.0
 
 
 class StatefulProcessor:
@@ -210,7 +214,9 @@ class StatefulProcessor:
             .applyInPandas(run_subtask, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
                                  f"{HANDLE_COLUMN} binary")
         )
+        tasks_started = time.monotonic()
         collected = result.toPandas()
+        task_s = time.monotonic() - tasks_started
         handles = collected[collected[HANDLE_COLUMN].notnull()]
         if sorted(handles[SUBTASK_COLUMN]) != list(range(p)):
             raise ChangelogError(
@@ -220,16 +226,20 @@ class StatefulProcessor:
             CompletedCheckpoint.from_bytes(bytes(h)).subtasks[0] for h in handles[HANDLE_COLUMN]
         ]
         crash_point("before_commit", batch_id)
+        commit_started = time.monotonic()
         if commit:
             coordinator.complete(checkpoint_id, subtasks)
+        commit_s = time.monotonic() - commit_started
         crash_point("after_commit", batch_id)
         outputs = collected[collected[HANDLE_COLUMN].isnull()].drop(
             columns=[SUBTASK_COLUMN, HANDLE_COLUMN]).reset_index(drop=True)
+        sink_started = time.monotonic()
         if self.sink is not None:
             frame = batch_df.sparkSession.createDataFrame(outputs, self.output_schema)
             self.sink(frame, batch_id)
-        self.reports.append(BatchReport(batch_id, checkpoint_id, base, commit, len(outputs),
-                                        time.monotonic() - started))
+        self.reports.append(BatchReport(
+            batch_id, checkpoint_id, base, commit, len(outputs), time.monotonic() - started,
+            task_s, commit_s, time.monotonic() - sink_started))
 
 
 class _SubtaskTask:

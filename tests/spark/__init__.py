@@ -1,0 +1,1 @@
+"""Tests of the PySpark integration (real Spark, real broker)."""
