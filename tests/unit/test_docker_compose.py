@@ -32,3 +32,13 @@ def test_compose_runs_the_same_kafka_version() -> None:
 
     assert f"image: apache/kafka:{KAFKA_VERSION}" in COMPOSE.read_text()
     assert '- "9092:9092"' in COMPOSE.read_text()
+
+
+def test_compose_runs_the_demo_against_its_broker() -> None:
+    text = COMPOSE.read_text()
+    assert 'KAFKA_BOOTSTRAP_SERVERS: "kafka:29092"' in text
+    assert "INTERNAL://kafka:29092" in text
+    assert "dockerfile: docker/Dockerfile" in text
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert 'pip install --no-cache-dir ".[spark]"' in dockerfile
+    assert "spark_integration.demo" in dockerfile
