@@ -24,35 +24,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
+from kafka_changelog.demo import broker, progress
 from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 
 from .clickstream import events, expected_state, produce_events
 
-
-def say(message: str) -> None:
-    """One line of progress."""
-    print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-@contextmanager
-def broker() -> Iterator[dict[str, Any]]:
-    """Client settings of the configured broker, or of a local one started for the demo."""
-    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if servers:
-        say(f"using the broker at {servers} (KAFKA_BOOTSTRAP_SERVERS)")
-        yield {"bootstrap.servers": servers}
-        return
-    from kafka_changelog.testing.broker import LocalKafkaCluster
-
-    say("starting a local Apache Kafka 4.1 broker (KRaft, jars from Maven Central) ...")
-    with LocalKafkaCluster(nodes=1) as cluster:
-        say(f"broker up at {cluster.bootstrap_servers}")
-        yield cluster.client_config()
-    say("broker stopped")
+say = progress
 
 
 def job_command(servers: str, run: str, checkpoint_dir: str, parallelism: int, count: int,

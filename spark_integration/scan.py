@@ -18,22 +18,14 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from confluent_kafka import TopicPartition
-
 from kafka_changelog.change import META_KEY_GROUP
-from kafka_changelog.errors import ChangelogError, ChangelogTruncatedError, RecordDecodeError
+from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.handle import PartitionRange
-from kafka_changelog.kafka.reader import BATCH, KafkaChangelogReader
-from kafka_changelog.kafka.record_format import (
-    UnknownSchemaError,
-    check_schema_header,
-    decode_record_fields,
-)
+from kafka_changelog.kafka.reader import KafkaChangelogReader
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.serialization import schemas_dir
 from kafka_changelog.state.kafka_io import OutRecord
@@ -106,76 +98,19 @@ class SliceReader(KafkaChangelogReader):
         """The kept changes of the slice's records, in offset order (append order within)."""
         if piece.end_offset <= piece.start_offset:
             return
-        topic, partition = piece.topic, piece.partition
-        low, high = self._watermarks(topic, partition)
-        if piece.start_offset < low:
-            raise ChangelogTruncatedError(topic, partition, piece.start_offset, low)
-        if piece.end_offset > high:
-            raise ChangelogError(
-                f"changelog {topic}[{partition}] ends at offset {high} but the slice of log "
-                f"{piece.log_id} needs records up to offset {piece.end_offset - 1}: records "
-                "were lost (unclean leader election or a recreated topic?)"
-            )
-        # The base class reports errors of a range; a slice is one.
-        as_range = PartitionRange(partition, piece.start_offset, piece.end_offset,
+        # The base class reads ranges; a slice is one.
+        as_range = PartitionRange(piece.partition, piece.start_offset, piece.end_offset,
                                   _range_of(piece), 0)
-        log_key = piece.log_id.encode()
         first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
         lowest, highest = piece.key_group_start, piece.key_group_end
-        end = piece.end_offset
-        consumer = self._consumer
-        consumer.assign([TopicPartition(topic, partition, piece.start_offset)])
-        position = piece.start_offset
-        deadline = time.monotonic() + self._timeout
-        try:
-            while position < end:
-                # No more than the slice holds, so a full batch returns at once.
-                messages = consumer.consume(min(BATCH, end - position), timeout=0.5)
-                if not messages:
-                    if time.monotonic() > deadline:
-                        raise ChangelogError(
-                            f"timed out reading {topic}[{partition}] at offset {position} "
-                            f"(slice ends at {end})"
-                        )
-                    continue
-                deadline = time.monotonic() + self._timeout
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        position = self._after_error(topic, as_range, position, error)
-                        continue
-                    offset = message.offset() or 0
-                    if offset >= end:
-                        position = offset
-                        break
-                    position = offset + 1
-                    if message.key() != log_key:
-                        continue
-                    value = message.value() or b""
-                    self.records_read += 1
-                    self.bytes_read += len(value)
-                    try:
-                        headers = message.headers()
-                        check_schema_header(
-                            list(headers.items()) if isinstance(headers, dict) else headers)
-                        log_id, changes = decode_record_fields(value)
-                    except (UnknownSchemaError, ValueError) as exc:
-                        raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
-                    if log_id != piece.log_id:
-                        raise RecordDecodeError(
-                            topic, partition, offset,
-                            f"record key says log {piece.log_id} but value says {log_id}",
-                        )
-                    for c in changes:
-                        sqn, key_group = c["sequence_number"], c["key_group"]
-                        if first_sqn <= sqn <= last_sqn and (
-                            key_group == META_KEY_GROUP or lowest <= key_group <= highest
-                        ):
-                            yield _new_scanned(ScannedChange, (
-                                offset, sqn, c["index"], key_group, c["payload"]))
-        finally:
-            consumer.unassign()
-
+        for offset, changes in self.log_records(piece.topic, as_range, piece.log_id):
+            for c in changes:
+                sqn, key_group = c["sequence_number"], c["key_group"]
+                if first_sqn <= sqn <= last_sqn and (
+                    key_group == META_KEY_GROUP or lowest <= key_group <= highest
+                ):
+                    yield _new_scanned(ScannedChange, (
+                        offset, sqn, c["index"], key_group, c["payload"]))
 
 def _range_of(piece: OffsetSlice) -> KeyGroupRange:
     if piece.key_group_end < piece.key_group_start:

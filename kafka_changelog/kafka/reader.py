@@ -67,22 +67,38 @@ class KafkaChangelogReader:
         r: PartitionRange,
         collected: list[tuple[int, int, int, bytes]],
     ) -> None:
+        first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
+        lowest, highest = handle.key_group_range.start, handle.key_group_range.end
+        keep = collected.append
+        for _, changes in self.log_records(handle.topic, r, handle.log_id):
+            for c in changes:
+                sqn, key_group = c["sequence_number"], c["key_group"]
+                if first_sqn <= sqn <= last_sqn and (
+                    key_group == META_KEY_GROUP or lowest <= key_group <= highest
+                ):
+                    keep((sqn, c["index"], key_group, c["payload"]))
+
+    def log_records(
+        self, topic: str, r: PartitionRange, log_id: str
+    ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """(offset, decoded changes) of every record of ``log_id`` in ``r``, in offset order.
+
+        Checks the range against the partition's watermarks first (below the log start:
+        :class:`ChangelogTruncatedError`; past the end: records were lost), skips other
+        logs' records, and refuses unknown schemas and undecodable values naming the offset.
+        """
         if r.end_offset <= r.start_offset:
             return
-        topic = handle.topic
         low, high = self._watermarks(topic, r.partition)
         if r.start_offset < low:
             raise ChangelogTruncatedError(topic, r.partition, r.start_offset, low)
         if r.end_offset > high:
             raise ChangelogError(
-                f"changelog {topic}[{r.partition}] ends at offset {high} but the handle of "
-                f"log {handle.log_id} needs records up to offset {r.end_offset - 1}: "
+                f"changelog {topic}[{r.partition}] ends at offset {high} but log {log_id} "
+                f"needs records up to offset {r.end_offset - 1}: "
                 "records were lost (unclean leader election or a recreated topic?)"
             )
-        log_key = handle.log_id.encode()
-        first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
-        lowest, highest = handle.key_group_range.start, handle.key_group_range.end
-        keep = collected.append
+        log_key = log_id.encode()
         self._consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
         position = r.start_offset
         deadline = time.monotonic() + self._timeout
@@ -118,20 +134,15 @@ class KafkaChangelogReader:
                         headers = message.headers()
                         check_schema_header(
                             list(headers.items()) if isinstance(headers, dict) else headers)
-                        log_id, changes = decode_record_fields(value)
+                        found, changes = decode_record_fields(value)
                     except (UnknownSchemaError, ValueError) as exc:
                         raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
-                    if log_id != handle.log_id:
+                    if found != log_id:
                         raise RecordDecodeError(
                             topic, r.partition, offset,
-                            f"record key says log {handle.log_id} but value says {log_id}",
+                            f"record key says log {log_id} but value says {found}",
                         )
-                    for c in changes:
-                        sqn, key_group = c["sequence_number"], c["key_group"]
-                        if first_sqn <= sqn <= last_sqn and (
-                            key_group == META_KEY_GROUP or lowest <= key_group <= highest
-                        ):
-                            keep((sqn, c["index"], key_group, c["payload"]))
+                    yield offset, changes
         finally:
             self._consumer.unassign()
 
