@@ -23,6 +23,9 @@ _TRANSIENT = {
     KafkaError._TRANSPORT,
     KafkaError._TIMED_OUT,
     KafkaError.REQUEST_TIMED_OUT,
+    # A consumer that has just (re)connected may not know the partition yet.
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
 }
 
 #: ``tuple.__new__``: builds a StateChange from decoded, already valid parts.
