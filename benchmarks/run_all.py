@@ -1,12 +1,12 @@
 """Run every benchmark, print a combined summary, write ``benchmarks/results/latest.json``.
 
 Each benchmark runs in its own Python process with its own fresh broker (the
-memory benchmark needs a fresh process for a meaningful RSS baseline). Other work
-on a 2-core machine distorts every figure, so before each benchmark (and before
-each measured run inside them) the suite waits, up to ``BENCH_QUIET_WAIT_S``
-(default 120 s; 0: don't wait), until other processes use less than
-``BENCH_QUIET_SHARE`` (default 0.15) of the CPUs; the share other processes used
-during each run is recorded next to its figures.
+memory benchmark needs a fresh process for a meaningful RSS baseline; the StateOp
+codec benchmark needs no broker). Other work on a 2-core machine distorts every
+figure, so before each benchmark (and before each measured run inside them) the
+suite waits, up to ``BENCH_QUIET_WAIT_S`` (default 120 s; 0: don't wait), until
+other processes use less than ``BENCH_QUIET_SHARE`` (default 0.15) of the CPUs; the
+share other processes used during each run is recorded next to its figures.
 
 Usage: ``./benchmarks/run.sh`` (or ``python -m benchmarks.run_all``) with
 ``BENCH_SCALE`` (default 1.0; 0.1 for a smoke run). Exits non-zero only when a
@@ -33,6 +33,7 @@ from benchmarks import (
     bench_memory_stalled,
     bench_persist_latency,
     bench_restore,
+    bench_state_ops,
 )
 from benchmarks.common import (
     REPO_ROOT,
@@ -48,6 +49,7 @@ BENCHMARKS = (
     ("persist_latency", "benchmarks.bench_persist_latency"),
     ("memory_stalled", "benchmarks.bench_memory_stalled"),
     ("restore", "benchmarks.bench_restore"),
+    ("state_ops", "benchmarks.bench_state_ops"),
 )
 
 
@@ -71,6 +73,7 @@ def summary(results: dict[str, Any]) -> str:
         ("persist_latency", bench_persist_latency),
         ("memory_stalled", bench_memory_stalled),
         ("restore", bench_restore),
+        ("state_ops", bench_state_ops),
     ):
         lines.append(f"\n== {key} ==")
         found = results["benchmarks"].get(key)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import fastavro
 
+from ..avro_binary import SMALL_LIMIT, SMALL_VARINTS, varint, zigzag_varint
 from ..change import META_KEY_GROUP
 from ..serialization import load_schema
 
@@ -61,25 +62,6 @@ class EncodedRecord:
     members: tuple[int, ...]
 
 
-def _zigzag_varint(value: int) -> bytes:
-    """Avro's encoding of an int/long: zig-zag, then base-128 little-endian varint."""
-    n = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-#: Varints of small values, which almost every number in a batch is.
-_SMALL = [_zigzag_varint(i) for i in range(-1, 16384)]
-
-
-def _varint(value: int) -> bytes:
-    return _SMALL[value + 1] if -1 <= value < 16383 else _zigzag_varint(value)
-
-
 def encode_value(log_id: str, changes: Sequence[RawChange]) -> bytes:
     """The Avro binary of a ``ChangeBatch`` (byte-identical to fastavro's, tested).
 
@@ -87,21 +69,21 @@ def encode_value(log_id: str, changes: Sequence[RawChange]) -> bytes:
     joins cached varints and the payload.
     """
     name = log_id.encode()
-    parts = [_varint(len(name)), name]
+    parts = [varint(len(name)), name]
     if changes:
-        parts.append(_varint(len(changes)))
-        small, limit = _SMALL, len(_SMALL) - 1
+        parts.append(varint(len(changes)))
+        small, limit = SMALL_VARINTS, SMALL_LIMIT
         last_sqn = None
         sqn_bytes = b""
         for sqn, index, key_group, payload in changes:
             if sqn != last_sqn:
-                sqn_bytes, last_sqn = _varint(sqn), sqn
+                sqn_bytes, last_sqn = varint(sqn), sqn
             size = len(payload)
             parts += (
                 sqn_bytes,
-                small[index + 1] if index < limit else _zigzag_varint(index),
-                small[key_group + 1] if key_group < limit else _zigzag_varint(key_group),
-                small[size + 1] if size < limit else _zigzag_varint(size),
+                small[index + 1] if index < limit else zigzag_varint(index),
+                small[key_group + 1] if key_group < limit else zigzag_varint(key_group),
+                small[size + 1] if size < limit else zigzag_varint(size),
                 payload,
             )
     parts.append(b"\x00")

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
 V = TypeVar("V")
 K = TypeVar("K")
 
+# Every mutation names its kind: a module constant is cheaper than ``OpKind.SET`` (an
+# attribute lookup through the enum class on each call).
+_SET, _DELETE = OpKind.SET, OpKind.DELETE
+_LIST_ADD, _LIST_REPLACE = OpKind.LIST_ADD, OpKind.LIST_REPLACE
+_MAP_PUT, _MAP_REMOVE = OpKind.MAP_PUT, OpKind.MAP_REMOVE
+
 
 class _KeyedState:
     def __init__(self, backend: ChangelogKeyedStateBackend, descriptor: StateDescriptor) -> None:
@@ -26,14 +32,22 @@ class _KeyedState:
         key_group, key = self._backend.current()
         return self._backend.table.get(key_group, self._name, key)
 
-    def _log(self, op: OpKind, **fields: Any) -> None:
-        key_group, key = self._backend.current()
-        self._backend.mutate(key_group, StateOp(self._name, op, key, **fields))
+    def _log(
+        self,
+        op: OpKind,
+        map_key: bytes | None = None,
+        value: bytes | None = None,
+        values: tuple[bytes, ...] | None = None,
+    ) -> None:
+        # Named parameters passed on positionally: no kwargs dict built and unpacked per op.
+        backend = self._backend
+        key_group, key = backend.current()
+        backend.mutate(key_group, StateOp(self._name, op, key, map_key, value, values))
 
     def clear(self) -> None:
         """Remove the current key's entry."""
         if self._entry() is not None:
-            self._log(OpKind.DELETE)
+            self._log(_DELETE)
 
 
 class ValueState(_KeyedState, Generic[V]):
@@ -46,7 +60,7 @@ class ValueState(_KeyedState, Generic[V]):
 
     def update(self, value: V) -> None:
         """Set the current key's value."""
-        self._log(OpKind.SET, value=self._values.serialize(value))
+        self._log(_SET, value=self._values.serialize(value))
 
 
 class ListState(_KeyedState, Generic[V]):
@@ -59,17 +73,17 @@ class ListState(_KeyedState, Generic[V]):
 
     def add(self, value: V) -> None:
         """Append one value."""
-        self._log(OpKind.LIST_ADD, values=(self._values.serialize(value),))
+        self._log(_LIST_ADD, values=(self._values.serialize(value),))
 
     def add_all(self, values: Iterable[V]) -> None:
         """Append several values."""
-        encoded = tuple(self._values.serialize(v) for v in values)
+        encoded = tuple(map(self._values.serialize, values))
         if encoded:
-            self._log(OpKind.LIST_ADD, values=encoded)
+            self._log(_LIST_ADD, values=encoded)
 
     def update(self, values: Iterable[V]) -> None:
         """Replace the list."""
-        self._log(OpKind.LIST_REPLACE, values=tuple(self._values.serialize(v) for v in values))
+        self._log(_LIST_REPLACE, values=tuple(map(self._values.serialize, values)))
 
 
 class MapState(_KeyedState, Generic[K, V]):
@@ -91,14 +105,14 @@ class MapState(_KeyedState, Generic[K, V]):
 
     def put(self, map_key: K, value: V) -> None:
         """Set the value under ``map_key``."""
-        self._log(OpKind.MAP_PUT, map_key=self._keys.serialize(map_key),
+        self._log(_MAP_PUT, map_key=self._keys.serialize(map_key),
                   value=self._values.serialize(value))
 
     def remove(self, map_key: K) -> None:
         """Remove ``map_key`` (no-op if absent)."""
         encoded = self._keys.serialize(map_key)
         if encoded in self._map():
-            self._log(OpKind.MAP_REMOVE, map_key=encoded)
+            self._log(_MAP_REMOVE, map_key=encoded)
 
     def contains(self, map_key: K) -> bool:
         """True if ``map_key`` is present."""
@@ -133,7 +147,7 @@ class ReducingState(_KeyedState, Generic[V]):
         assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
         current = self.get()
         folded = value if current is None else descriptor.reduce(current, value)
-        self._log(OpKind.SET, value=self._values.serialize(folded))
+        self._log(_SET, value=self._values.serialize(folded))
 
 
 class AggregatingState(_KeyedState, Generic[V]):
@@ -151,4 +165,4 @@ class AggregatingState(_KeyedState, Generic[V]):
         assert descriptor.create is not None and descriptor.add is not None
         current = self.get()
         accumulator = descriptor.add(descriptor.create() if current is None else current, value)
-        self._log(OpKind.SET, value=self._values.serialize(accumulator))
+        self._log(_SET, value=self._values.serialize(accumulator))

@@ -18,6 +18,11 @@ from .ops import OpKind, StateMeta, StateOp
 #: Entry of a value/reducing/aggregating state, of a list state, of a map state.
 Entry = bytes | list[bytes] | dict[bytes, bytes]
 
+# ``apply`` compares kinds per op: module constants, not an enum-class lookup each time.
+_SET, _DELETE = OpKind.SET, OpKind.DELETE
+_LIST_ADD, _LIST_REPLACE = OpKind.LIST_ADD, OpKind.LIST_REPLACE
+_MAP_PUT, _MAP_REMOVE = OpKind.MAP_PUT, OpKind.MAP_REMOVE
+
 
 class StateTable:
     """State of a set of key groups: ``{key_group: {state: {key: entry}}}`` plus metas."""
@@ -42,41 +47,55 @@ class StateTable:
 
     def apply(self, key_group: int, op: StateOp) -> None:
         """Apply one logged mutation."""
-        if op.state not in self.metas:
+        state = op.state
+        if state not in self.metas:
             raise StateMismatchError(
-                f"change for unregistered state {op.state!r} in key group {key_group}")
-        table = self.groups.setdefault(key_group, {}).setdefault(op.state, {})
-        kind = op.op
-        if kind is OpKind.SET:
+                f"change for unregistered state {state!r} in key group {key_group}")
+        # get-then-insert rather than setdefault(k, {}), which builds a dict on every call.
+        group = self.groups.get(key_group)
+        if group is None:
+            group = self.groups[key_group] = {}
+        table = group.get(state)
+        if table is None:
+            table = group[state] = {}
+        kind, key = op.op, op.key
+        if kind is _SET:
             assert op.value is not None
-            table[op.key] = op.value
-        elif kind is OpKind.DELETE:
-            table.pop(op.key, None)
-        elif kind is OpKind.LIST_ADD:
-            entry = table.setdefault(op.key, [])
+            table[key] = op.value
+        elif kind is _DELETE:
+            table.pop(key, None)
+        elif kind is _LIST_ADD:
+            entry = table.get(key)
+            if entry is None:
+                entry = table[key] = []
             assert isinstance(entry, list) and op.values is not None
             entry.extend(op.values)
-        elif kind is OpKind.LIST_REPLACE:
-            assert op.values is not None
-            if op.values:
-                table[op.key] = list(op.values)
+        elif kind is _LIST_REPLACE:
+            values = op.values
+            assert values is not None
+            if values:
+                table[key] = list(values)
             else:
-                table.pop(op.key, None)
-        elif kind is OpKind.MAP_PUT:
-            entry = table.setdefault(op.key, {})
+                table.pop(key, None)
+        elif kind is _MAP_PUT:
+            entry = table.get(key)
+            if entry is None:
+                entry = table[key] = {}
             assert isinstance(entry, dict) and op.map_key is not None and op.value is not None
             entry[op.map_key] = op.value
-        elif kind is OpKind.MAP_REMOVE:
-            current = table.get(op.key)
+        elif kind is _MAP_REMOVE:
+            current = table.get(key)
             if isinstance(current, dict):
                 assert op.map_key is not None
                 current.pop(op.map_key, None)
                 if not current:
-                    del table[op.key]
+                    del table[key]
 
     def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
         """The entry of ``key`` (None if absent)."""
-        return self.groups.get(key_group, {}).get(state, {}).get(key)
+        group = self.groups.get(key_group)
+        entries = group.get(state) if group is not None else None
+        return entries.get(key) if entries is not None else None
 
     def keys(self, state: str) -> Iterator[tuple[int, bytes]]:
         """(key group, key) of every entry of ``state``."""
