@@ -35,11 +35,11 @@ the call on the driver (latest-checkpoint lookup, planning, decoding the handles
 last, unmeasured batch with a capturing sink checks the state: the event count and
 total spent of its users must equal what every batch fed in gives.
 
-The results also record which shuffle partition each subtask's rows go to
-(``subtask_partitions``): Spark hash-partitions the ``groupBy`` on the subtask
-number over ``spark.sql.shuffle.partitions`` (2) partitions, and subtasks 0 and 1
-both hash to partition 1, so one Python worker runs both subtasks one after the
-other (the stateless baseline, bucketed the same way, too).
+Both sides shuffle rows into one Spark partition per subtask
+(``spark_integration.subtask_partitioning.partition_by_subtask``), so with
+parallelism 2 on ``local[2]`` the two subtasks run at the same time; the results
+record the partition each subtask ran in (``subtask_partitions``, from the
+processor's ``BatchReport``).
 
 A CI run or anything else on a 2-core machine distorts these figures: the load
 average (which counts this benchmark's own broker, JVM and workers too) and the
@@ -60,6 +60,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import pairwise
@@ -89,9 +90,9 @@ from spark_integration.clickstream import OUTPUT_SCHEMA, events, expected_state,
 from spark_integration.streaming import (
     StatefulProcessor,
     StreamingStateConfig,
-    _Process,
     stateful_foreach_batch,
 )
+from spark_integration.subtask_partitioning import partition_by_subtask
 
 DEFAULT_JSON = RESULTS_DIR / "streaming_overhead.json"
 #: (events per batch at BENCH_SCALE=1, minimum)
@@ -132,13 +133,16 @@ def fold_user(rows: pd.DataFrame) -> dict[str, Any]:
     return {"user": rows["user"].iloc[0], "events": count, "spent": spent}
 
 
-def stateless_bucket(rows: pd.DataFrame) -> pd.DataFrame:
-    """One bucket (= one subtask of the stateful path): sort, then :func:`fold_user` per
-    user, as the stateful task calls the user's function per key."""
-    data = rows.sort_values(["user", "seq"], kind="stable")
+def stateless_bucket(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """One bucket (= one subtask of the stateful path, one Spark partition): sort, then
+    :func:`fold_user` per user, as the stateful task calls the user's function per key."""
+    frames = list(batches)
+    if not frames:
+        return
+    data = pd.concat(frames, ignore_index=True).sort_values(["user", "seq"], kind="stable")
     records = [fold_user(group.drop(columns=[BUCKET_COLUMN]))
                for _, group in data.groupby("user", sort=True)]
-    return pd.DataFrame(records, columns=["user", "events", "spent"])
+    yield pd.DataFrame(records, columns=["user", "events", "spent"])
 
 
 def stateless_user(rows: pd.DataFrame) -> pd.DataFrame:
@@ -210,19 +214,6 @@ def state_config(broker: Broker, label: str) -> StreamingStateConfig:
     )
 
 
-def close_driver_clients(config: StreamingStateConfig) -> None:
-    """Close the Kafka clients the processor opened in this (the driver's) process."""
-    key = (config.bootstrap_servers, config.application, config.changelog_topic,
-           config.snapshot_topic, config.checkpoint_topic)
-    resources = _Process.resources.pop(key, None)
-    if resources is None:
-        return
-    storage, snapshots, coordinator = resources
-    coordinator.checkpoints.close()
-    snapshots.close()
-    storage.close()
-
-
 def timed_stateless(broker: Broker, side: str, df: Any, batch_id: int, size: int,
                     users: int) -> BatchRun:
     """One stateless batch: bucketed (as the stateful path) or grouped by user."""
@@ -232,8 +223,9 @@ def timed_stateless(broker: Broker, side: str, df: Any, batch_id: int, size: int
     foreign = ForeignLoad(own_pids(broker))
     start = time.perf_counter()
     if side == STATELESS:
-        out = (df.withColumn(BUCKET_COLUMN, F.expr(BUCKET_EXPR)).groupBy(BUCKET_COLUMN)
-               .applyInPandas(stateless_bucket, OUTPUT_SCHEMA).toPandas())
+        bucketed = df.withColumn(BUCKET_COLUMN, F.expr(BUCKET_EXPR))
+        out = (partition_by_subtask(bucketed, BUCKET_COLUMN, PARALLELISM)
+               .mapInPandas(stateless_bucket, OUTPUT_SCHEMA).toPandas())
     else:
         out = df.groupBy("user").applyInPandas(stateless_user, OUTPUT_SCHEMA).toPandas()
     seconds = time.perf_counter() - start
@@ -341,7 +333,7 @@ def size_case(broker: Broker, spark: Any, base_count: int, minimum: int, batches
         checked = check_state(spark, processor, frames, batches + 1)
         print(f"  state checked: {checked} users' totals equal all events fed in", flush=True)
     finally:
-        close_driver_clients(config)
+        processor.close()
     elapsed = time.perf_counter() - started
     changelog_records = broker.record_count(config.changelog_topic)
     sides = {name: summary([r for r in runs if r.side == name]) for name in names}
@@ -351,6 +343,8 @@ def size_case(broker: Broker, spark: Any, base_count: int, minimum: int, batches
         "events_per_batch": count,
         "users": n_users,
         "users_per_batch": median(users[1:-1]),
+        "subtask_partitions": {str(k): v for k, v in
+                               processor.reports[-1].subtask_partitions.items()},
         "batches": batches,
         "stateless_median_s": base,
         "stateful_median_s": ours,
@@ -384,15 +378,6 @@ def size_case(broker: Broker, spark: Any, base_count: int, minimum: int, batches
     return case
 
 
-def subtask_partitions(spark: Any) -> list[int]:
-    """The shuffle partition ``groupBy(subtask)`` sends each subtask's rows to: Spark's
-    hash partitioning is ``pmod(hash(key), spark.sql.shuffle.partitions)``."""
-    n = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    rows = spark.range(PARALLELISM).selectExpr(
-        f"pmod(hash(cast(id as int)), {n}) as partition").collect()
-    return [int(row["partition"]) for row in rows]
-
-
 def start_spark() -> Any:
     """The ``local[2]`` session, bound to 127.0.0.1."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -419,8 +404,6 @@ def run(broker: Broker | None = None, batches: int = 5, per_user: bool = False,
             own_spark.stop()
     from spark_integration.session import spark_version
 
-    partitions = subtask_partitions(spark)
-    print(f"shuffle partition of subtasks 0..{PARALLELISM - 1}: {partitions}", flush=True)
     cases = [size_case(broker, spark, base_count, minimum, batches, per_user)
              for base_count, minimum in SIZES]
     return {
@@ -430,8 +413,6 @@ def run(broker: Broker | None = None, batches: int = 5, per_user: bool = False,
         "partitions": PARTITIONS,
         "max_parallelism": MAX_PARALLELISM,
         "bucket_expr": BUCKET_EXPR,
-        "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")),
-        "subtask_partitions": partitions,
         "materialization": None,
         "cases": cases,
     }

@@ -60,3 +60,10 @@ def spark_hash_bytes(data: bytes, seed: int = SPARK_HASH_SEED) -> int:
     result = _fmix(h1, len(data))
     return result - (1 << 32) if result >= (1 << 31) else result
 
+
+
+def spark_hash_int(value: int, seed: int = SPARK_HASH_SEED) -> int:
+    """Signed 32-bit hash equal to Spark SQL ``hash(value)`` for an ``int`` column value."""
+    h1 = _mix_h1(seed & _MASK, _mix_k1(value & _MASK))
+    result = _fmix(h1, 4)
+    return result - (1 << 32) if result >= (1 << 31) else result

@@ -4,7 +4,8 @@ Used by the main job (``python -m spark_integration.demo``) and the crash tests.
 input is a Kafka topic of JSON events keyed by user; a Structured Streaming query
 reads it (``format("kafka-topic")``) and keeps, per user, the number of events, the
 running total spent, a count per event kind and the last five pages, writing each
-batch's updated totals to an output topic.
+batch's updated totals to an output topic, exactly once (in the Kafka transaction
+that commits the batch's checkpoint).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
 from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
 
+from .kafka_sink import BATCH_HEADER, KafkaOutputSink
 from .streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
 
 EVENTS = value_state("events", INT64)
@@ -102,16 +104,52 @@ def expected_state(all_events: Iterator[dict[str, Any]]) -> dict[str, dict[str, 
     return users
 
 
-def output_sink(settings: dict[str, Any], topic: str) -> Any:
-    """A foreachBatch sink writing the outputs as JSON to ``topic`` (key = user)."""
-    def sink(frame: Any, batch_id: int) -> None:
-        producer = Producer({**settings, "acks": "all", "enable.idempotence": True})
-        for row in frame.toPandas().to_dict("records"):
-            row["batch_id"] = batch_id
-            producer.produce(topic, key=row["user"].encode(), value=json.dumps(row).encode())
-        if producer.flush(60) != 0:
-            raise RuntimeError(f"outputs of batch {batch_id} to {topic} not acknowledged")
-    return sink
+def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
+                 ) -> list[tuple[int, str, int, float]]:
+    """The committed outputs in ``topic`` as (batch id, user, events, spent) rows."""
+    consumer = Consumer({**settings, "group.id": f"clickstream-check-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True,
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        rows: list[tuple[int, str, int, float]] = []
+        at_end: set[int] = set()
+        while len(at_end) < len(partitions):
+            message = consumer.poll(timeout_s)
+            if message is None:
+                raise TimeoutError(f"{topic}: no end of partitions within {timeout_s} s")
+            if message.error() is not None:
+                at_end.add(message.partition() or 0)
+                continue
+            raw = dict(message.headers() or []).get(BATCH_HEADER)
+            if raw is None:
+                raise ValueError(f"{topic}[{message.partition()}]@{message.offset()} has no "
+                                 f"{BATCH_HEADER} header")
+            batch = int(raw)
+            value = json.loads(message.value() or b"{}")
+            rows.append((batch, value["user"], value["events"], value["spent"]))
+        return rows
+    finally:
+        consumer.close()
+
+
+def output_problems(rows: list[tuple[int, str, int, float]],
+                    expected: dict[str, dict[str, Any]]) -> list[str]:
+    """What is wrong with the outputs (empty: every batch once, the last totals right)."""
+    problems = []
+    pairs = [(batch, user) for batch, user, _, _ in rows]
+    twice = len(pairs) - len(set(pairs))
+    if twice:
+        problems.append(f"{twice} outputs of a batch written twice")
+    batches = sorted({batch for batch, _ in pairs})
+    if batches != list(range(len(batches))):
+        problems.append(f"batches with outputs are {batches}, not 0..{len(batches) - 1}")
+    last = {user: (events, spent) for _, user, events, spent in sorted(rows)}
+    wrong = [u for u, s in expected.items() if last.get(u) != (s["events"], s["spent"])]
+    if wrong:
+        problems.append(f"the last totals of {len(wrong)} users are wrong, e.g. {wrong[:3]}")
+    return problems
 
 
 def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topic: str,
@@ -127,8 +165,9 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     ensure_topic(settings, output_topic)
     spark = local_session("clickstream", parallelism=max(2, config.parallelism))
     spark.dataSource.register(KafkaTopicSource)
+    # Each batch's outputs are committed in the Kafka transaction of its checkpoint.
     processor = stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
-                                       sink=output_sink(settings, output_topic),
+                                       sink=KafkaOutputSink(output_topic, key_column="user"),
                                        order_by=["seq"])
     source = spark.readStream.format("kafka-topic").option("subscribe", input_topic) \
         .option("maxOffsetsPerTrigger", str(max_per_batch))

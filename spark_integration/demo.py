@@ -7,7 +7,8 @@
    kafka-changelog, and kills its driver with SIGKILL once two checkpoints are committed.
 4. Restarts it at parallelism 3 until every event is processed.
 5. Reads the state back with the Spark reader (``format("kafka-changelog")``, mode
-   ``state``) and checks it equals the state computed directly from all input events.
+   ``state``) and checks it equals the state computed directly from all input events,
+   and that the output topic holds every batch's outputs exactly once.
 
 Run it with ``./scripts/demo.sh`` (installs everything first) or
 ``python -m spark_integration.demo [--events N]``.
@@ -29,7 +30,7 @@ from typing import Any
 from kafka_changelog.demo import broker, progress
 from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 
-from .clickstream import events, expected_state, produce_events
+from .clickstream import events, expected_state, output_problems, produce_events, read_outputs
 
 say = progress
 
@@ -97,6 +98,14 @@ def run(count: int, users: int, per_batch: int) -> int:
             say(f"FAIL: state of {len(wrong)} users differs, e.g. {wrong[:3]}")
             return 1
         say(f"state of all {len(expected)} users equals the state computed from the events")
+        outputs = read_outputs(settings, f"{run_id}-totals")
+        problems = output_problems(outputs, expected)
+        if problems:
+            say(f"FAIL: output topic {run_id}-totals: {'; '.join(problems)}")
+            return 1
+        output_batches = len({batch for batch, *_ in outputs})
+        say(f"output topic {run_id}-totals: {len(outputs)} records of {output_batches} "
+            "batches, each batch's exactly once, the last totals equal the state")
         print()
         print("=== kafka-changelog streaming demo ===")
         print(f"events              {count} from {users} users")
@@ -105,9 +114,13 @@ def run(count: int, users: int, per_batch: int) -> int:
         print(f"run 2               {summary['batches']} batches in "
               f"{time.monotonic() - restarted:.1f} s after a kill -9 and a rescale 2 -> 3")
         print(f"spark state read    {read_s:.1f} s")
-        print("look at the changelog with kcat:")
+        print(f"outputs             {len(outputs)} records of {output_batches} batches in "
+              f"{run_id}-totals, committed with their checkpoints (exactly once)")
+        print("look at the changelog and the outputs with kcat:")
         print(f"  kcat -C -b {servers} -t {run_id}-changelog -o beginning -e -c 5 "
               "-f '%p@%o key=%k headers=%h\\n'")
+        print(f"  kcat -C -b {servers} -t {run_id}-totals -o beginning -e -c 5 "
+              "-f 'batch %h: %s\\n'")
         print(f"  kafka-changelog -b {servers} topics --topic {run_id}-changelog")
     return 0
 

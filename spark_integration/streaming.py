@@ -2,18 +2,21 @@
 
 Micro-batch ``b`` is checkpoint ``b + 1``. The driver adds each row's key group
 (``pmod(hash(key), max_parallelism)``, Spark SQL's own hash) and subtask, and runs
-one task per subtask (``groupBy(subtask).applyInPandas``). A task gets a keyed state
-backend for its key-group range at the previous complete checkpoint (reused from the
-Python worker's cache when it is exactly there, else restored from Kafka), calls the
-user's function per key in a deterministic order, persists the changelog, and returns
-its output rows plus its state handle. The driver commits the checkpoint only when
-every subtask succeeded, then hands the outputs to the sink.
+one Spark task per subtask, in parallel (``partition_by_subtask`` then
+``mapInPandas``). A task gets a keyed state backend for its key-group range at the
+previous complete checkpoint (reused from the Python worker's cache when it is
+exactly there, else restored from Kafka), calls the user's function per key in a
+deterministic order, persists the changelog, and returns its output rows plus its
+state handle. The driver commits the checkpoint only when every subtask succeeded:
+with a :class:`~spark_integration.kafka_sink.KafkaOutputSink`, in one Kafka
+transaction with the batch's outputs; with a sink function, before calling it.
 
 A batch that Spark runs again after a crash (before or after our commit) starts from
 the checkpoint before it, so its state comes out the same; when the batch had
-already been committed, the recomputed state is not committed twice and the outputs
-are produced again (sinks should be idempotent per batch id, as with any
-``foreachBatch`` sink).
+already been committed, the recomputed state is not committed twice. Its outputs
+are then not written again by a ``KafkaOutputSink`` (they were committed with the
+checkpoint) but are given again to a sink function (make it idempotent per batch
+id, as with any ``foreachBatch`` sink).
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
+from kafka_changelog.state.transactional_commit import TransactionalCommitter
+
+from .kafka_sink import KafkaOutputSink
+from .subtask_partitioning import partition_by_subtask
 
 #: Set to ``<point>:<batch id>`` to kill the driver with SIGKILL there (crash tests).
 CRASH_ENV = "KAFKA_CHANGELOG_CRASH_AT"
@@ -44,6 +51,7 @@ HANDLE_COLUMN = "__kc_handle"
 SUBTASK_COLUMN = "__kc_subtask"
 MARKER_COLUMN = "__kc_marker"
 KEY_GROUP_COLUMN = "__kc_key_group"
+PARTITION_COLUMN = "__kc_partition"
 
 
 @dataclass(frozen=True)
@@ -111,11 +119,16 @@ class _Process:
     resources: ClassVar[dict[tuple[str, ...], tuple[
         KafkaChangelogStorage, KafkaSnapshotStore, CheckpointCoordinator]]] = {}
     backends: ClassVar[dict[tuple[Any, ...], tuple[ChangelogKeyedStateBackend, int]]] = {}
+    committers: ClassVar[dict[tuple[str, ...], TransactionalCommitter]] = {}
+
+    @staticmethod
+    def _resource_key(config: StreamingStateConfig) -> tuple[str, ...]:
+        return (config.bootstrap_servers, config.application, config.changelog_topic,
+                config.snapshot_topic, config.checkpoint_topic)
 
     @classmethod
     def coordinator(cls, config: StreamingStateConfig) -> CheckpointCoordinator:
-        key = (config.bootstrap_servers, config.application, config.changelog_topic,
-               config.snapshot_topic, config.checkpoint_topic)
+        key = cls._resource_key(config)
         if key not in cls.resources:
             storage = KafkaChangelogStorage(config.changelog())
             snapshots = KafkaSnapshotStore(config.snapshots())
@@ -123,6 +136,34 @@ class _Process:
             cls.resources[key] = (storage, snapshots, CheckpointCoordinator(
                 config.application, checkpoints, snapshots, storage, config.max_parallelism))
         return cls.resources[key][2]
+
+    @classmethod
+    def committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink
+                  ) -> TransactionalCommitter:
+        """The transactional committer of ``sink`` (its first use fences a crashed
+        predecessor with the same transactional id and aborts what it left open)."""
+        tid = sink.transactional_id_for(config.application, config.operator_id)
+        key = (*cls._resource_key(config), tid)
+        if key not in cls.committers:
+            store = cls.coordinator(config).checkpoints
+            assert isinstance(store, KafkaCheckpointStore)
+            cls.committers[key] = TransactionalCommitter(store, tid, sink.producer_config)
+        return cls.committers[key]
+
+    @classmethod
+    def release(cls, config: StreamingStateConfig) -> None:
+        """Close this process's backends and Kafka clients of ``config``'s application."""
+        for key in [k for k in cls.committers if k[:-1] == cls._resource_key(config)]:
+            cls.committers.pop(key).close()
+        for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
+                                                         config.application)]:
+            cls.backends.pop(key)[0].close()
+        resources = cls.resources.pop(cls._resource_key(config), None)
+        if resources is not None:
+            storage, snapshots, coordinator = resources
+            coordinator.checkpoints.close()
+            snapshots.close()
+            storage.close()
 
 
 def crash_point(point: str, batch_id: int) -> None:
@@ -145,6 +186,8 @@ class BatchReport:
     task_s: float = 0.0
     commit_s: float = 0.0
     sink_s: float = 0.0
+    #: The Spark partition that ran each subtask (one each: subtasks run in parallel).
+    subtask_partitions: dict[int, int] = field(default_factory=dict)
 
 
 class StatefulProcessor:
@@ -152,8 +195,13 @@ class StatefulProcessor:
 
     ``fn(key, rows, state)`` is called once per key present in a micro-batch, with the
     key's rows (ordered by ``order_by``) and ``state(descriptor)`` to reach its state;
-    it returns the output rows (schema ``output_schema``, a DDL string). ``sink(df,
-    batch_id)`` receives every batch's outputs after the checkpoint committed.
+    it returns the output rows (schema ``output_schema``, a DDL string).
+
+    ``sink`` is either a :class:`KafkaOutputSink` (outputs committed in the
+    checkpoint's Kafka transaction: exactly once) or a function ``sink(df, batch_id)``
+    called with every batch's outputs after the checkpoint committed (at least once:
+    a batch Spark runs again after a crash gives its outputs again; make it
+    idempotent per batch id).
     """
 
     def __init__(
@@ -162,7 +210,7 @@ class StatefulProcessor:
         fn: StatefulFunction,
         key_column: str,
         output_schema: str,
-        sink: Callable[[Any, int], None] | None = None,
+        sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
         order_by: Iterable[str] = (),
     ) -> None:
         self.config = config
@@ -173,6 +221,20 @@ class StatefulProcessor:
         self.order_by = tuple(order_by)
         self.reports: list[BatchReport] = []
 
+    def close(self) -> None:
+        """Close the Kafka clients this processor opened in the driver process.
+
+        Call it when the query has stopped (the processor works again afterwards,
+        reopening them). Spark's Python workers close theirs when Spark stops them.
+        """
+        _Process.release(self.config)
+
+    def __enter__(self) -> StatefulProcessor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
@@ -180,6 +242,9 @@ class StatefulProcessor:
         config = self.config
         checkpoint_id = batch_id + 1
         coordinator = _Process.coordinator(config)
+        sink = self.sink
+        committer = (_Process.committer(config, sink) if isinstance(sink, KafkaOutputSink)
+                     else None)
         crash_point("batch_start", batch_id)
         latest = coordinator.checkpoint()
         commit = latest is None or latest.checkpoint_id < checkpoint_id
@@ -204,16 +269,13 @@ class StatefulProcessor:
         task = _SubtaskTask(config, self.fn, self.key_column, self.order_by, base,
                             checkpoint_id, self.output_schema)
 
-        def run_subtask(rows: pd.DataFrame) -> pd.DataFrame:
-            # A plain one-argument function: Spark passes the grouping key to two-argument ones.
-            return task(rows)
+        def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            return task.run_partition(batches)
 
-        result = (
-            keyed.unionByName(markers, allowMissingColumns=True)
-            .groupBy(SUBTASK_COLUMN)
-            .applyInPandas(run_subtask, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
-                                 f"{HANDLE_COLUMN} binary")
-        )
+        result = partition_by_subtask(
+            keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p,
+        ).mapInPandas(run_partition, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
+                                     f"{PARTITION_COLUMN} int, {HANDLE_COLUMN} binary")
         tasks_started = time.monotonic()
         collected = result.toPandas()
         task_s = time.monotonic() - tasks_started
@@ -225,25 +287,33 @@ class StatefulProcessor:
         subtasks = [
             CompletedCheckpoint.from_bytes(bytes(h)).subtasks[0] for h in handles[HANDLE_COLUMN]
         ]
+        partitions = {int(s): int(q) for s, q in
+                      zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
+        outputs = _typed_like(collected[collected[HANDLE_COLUMN].isnull()].drop(
+            columns=[SUBTASK_COLUMN, PARTITION_COLUMN, HANDLE_COLUMN]).reset_index(drop=True),
+            result.schema)
         crash_point("before_commit", batch_id)
         commit_started = time.monotonic()
         if commit:
-            coordinator.complete(checkpoint_id, subtasks)
+            persist = None
+            if committer is not None and isinstance(sink, KafkaOutputSink):
+                persist = committer.persister(
+                    sink.records(outputs, batch_id),
+                    lambda: crash_point("in_transaction", batch_id))
+            coordinator.complete(checkpoint_id, subtasks, persist=persist)
         commit_s = time.monotonic() - commit_started
         crash_point("after_commit", batch_id)
-        outputs = collected[collected[HANDLE_COLUMN].isnull()].drop(
-            columns=[SUBTASK_COLUMN, HANDLE_COLUMN]).reset_index(drop=True)
         sink_started = time.monotonic()
-        if self.sink is not None:
+        if sink is not None and not isinstance(sink, KafkaOutputSink):
             frame = batch_df.sparkSession.createDataFrame(outputs, self.output_schema)
-            self.sink(frame, batch_id)
+            sink(frame, batch_id)
         self.reports.append(BatchReport(
             batch_id, checkpoint_id, base, commit, len(outputs), time.monotonic() - started,
-            task_s, commit_s, time.monotonic() - sink_started))
+            task_s, commit_s, time.monotonic() - sink_started, partitions))
 
 
 class _SubtaskTask:
-    """The function ``applyInPandas`` runs for one subtask's rows (pickled to workers)."""
+    """What a Spark task runs for its subtask's rows (pickled to workers)."""
 
     def __init__(self, config: StreamingStateConfig, fn: StatefulFunction, key_column: str,
                  order_by: tuple[str, ...], base: int | None, checkpoint_id: int,
@@ -257,7 +327,24 @@ class _SubtaskTask:
         self.output_columns = [c.strip().split()[0].strip("`")
                                for c in output_schema.split(",") if c.strip()]
 
+    def run_partition(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        """Run the subtask(s) of one Spark partition (one, see ``partition_by_subtask``)."""
+        from pyspark import TaskContext
+
+        frames = list(batches)
+        if not frames:
+            return
+        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else -1
+        for _subtask, subtask_rows in rows.groupby(SUBTASK_COLUMN, sort=True):
+            frame = self(subtask_rows)
+            frame[PARTITION_COLUMN] = partition
+            yield frame[[*self.output_columns, SUBTASK_COLUMN, PARTITION_COLUMN,
+                         HANDLE_COLUMN]]
+
     def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """One subtask's rows (its marker row included) -> its outputs and state handle."""
         subtask = int(rows[SUBTASK_COLUMN].iloc[0])
         backend = self._backend(subtask)
         data = rows[rows[MARKER_COLUMN] == False]  # noqa: E712  (pandas needs ==)
@@ -309,6 +396,21 @@ class _SubtaskTask:
                                                             or 0) / 10)))
 
 
+def _typed_like(outputs: pd.DataFrame, schema: Any) -> pd.DataFrame:
+    """``outputs`` with integer and boolean columns as such again: the handle rows'
+    nulls made ``toPandas`` widen them to float/object."""
+    from pyspark.sql import types as T
+
+    for spark_field in schema.fields:
+        if spark_field.name not in outputs.columns:
+            continue
+        if isinstance(spark_field.dataType, T.IntegralType):
+            outputs[spark_field.name] = outputs[spark_field.name].astype("Int64")
+        elif isinstance(spark_field.dataType, T.BooleanType):
+            outputs[spark_field.name] = outputs[spark_field.name].astype("boolean")
+    return outputs
+
+
 def _as_records(produced: Any) -> Iterator[dict[str, Any]]:
     if produced is None:
         return iter(())
@@ -322,7 +424,7 @@ def stateful_foreach_batch(
     fn: StatefulFunction,
     key_column: str,
     output_schema: str,
-    sink: Callable[[Any, int], None] | None = None,
+    sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
     order_by: Iterable[str] = (),
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state."""

@@ -18,6 +18,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -99,13 +100,20 @@ class CheckpointStore(ABC):
 
     # -- the operations ------------------------------------------------------------------
 
-    def commit(self, checkpoint: CompletedCheckpoint) -> list[CompletedCheckpoint]:
+    def commit(
+        self,
+        checkpoint: CompletedCheckpoint,
+        persist: Callable[[CompletedCheckpoint], None] | None = None,
+    ) -> list[CompletedCheckpoint]:
         """Store ``checkpoint`` as the application's latest; the checkpoints retention subsumed.
 
         Blocks until the checkpoint is durable: it is complete only when this
         returns. The returned checkpoints (oldest first) are beyond the newest
         ``retain``; they stay stored until :meth:`discard`. Raises
         :class:`CheckpointOrderError` unless the id is greater than the latest.
+        ``persist`` replaces the store's own durable write (a transactional commit
+        that writes the store's records with others, see ``transactional_commit``);
+        it must make the checkpoint durable or raise.
         """
         application = checkpoint.application
         with self._lock:
@@ -113,7 +121,7 @@ class CheckpointStore(ABC):
             latest = self._latest_id(application)
             if latest is not None and checkpoint.checkpoint_id <= latest:
                 raise CheckpointOrderError(application, checkpoint.checkpoint_id, latest)
-            self._persist_commit(checkpoint)
+            (persist or self._persist_commit)(checkpoint)
             stored = self._checkpoints.setdefault(application, {})
             stored[checkpoint.checkpoint_id] = checkpoint
             self._pointers[application] = checkpoint.checkpoint_id
@@ -346,19 +354,26 @@ class KafkaCheckpointStore(CheckpointStore):
 
     # -- writes ------------------------------------------------------------------------------
 
-    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
-        self._check_open()
+    def commit_records(self, checkpoint: CompletedCheckpoint) -> list[OutRecord]:
+        """The records (to :attr:`topic`) that make ``checkpoint`` complete once durable:
+        the checkpoint itself, then the application's latest pointer."""
         application, checkpoint_id = checkpoint.application, checkpoint.checkpoint_id
         pointer = encode(POINTER_SCHEMA, {
             "application": application, "checkpoint_id": checkpoint_id,
             "timestamp_ms": checkpoint.timestamp_ms})
-        self._written(self._producer.produce_all([
+        return [
             OutRecord(self.PARTITION, checkpoint_key(application, checkpoint_id).encode(),
                       checkpoint.to_bytes(),
                       [(HEADER_SCHEMA, CHECKPOINT_SCHEMA_HEADER.encode())]),
             OutRecord(self.PARTITION, latest_key(application).encode(), pointer,
                       [(HEADER_SCHEMA, POINTER_SCHEMA_HEADER.encode())]),
-        ], f"checkpoint {checkpoint_id} of application {application!r}"))
+        ]
+
+    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
+        self._check_open()
+        self._written(self._producer.produce_all(
+            self.commit_records(checkpoint),
+            f"checkpoint {checkpoint.checkpoint_id} of application {checkpoint.application!r}"))
 
     def _persist_discard(self, application: str, checkpoint_id: int) -> None:
         self._check_open()

@@ -10,7 +10,7 @@ lowest offset a retained checkpoint reads (DeleteRecords). Never more.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,13 +60,18 @@ class CheckpointCoordinator:
     def complete(
         self, checkpoint_id: int, subtasks: Iterable[SubtaskState],
         timestamp_ms: int | None = None,
+        persist: Callable[[CompletedCheckpoint], None] | None = None,
     ) -> CompletedCheckpoint:
-        """Commit the checkpoint (durable on return), then collect subsumed garbage."""
+        """Commit the checkpoint (durable on return), then collect subsumed garbage.
+
+        ``persist`` replaces the checkpoint store's own write (see
+        :meth:`CheckpointStore.commit`), e.g. a transaction that commits outputs with it.
+        """
         checkpoint = CompletedCheckpoint(
             self.application, checkpoint_id,
             timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
             self.max_parallelism, tuple(subtasks))
-        subsumed = self.checkpoints.commit(checkpoint)
+        subsumed = self.checkpoints.commit(checkpoint, persist)
         if subsumed:
             self.last_garbage = self.collect_garbage(subsumed)
         return checkpoint

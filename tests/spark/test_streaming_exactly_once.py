@@ -1,9 +1,12 @@
-"""Exactly-once state for a streaming query whose driver is killed -9 at several points.
+"""Exactly-once state and outputs for a streaming query whose driver is killed -9.
 
 The clickstream query runs as its own process (Spark driver + JVM). It is killed with
-SIGKILL during a batch, after our checkpoint commit but before Spark's, and restarted
-at other parallelisms; in the end every user's state equals the state computed
-directly from all input events: nothing lost, nothing counted twice.
+SIGKILL after our checkpoint commit but before Spark's, between batches (after
+Spark's commit), inside the Kafka transaction that commits a checkpoint with its
+outputs, and before our commit, and restarted at other parallelisms. In the end
+every user's state equals the state computed directly from all input events, and
+the output topic holds every batch's outputs exactly once: nothing lost, nothing
+counted or written twice.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from spark_integration.clickstream import (
     SPENT,
     events,
     expected_state,
+    output_problems,
     produce_events,
+    read_outputs,
 )
 from spark_integration.streaming import CRASH_ENV, StreamingStateConfig, _Process
 
@@ -59,7 +64,7 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
     produce_events(kafka_cluster.client_config(), f"{prefix}-clicks", EVENT_COUNT, USERS)
     checkpoint_dir = tmp_path / "spark-checkpoint"
     for parallelism, crash_at in [(2, "after_commit:1"), (3, "batch_start:2"),
-                                  (3, "before_commit:2"), (1, None)]:
+                                  (3, "in_transaction:2"), (2, "before_commit:3"), (1, None)]:
         done = run_job(kafka_cluster, prefix, checkpoint_dir, parallelism, crash_at)
         if crash_at:
             assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
@@ -83,3 +88,7 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
                "last_pages": backend.state(LAST_PAGES).get()}
         assert got == want, user
     backend.close()
+    _Process.release(config)
+    outputs = read_outputs(kafka_cluster.client_config(), f"{prefix}-totals")
+    assert output_problems(outputs, expected) == []
+    assert len({batch for batch, *_ in outputs}) >= 4

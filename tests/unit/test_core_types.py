@@ -18,7 +18,7 @@ from kafka_changelog import (
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
-from kafka_changelog.murmur3 import spark_hash_bytes
+from kafka_changelog.murmur3 import spark_hash_bytes, spark_hash_int
 
 
 class TestSequenceNumber:
@@ -118,6 +118,11 @@ class TestKeyGroupAssignment:
         assert spark_hash_bytes(b"Spark") == 228093765
         assert spark_hash_bytes(bytes.fromhex("FF80")) == -577813652
         assert spark_hash_bytes(bytes.fromhex("0102030405FE")) == -476376593
+
+    def test_spark_int_hash_vectors(self) -> None:
+        # Values printed by Spark 4 SQL `hash(cast(x as int))`.
+        assert [spark_hash_int(i) for i in (0, 1, 2, -1, 123456)] == [
+            933211791, -559580957, 1765031574, -1604776387, 1905992991]
 
     @given(st.binary(max_size=40), st.integers(1, 1 << 15))
     def test_key_group_in_range_and_stable(self, key: bytes, max_p: int) -> None:

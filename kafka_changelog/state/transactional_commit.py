@@ -1,0 +1,191 @@
+"""Checkpoint commits that carry output records: one Kafka transaction for both.
+
+A stream processor's outputs and its state are exactly-once together only if the
+outputs of a step become visible exactly when the checkpoint that includes the
+step's state does. :class:`TransactionalCommitter` writes a step's output records
+(to any topics) and the checkpoint store's commit records in one Kafka transaction:
+either both are committed or neither is visible to ``read_committed`` consumers
+(librdkafka's default; Java clients need ``isolation.level=read_committed``).
+
+A crashed committer leaves at most an open transaction behind. The next committer
+with the same ``transactional.id`` fences the old one and aborts it when it starts
+(``init_transactions``): the outputs of the step that crashed are never visible, and
+running the step again writes them once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ..errors import KafkaAccessError
+from ..kafka.errors import describe, is_access_error
+from .checkpoint import CompletedCheckpoint
+from .checkpoint_store import KafkaCheckpointStore
+from .errors import CheckpointStoreError
+
+
+class TransactionAbortedError(CheckpointStoreError):
+    """The transaction was aborted: neither the checkpoint nor its outputs are visible."""
+
+
+class TransactionFencedError(CheckpointStoreError):
+    """Another committer with the same transactional id took over; this one is finished."""
+
+
+@dataclass(frozen=True)
+class OutputRecord:
+    """One output record to commit with a checkpoint (``partition=None``: by key)."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
+
+
+class TransactionalCommitter:
+    """Commits checkpoints of ``store`` together with output records, atomically.
+
+    ``transactional_id`` must be stable across restarts of the same application and
+    operator (that is what fences a crashed predecessor) and unique among live
+    committers. ``producer_config`` adds librdkafka settings for the transactional
+    producer (the store's client settings, security included, are used already).
+    """
+
+    def __init__(
+        self,
+        store: KafkaCheckpointStore,
+        transactional_id: str,
+        producer_config: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.store = store
+        self.transactional_id = transactional_id
+        self.timeout_s = timeout_s if timeout_s is not None else store.config.request_timeout_s
+        self._producer = Producer({
+            **store.config.common(),
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            **(producer_config or {}),
+        })
+        try:
+            # Fences any earlier producer of this id and aborts its open transaction.
+            self._producer.init_transactions(self.timeout_s)
+        except KafkaException as exc:
+            raise self._error("starting transactions", exc.args[0]) from exc
+        self.commits = 0
+
+    def commit(
+        self,
+        checkpoint: CompletedCheckpoint,
+        outputs: Iterable[OutputRecord],
+        before_commit: Callable[[], None] | None = None,
+    ) -> list[CompletedCheckpoint]:
+        """Commit ``checkpoint`` and ``outputs`` in one transaction; what retention subsumed.
+
+        ``before_commit`` runs once everything is produced, just before the transaction
+        commits (crash tests kill the process there). Raises
+        :class:`TransactionAbortedError` when the transaction had to be aborted (nothing
+        of it is visible; the step may be retried) and :class:`TransactionFencedError`
+        when another committer took over.
+        """
+        return self.store.commit(checkpoint, self.persister(outputs, before_commit))
+
+    def persister(
+        self, outputs: Iterable[OutputRecord], before_commit: Callable[[], None] | None = None,
+    ) -> Callable[[CompletedCheckpoint], None]:
+        """The ``persist`` function for :meth:`CheckpointStore.commit` (and
+        ``CheckpointCoordinator.complete``) that commits ``outputs`` with the checkpoint."""
+        records = list(outputs)
+
+        def persist(checkpoint: CompletedCheckpoint) -> None:
+            self._run_transaction(checkpoint, records, before_commit)
+
+        return persist
+
+    def _run_transaction(self, checkpoint: CompletedCheckpoint, outputs: list[OutputRecord],
+                         before_commit: Callable[[], None] | None) -> None:
+        what = (f"checkpoint {checkpoint.checkpoint_id} of application "
+                f"{checkpoint.application!r} with {len(outputs)} output records")
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for record in outputs:
+                self._produce(record.topic, record.value, record.key, record.partition,
+                              list(record.headers))
+            for out in self.store.commit_records(checkpoint):
+                self._produce(self.store.topic, out.value, out.key, out.partition,
+                              list(out.headers))
+            if before_commit is not None:
+                before_commit()
+            self._commit_transaction()
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.txn_requires_abort():
+                self._abort()
+                raise TransactionAbortedError(
+                    f"{what} was aborted, nothing of it is visible: {describe(error)}") from exc
+            raise self._error(f"committing {what}", error) from exc
+        except Exception:
+            self._abort()  # e.g. before_commit failed: leave no transaction open
+            raise
+        self.commits += 1
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None,
+                 partition: int | None, headers: list[tuple[str, bytes]]) -> None:
+        kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # the local queue is full: let deliveries drain it
+
+    def _commit_transaction(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                self._producer.commit_transaction(self.timeout_s)
+                return
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                # A retriable commit error (e.g. a timeout) leaves the outcome pending:
+                # calling commit again is how librdkafka finishes it.
+                if not error.retriable() or time.monotonic() > deadline:
+                    raise
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(self.timeout_s)
+        except KafkaException as exc:
+            raise self._error("aborting a transaction", exc.args[0]) from exc
+
+    def _error(self, doing: str, error: KafkaError) -> CheckpointStoreError | KafkaAccessError:
+        message = (f"{doing} with transactional id {self.transactional_id!r} failed: "
+                   f"{describe(error)}")
+        if is_access_error(error):
+            return KafkaAccessError(message)
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                            KafkaError.INVALID_PRODUCER_EPOCH):
+            return TransactionFencedError(
+                f"{message}; another committer with this transactional id took over")
+        return CheckpointStoreError(message)
+
+    def close(self) -> None:
+        """Release the producer (nothing is pending between commits)."""
+        self._producer.flush(self.timeout_s)
+
+    def __enter__(self) -> TransactionalCommitter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,56 @@
+"""Every subtask of a micro-batch gets a Spark partition of its own (so they run in parallel)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from spark_integration.clickstream import OUTPUT_SCHEMA, events, expected_state, update_user
+from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.subtask_partitioning import partition_by_subtask
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 3, 5])
+def test_partition_i_holds_exactly_subtask_i(spark: Any, parallelism: int) -> None:
+    from pyspark.sql import functions as F
+
+    df = spark.range(200).select((F.col("id") % parallelism).cast("int").alias("subtask"))
+    parted = partition_by_subtask(df, "subtask", parallelism)
+    assert parted.rdd.getNumPartitions() == parallelism
+    rows = parted.select("subtask", F.spark_partition_id().alias("partition")).collect()
+    assert len(rows) == 200
+    assert {(r["subtask"], r["partition"]) for r in rows} == {
+        (i, i) for i in range(parallelism)}
+
+
+@pytest.mark.broker
+def test_stateful_batches_run_one_partition_per_subtask(spark: Any, kafka_cluster: Any) -> None:
+    prefix = f"par-{uuid.uuid4().hex[:8]}"
+    config = StreamingStateConfig(
+        application=prefix, operator_id="user-sessions",
+        bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=3,
+        changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
+        checkpoint_topic=f"{prefix}-checkpoints", partitions=4,
+        materialization_interval_s=None)
+    outputs: dict[int, pd.DataFrame] = {}
+
+    def capture(frame: Any, batch_id: int) -> None:
+        outputs[batch_id] = frame.toPandas()
+
+    all_events = list(events(600, 30))
+    with stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
+                                sink=capture, order_by=["seq"]) as processor:
+        for batch_id, chunk in enumerate([all_events[:350], all_events[350:]]):
+            processor(spark.createDataFrame(pd.DataFrame(chunk)), batch_id)
+    assert [r.subtask_partitions for r in processor.reports] == [{0: 0, 1: 1, 2: 2}] * 2
+    assert [r.restored_from for r in processor.reports] == [None, 1]
+    # Users of the second batch: their totals cover both batches.
+    want = expected_state(iter(all_events))
+    got = {row.user: (row.events, row.spent) for row in outputs[1].itertuples()}
+    assert got == {u: (want[u]["events"], want[u]["spent"])
+                   for u in {e["user"] for e in all_events[350:]}}
