@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .client_settings import KafkaClientSettings
+
 MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
-class KafkaChangelogConfig:
+class KafkaChangelogConfig(KafkaClientSettings):
     """How the Kafka storage connects, which topic it uses and how it batches.
 
     ``client_config`` passes any librdkafka setting (security included, e.g.
@@ -62,8 +64,7 @@ class KafkaChangelogConfig:
     admin_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.bootstrap_servers:
-            raise ValueError("bootstrap_servers must name at least one broker")
+        self._check_bootstrap_servers()
         if self.partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {self.partitions}")
         if not 1 <= self.max_parallelism <= 1 << 15:
@@ -78,39 +79,11 @@ class KafkaChangelogConfig:
         if self.compression not in {"none", "lz4", "zstd", "snappy", "gzip"}:
             raise ValueError(f"unknown compression {self.compression!r}")
 
-    def common(self) -> dict[str, Any]:
-        """Settings shared by every client."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config}
-
     def producer(self) -> dict[str, Any]:
         """librdkafka settings of the shared producer (durability settings enforced)."""
-        settings: dict[str, Any] = {
-            **self.common(),
-            "linger.ms": self.linger_ms,
-            "compression.type": self.compression,
-            "delivery.timeout.ms": self.delivery_timeout_ms,
-            "message.max.bytes": max(1_000_000, self.max_record_bytes + 64 * 1024),
-            "batch.size": max(1_000_000, self.max_record_bytes + 64 * 1024),
-            **self.producer_config,
-        }
-        settings.update({"acks": "all", "enable.idempotence": True})
-        return settings
+        return self._producer_settings(self.linger_ms, self.compression,
+                                       self.delivery_timeout_ms, self.max_record_bytes)
 
     def consumer(self) -> dict[str, Any]:
         """librdkafka settings of readers (no group management, no commits)."""
-        return {
-            **self.common(),
-            "group.id": "kafka-changelog-reader",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-            "enable.partition.eof": True,
-            # Readers only run during restore: do not let an idle long-poll fetch delay
-            # the next request on the connection.
-            "fetch.wait.max.ms": 20,
-            **self.consumer_config,
-        }
-
-    def admin(self) -> dict[str, Any]:
-        """librdkafka settings of the admin client."""
-        return {**self.common(), **self.admin_config}
+        return self._reader_settings("kafka-changelog-reader")

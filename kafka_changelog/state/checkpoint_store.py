@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
 from ..kafka.access import connect_admin
+from ..kafka.client_settings import KafkaClientSettings
 from ..kafka.errors import describe, is_access_error
 from ..kafka.topics import TopicInfo
 from ..serialization import decode, encode
@@ -41,7 +42,6 @@ from .kafka_io import (
     AckedProducer,
     OutRecord,
     check_infinite_retention,
-    consumer_settings,
     ensure_topic,
     watermarks,
 )
@@ -236,7 +236,7 @@ class InMemoryCheckpointStore(CheckpointStore):
 
 
 @dataclass(frozen=True)
-class CheckpointStoreConfig:
+class CheckpointStoreConfig(KafkaClientSettings):
     """How :class:`KafkaCheckpointStore` connects, its topic and its retention.
 
     Client settings work as in :class:`~kafka_changelog.kafka.KafkaChangelogConfig`;
@@ -265,34 +265,16 @@ class CheckpointStoreConfig:
     topic_overrides: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.bootstrap_servers:
-            raise ValueError("bootstrap_servers must name at least one broker")
+        self._check_bootstrap_servers()
         check_retain(self.retain)
 
-    def common(self) -> dict[str, Any]:
-        """Settings shared by every client."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config}
-
     def producer(self) -> dict[str, Any]:
-        """Producer settings (``acks=all`` and idempotence are enforced by the store)."""
-        size = MAX_CHECKPOINT_RECORD_BYTES + 64 * 1024
-        return {
-            **self.common(),
-            "linger.ms": 0,
-            "compression.type": "lz4",
-            "delivery.timeout.ms": 120_000,
-            "message.max.bytes": size,
-            "batch.size": size,
-            **self.producer_config,
-        }
+        """Producer settings (``acks=all`` and idempotence enforced)."""
+        return self._producer_settings(0, "lz4", 120_000, MAX_CHECKPOINT_RECORD_BYTES)
 
     def consumer(self) -> dict[str, Any]:
         """Settings of the consumer that reads the topic."""
-        return consumer_settings(self.common(), dict(self.consumer_config))
-
-    def admin(self) -> dict[str, Any]:
-        """Admin client settings."""
-        return {**self.common(), **self.admin_config}
+        return self._reader_settings("kafka-changelog-state-reader")
 
     def topic_configs(self) -> dict[str, str]:
         """Configs the topic is created with."""

@@ -244,21 +244,3 @@ def watermarks(
                     f"cannot read the offsets of {topic}[{partition}]: {describe(error)}"
                 ) from exc
             time.sleep(0.2)
-
-
-def consumer_settings(common: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Settings of a consumer that reads assigned partitions (no group, no commits)."""
-    return {
-        **common,
-        "group.id": "kafka-changelog-state-reader",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "error",
-        "enable.partition.eof": True,
-        # Transactional checkpoint commits: see only committed records, read up to the
-        # last stable offset (librdkafka's default, stated because it matters here).
-        "isolation.level": "read_committed",
-        # Reads are short and targeted: do not let an idle long-poll delay the next fetch.
-        "fetch.wait.max.ms": 20,
-        **overrides,
-    }

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
 from ..kafka.access import connect_admin
+from ..kafka.client_settings import KafkaClientSettings
 from ..kafka.errors import describe, is_access_error
 from ..kafka.partitioning import partition_for_key_group
 from ..kafka.topics import TopicInfo
@@ -34,7 +35,6 @@ from .kafka_io import (
     AckedProducer,
     OutRecord,
     check_infinite_retention,
-    consumer_settings,
     ensure_topic,
     watermarks,
 )
@@ -406,7 +406,7 @@ class _MemorySource(_RecordSource):
 
 
 @dataclass(frozen=True)
-class SnapshotStoreConfig:
+class SnapshotStoreConfig(KafkaClientSettings):
     """How :class:`KafkaSnapshotStore` connects, and the topic it keeps chunks in.
 
     ``client_config`` passes librdkafka settings (security included) to every
@@ -441,8 +441,7 @@ class SnapshotStoreConfig:
     topic_overrides: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.bootstrap_servers:
-            raise ValueError("bootstrap_servers must name at least one broker")
+        self._check_bootstrap_servers()
         if self.partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {self.partitions}")
         if not 1 <= self.max_parallelism <= 1 << 15:
@@ -455,37 +454,19 @@ class SnapshotStoreConfig:
         """Upper bound of a chunk record (data plus overhead)."""
         return self.max_chunk_bytes + RECORD_OVERHEAD_BYTES
 
-    def common(self) -> dict[str, Any]:
-        """Settings shared by every client."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config}
-
     def producer(self) -> dict[str, Any]:
-        """Producer settings (``acks=all`` and idempotence are enforced by the store)."""
-        size = max(1_000_000, self.max_record_bytes + 64 * KIB)
-        return {
-            **self.common(),
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            "delivery.timeout.ms": 120_000,
-            "message.max.bytes": size,
-            "batch.size": size,
-            **self.producer_config,
-        }
+        """Producer settings (``acks=all`` and idempotence enforced)."""
+        return self._producer_settings(5, "lz4", 120_000, self.max_record_bytes)
 
     def consumer(self) -> dict[str, Any]:
         """Settings of chunk readers (assigned partitions, no commits)."""
         fetch = max(1_048_576, self.max_record_bytes + 64 * KIB)
-        return consumer_settings(self.common(), {
-            "fetch.max.bytes": max(52_428_800, fetch),
-            "max.partition.fetch.bytes": fetch,
-            # A seek discards what was prefetched: keep the prefetch small.
-            "queued.max.messages.kbytes": max(4096, fetch // KIB),
-            **self.consumer_config,
-        })
-
-    def admin(self) -> dict[str, Any]:
-        """Admin client settings."""
-        return {**self.common(), **self.admin_config}
+        return self._reader_settings(
+            "kafka-changelog-state-reader",
+            **{"fetch.max.bytes": max(52_428_800, fetch),
+               "max.partition.fetch.bytes": fetch,
+               # A seek discards what was prefetched: keep the prefetch small.
+               "queued.max.messages.kbytes": max(4096, fetch // KIB)})
 
     def topic_configs(self) -> dict[str, str]:
         """Configs the topic is created with."""
