@@ -200,7 +200,13 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             print(flush=True)
         query.stop()
         spark.stop()
+    restores = [max(r.restore_s.values()) for r in processor.reports if r.restore_s]
+    materialized = {m for r in processor.reports for m in r.materializations.values() if m}
     return {"batches": len(processor.reports),
+            # Slowest subtask restore of the first batch (backends restored from Kafka).
+            "restore_s": round(restores[0], 3) if restores else None,
+            # Distinct materializations whose snapshots the run's checkpoints refer to.
+            "materializations": len(materialized),
             "committed": sum(r.committed for r in processor.reports),
             "rows_out": sum(r.rows_out for r in processor.reports),
             "batch_seconds": [(round(r.seconds, 2), round(r.task_s, 2), round(r.commit_s, 2),

@@ -113,6 +113,12 @@ def run(count: int, users: int, per_batch: int) -> int:
               f"{len(latest.subtasks)} subtask handles)")
         print(f"run 2               {summary['batches']} batches in "
               f"{time.monotonic() - restarted:.1f} s after a kill -9 and a rescale 2 -> 3")
+        restore = (f"{summary['restore_s']:.2f} s" if summary["restore_s"] is not None
+                   else "none (no checkpoint yet)")
+        print(f"restore after kill  {restore} (slowest subtask: snapshot + changelog tail, "
+              "at the new parallelism)")
+        print(f"materializations    {summary['materializations']} snapshots in run 2's "
+              "checkpoints, made while the query ran")
         print(f"spark state read    {read_s:.1f} s")
         print(f"outputs             {len(outputs)} records of {output_batches} batches in "
               f"{run_id}-totals, committed with their checkpoints (exactly once)")

@@ -52,6 +52,7 @@ SUBTASK_COLUMN = "__kc_subtask"
 MARKER_COLUMN = "__kc_marker"
 KEY_GROUP_COLUMN = "__kc_key_group"
 PARTITION_COLUMN = "__kc_partition"
+RESTORE_COLUMN = "__kc_restore_s"
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,11 @@ class BatchReport:
     sink_s: float = 0.0
     #: The Spark partition that ran each subtask (one each: subtasks run in parallel).
     subtask_partitions: dict[int, int] = field(default_factory=dict)
+    #: Seconds each subtask spent restoring its backend from Kafka (subtasks that reused
+    #: the backend cached in their Python worker are not listed).
+    restore_s: dict[int, float] = field(default_factory=dict)
+    #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
+    materializations: dict[int, int] = field(default_factory=dict)
 
 
 class StatefulProcessor:
@@ -275,7 +281,8 @@ class StatefulProcessor:
         result = partition_by_subtask(
             keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p,
         ).mapInPandas(run_partition, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
-                                     f"{PARTITION_COLUMN} int, {HANDLE_COLUMN} binary")
+                                     f"{PARTITION_COLUMN} int, {RESTORE_COLUMN} double, "
+                                     f"{HANDLE_COLUMN} binary")
         tasks_started = time.monotonic()
         collected = result.toPandas()
         task_s = time.monotonic() - tasks_started
@@ -289,9 +296,15 @@ class StatefulProcessor:
         ]
         partitions = {int(s): int(q) for s, q in
                       zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
+        restores = {int(s): float(r) for s, r in
+                    zip(handles[SUBTASK_COLUMN], handles[RESTORE_COLUMN], strict=True) if r >= 0}
+        materializations = {
+            s.subtask_index: (s.keyed.materialization_id
+                              if s.keyed is not None and s.keyed.snapshot is not None else 0)
+            for s in subtasks}
         outputs = _typed_like(collected[collected[HANDLE_COLUMN].isnull()].drop(
-            columns=[SUBTASK_COLUMN, PARTITION_COLUMN, HANDLE_COLUMN]).reset_index(drop=True),
-            result.schema)
+            columns=[SUBTASK_COLUMN, PARTITION_COLUMN, RESTORE_COLUMN, HANDLE_COLUMN]
+        ).reset_index(drop=True), result.schema)
         crash_point("before_commit", batch_id)
         commit_started = time.monotonic()
         if commit:
@@ -309,7 +322,8 @@ class StatefulProcessor:
             sink(frame, batch_id)
         self.reports.append(BatchReport(
             batch_id, checkpoint_id, base, commit, len(outputs), time.monotonic() - started,
-            task_s, commit_s, time.monotonic() - sink_started, partitions))
+            task_s, commit_s, time.monotonic() - sink_started, partitions, restores,
+            materializations))
 
 
 class _SubtaskTask:
@@ -341,12 +355,12 @@ class _SubtaskTask:
             frame = self(subtask_rows)
             frame[PARTITION_COLUMN] = partition
             yield frame[[*self.output_columns, SUBTASK_COLUMN, PARTITION_COLUMN,
-                         HANDLE_COLUMN]]
+                         RESTORE_COLUMN, HANDLE_COLUMN]]
 
     def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
         """One subtask's rows (its marker row included) -> its outputs and state handle."""
         subtask = int(rows[SUBTASK_COLUMN].iloc[0])
-        backend = self._backend(subtask)
+        backend, restore_s = self._backend(subtask)
         data = rows[rows[MARKER_COLUMN] == False]  # noqa: E712  (pandas needs ==)
         outputs: list[dict[str, Any]] = []
         state = KeyState(backend)
@@ -369,13 +383,16 @@ class _SubtaskTask:
         records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
         frame = pd.DataFrame(records, columns=[*self.output_columns, HANDLE_COLUMN])
         frame[SUBTASK_COLUMN] = subtask
-        return frame[[*self.output_columns, SUBTASK_COLUMN, HANDLE_COLUMN]]
+        # On the handle row only: seconds restoring, or -1 when the cached backend served.
+        frame[RESTORE_COLUMN] = [None] * len(outputs) + [restore_s]
+        return frame[[*self.output_columns, SUBTASK_COLUMN, RESTORE_COLUMN, HANDLE_COLUMN]]
 
     def _cache_key(self, subtask: int) -> tuple[Any, ...]:
         c = self.config
         return (c.bootstrap_servers, c.application, c.operator_id, c.parallelism, subtask)
 
-    def _backend(self, subtask: int) -> ChangelogKeyedStateBackend:
+    def _backend(self, subtask: int) -> tuple[ChangelogKeyedStateBackend, float]:
+        """The subtask's backend at ``base`` and the seconds restoring it (-1: cached)."""
         config = self.config
         key_groups: KeyGroupRange = key_group_range_for_operator(
             config.max_parallelism, config.parallelism, subtask)
@@ -384,16 +401,18 @@ class _SubtaskTask:
             backend, at = cached
             if at == self.base and self.base is not None:
                 backend.notify_checkpoint_complete(at)
-                return backend
+                return backend, -1.0
             backend.close()
+        started = time.monotonic()
         coordinator = _Process.coordinator(config)
         checkpoint = (coordinator.checkpoints.get(config.application, self.base)
                       if self.base is not None else None)
-        return coordinator.restore_keyed(
+        backend = coordinator.restore_keyed(
             config.operator_id, key_groups, checkpoint, config.changelog(),
             MaterializationConfig(interval_s=config.materialization_interval_s,
                                   start_jitter_s=min(60.0, (config.materialization_interval_s
                                                             or 0) / 10)))
+        return backend, time.monotonic() - started
 
 
 def _typed_like(outputs: pd.DataFrame, schema: Any) -> pd.DataFrame:
