@@ -29,6 +29,7 @@ from kafka_changelog.kafka.reader import KafkaChangelogReader
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.serialization import schemas_dir
 from kafka_changelog.state.kafka_io import OutRecord
+from kafka_changelog.state.ops import StateOp
 from kafka_changelog.state.snapshot_store import (
     SnapshotStore,
     SnapshotStoreConfig,
@@ -104,13 +105,11 @@ class SliceReader(KafkaChangelogReader):
         first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
         lowest, highest = piece.key_group_start, piece.key_group_end
         for offset, changes in self.log_records(piece.topic, as_range, piece.log_id):
-            for c in changes:
-                sqn, key_group = c["sequence_number"], c["key_group"]
+            for sqn, position, key_group, payload in changes:
                 if first_sqn <= sqn <= last_sqn and (
                     key_group == META_KEY_GROUP or lowest <= key_group <= highest
                 ):
-                    yield _new_scanned(ScannedChange, (
-                        offset, sqn, c["index"], key_group, c["payload"]))
+                    yield _new_scanned(ScannedChange, (offset, sqn, position, key_group, payload))
 
 def _range_of(piece: OffsetSlice) -> KeyGroupRange:
     if piece.key_group_end < piece.key_group_start:
@@ -169,172 +168,13 @@ class DecodedOp(NamedTuple):
     values: list[bytes] | None
 
 
-def _long(data: bytes, pos: int) -> tuple[int, int]:
-    """An Avro long (zig-zag varint) at ``pos``: (value, next position)."""
-    byte = data[pos]
-    if byte < 0x80:
-        return (byte >> 1) ^ -(byte & 1), pos + 1
-    n = byte & 0x7F
-    shift = 7
-    pos += 1
-    while True:
-        byte = data[pos]
-        pos += 1
-        n |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return (n >> 1) ^ -(n & 1), pos
-        shift += 7
-        if shift > 63:
-            raise ValueError(f"varint longer than 10 bytes at byte {pos}")
-
-
-def _bytes(data: bytes, pos: int) -> tuple[bytes, int]:
-    size, pos = _long(data, pos)
-    end = pos + size
-    if size < 0 or end > len(data):
-        raise ValueError(f"bytes of length {size} at byte {pos} overrun the {len(data)}-byte value")
-    return data[pos:end], end
-
-
-def _optional_bytes(data: bytes, pos: int, name: str) -> tuple[bytes | None, int]:
-    branch, pos = _long(data, pos)
-    if branch == 0:
-        return None, pos
-    if branch != 1:
-        raise ValueError(f"union branch {branch} of field {name} is neither 0 (null) nor 1")
-    return _bytes(data, pos)
-
-
 def decode_state_op(payload: bytes) -> DecodedOp:
-    """Decode a ``StateOp`` payload (Avro binary, hand-decoded: the hot path of a scan).
-
-    Equal to ``StateOp.from_bytes`` field by field (tested); raises ``ValueError``
-    naming what is wrong for anything that is not exactly one ``StateOp``.
-    """
-    return _decode_short(payload) or _decode_any(payload)
-
-
-#: ``tuple.__new__``: builds a DecodedOp from checked parts.
-_new_op = tuple.__new__
-_SYMBOL_COUNT = len(OP_SYMBOLS)
-
-
-def _decode_short(p: bytes) -> DecodedOp | None:
-    """The common case fast: every length and count below 64 (one-byte varints), at most
-    one block of values. None for anything else (then :func:`_decode_any` decides).
-
-    A byte ``b`` with ``b & 0x81 == 0`` is a one-byte varint of the non-negative value
-    ``b >> 1``. Slices never raise; an overrun leaves ``pos`` past the end, which the
-    next index (IndexError) or the final length check catches.
-    """
-    try:
-        b = p[0]
-        if b & 0x81:
-            return None
-        pos = 1 + (b >> 1)
-        state = p[1:pos]
-        b = p[pos]
-        if b & 0x81 or b >> 1 >= _SYMBOL_COUNT:
-            return None
-        op = OP_SYMBOLS[b >> 1]
-        b = p[pos + 1]
-        if b & 0x81:
-            return None
-        start = pos + 2
-        pos = start + (b >> 1)
-        key = p[start:pos]
-        b = p[pos]
-        map_key: bytes | None = None
-        if b == 2:
-            b = p[pos + 1]
-            if b & 0x81:
-                return None
-            start = pos + 2
-            pos = start + (b >> 1)
-            map_key = p[start:pos]
-        elif b:
-            return None
-        else:
-            pos += 1
-        b = p[pos]
-        value: bytes | None = None
-        if b == 2:
-            b = p[pos + 1]
-            if b & 0x81:
-                return None
-            start = pos + 2
-            pos = start + (b >> 1)
-            value = p[start:pos]
-        elif b:
-            return None
-        else:
-            pos += 1
-        b = p[pos]
-        values: list[bytes] | None = None
-        if b == 2:
-            b = p[pos + 1]
-            if b & 0x81:
-                return None
-            pos += 2
-            values = []
-            for _ in range(b >> 1):
-                b = p[pos]
-                if b & 0x81:
-                    return None
-                start = pos + 1
-                pos = start + (b >> 1)
-                values.append(p[start:pos])
-            if p[pos]:  # another block follows
-                return None
-            pos += 1
-        elif b:
-            return None
-        else:
-            pos += 1
-        if pos != len(p):
-            return None
-        return _new_op(DecodedOp, (state.decode(), op, key, map_key, value, values))
-    except (IndexError, UnicodeDecodeError):
-        return None
-
-
-def _decode_any(payload: bytes) -> DecodedOp:
-    """Any valid ``StateOp`` payload; ``ValueError`` naming what is wrong otherwise."""
-    try:
-        size, pos = _long(payload, 0)
-        end = pos + size
-        if size < 0 or end > len(payload):
-            raise ValueError(f"state name of length {size} overruns the value")
-        state = payload[pos:end].decode()
-        symbol, pos = _long(payload, end)
-        if not 0 <= symbol < len(OP_SYMBOLS):
-            raise ValueError(f"op symbol {symbol} is not one of {len(OP_SYMBOLS)} symbols")
-        key, pos = _bytes(payload, pos)
-        map_key, pos = _optional_bytes(payload, pos, "map_key")
-        value, pos = _optional_bytes(payload, pos, "value")
-        branch, pos = _long(payload, pos)
-        values: list[bytes] | None = None
-        if branch == 1:
-            values = []
-            while True:
-                count, pos = _long(payload, pos)
-                if count == 0:
-                    break
-                if count < 0:  # a block with its byte size
-                    count = -count
-                    _, pos = _long(payload, pos)
-                for _ in range(count):
-                    item, pos = _bytes(payload, pos)
-                    values.append(item)
-        elif branch != 0:
-            raise ValueError(f"union branch {branch} of field values is neither 0 (null) nor 1")
-    except IndexError:
-        raise ValueError(f"state op truncated ({len(payload)} bytes)") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"state name is not UTF-8: {exc}") from None
-    if pos != len(payload):
-        raise ValueError(f"{len(payload) - pos} trailing bytes after the state op")
-    return DecodedOp(state, OP_SYMBOLS[symbol], key, map_key, value, values)
+    """The fields of a ``StateOp`` payload (``StateOp.from_bytes``, the hand-written
+    decoder); raises ``ValueError`` (``AvroDecodeError``) naming what is wrong."""
+    op = StateOp.from_bytes(payload)
+    values = op.values
+    return DecodedOp(op.state, op.op.value, op.key, op.map_key, op.value,
+                     list(values) if values is not None else None)
 
 
 __all__ = [

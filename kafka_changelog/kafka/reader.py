@@ -15,7 +15,12 @@ from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, 
 from .config import KafkaChangelogConfig
 from .errors import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
-from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
+from .record_format import (
+    RawChange,
+    UnknownSchemaError,
+    check_schema_header,
+    decode_record_changes,
+)
 
 _TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -74,33 +79,26 @@ class KafkaChangelogReader:
         lowest, highest = handle.key_group_range.start, handle.key_group_range.end
         keep = collected.append
         for _, changes in self.log_records(handle.topic, r, handle.log_id):
-            for c in changes:
-                sqn, key_group = c["sequence_number"], c["key_group"]
+            for change in changes:
+                sqn, _, key_group, _ = change
                 if first_sqn <= sqn <= last_sqn and (
                     key_group == META_KEY_GROUP or lowest <= key_group <= highest
                 ):
-                    keep((sqn, c["index"], key_group, c["payload"]))
+                    keep(change)
 
     def log_records(
         self, topic: str, r: PartitionRange, log_id: str
-    ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    ) -> Iterator[tuple[int, list[RawChange]]]:
         """(offset, decoded changes) of every record of ``log_id`` in ``r``, in offset order.
 
-        Checks the range against the partition's watermarks first (below the log start:
-        :class:`ChangelogTruncatedError`; past the end: records were lost), skips other
-        logs' records, and refuses unknown schemas and undecodable values naming the offset.
+        A range below the log start raises :class:`ChangelogTruncatedError`, one past
+        the log end says records were lost; both are found when reading fails (the
+        watermarks are only asked for then: one round trip per range less on every
+        restore). Skips other logs' records, and refuses unknown schemas and undecodable
+        values naming the offset.
         """
         if r.end_offset <= r.start_offset:
             return
-        low, high = self._watermarks(topic, r.partition)
-        if r.start_offset < low:
-            raise ChangelogTruncatedError(topic, r.partition, r.start_offset, low)
-        if r.end_offset > high:
-            raise ChangelogError(
-                f"changelog {topic}[{r.partition}] ends at offset {high} but log {log_id} "
-                f"needs records up to offset {r.end_offset - 1}: "
-                "records were lost (unclean leader election or a recreated topic?)"
-            )
         log_key = log_id.encode()
         self._consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
         position = r.start_offset
@@ -121,7 +119,7 @@ class KafkaChangelogReader:
                 for message in messages:
                     error = message.error()
                     if error is not None:
-                        position = self._after_error(topic, r, position, error)
+                        position = self._after_error(topic, r, log_id, position, error)
                         continue
                     offset = message.offset() or 0
                     if offset >= r.end_offset:
@@ -137,7 +135,7 @@ class KafkaChangelogReader:
                         headers = message.headers()
                         check_schema_header(
                             list(headers.items()) if isinstance(headers, dict) else headers)
-                        found, changes = decode_record_fields(value)
+                        found, changes = decode_record_changes(value)
                     except (UnknownSchemaError, ValueError) as exc:
                         raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
                     if found != log_id:
@@ -150,19 +148,23 @@ class KafkaChangelogReader:
             self._consumer.unassign()
 
     def _after_error(
-        self, topic: str, r: PartitionRange, position: int, error: KafkaError
+        self, topic: str, r: PartitionRange, log_id: str, position: int, error: KafkaError
     ) -> int:
         if error.code() == KafkaError._PARTITION_EOF:
             # Gaps (transaction markers, compaction) end a range early: trust the position.
             reached = self._consumer.position([TopicPartition(topic, r.partition)])[0].offset
             if reached >= r.end_offset:
                 return reached
+            # The end of the log before the end of the range: were records lost?
+            self._check_range(topic, r, log_id)
             return position
         if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
             # librdkafka looks up the group coordinator although readers never commit:
             # no group ACL is needed to read, so this is noise.
             return position
         if error.code() == KafkaError._AUTO_OFFSET_RESET:
+            # The offset is out of the log's range: below its start, or past its end.
+            self._check_range(topic, r, log_id)
             low, _ = self._watermarks(topic, r.partition)
             raise ChangelogTruncatedError(topic, r.partition, position, low)
         if is_access_error(error):
@@ -170,6 +172,18 @@ class KafkaChangelogReader:
         raise ChangelogError(
             f"reading {topic}[{r.partition}] at offset {position} failed: {describe(error)}"
         )
+
+    def _check_range(self, topic: str, r: PartitionRange, log_id: str) -> None:
+        """Raise if the partition's log no longer holds all of ``r``."""
+        low, high = self._watermarks(topic, r.partition)
+        if r.start_offset < low:
+            raise ChangelogTruncatedError(topic, r.partition, r.start_offset, low)
+        if r.end_offset > high:
+            raise ChangelogError(
+                f"changelog {topic}[{r.partition}] ends at offset {high} but log {log_id} "
+                f"needs records up to offset {r.end_offset - 1}: "
+                "records were lost (unclean leader election or a recreated topic?)"
+            )
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         deadline = time.monotonic() + self._timeout

@@ -19,9 +19,10 @@ from kafka_changelog import (
     StateChange,
     load_storage,
 )
-from kafka_changelog.errors import RecordDecodeError, TopicConfigError
+from kafka_changelog.errors import ChangelogError, RecordDecodeError, TopicConfigError
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage, PartitionRange
 from kafka_changelog.kafka.partitioning import key_groups_of_partition, partition_for_key_group
+from kafka_changelog.kafka.record_format import encode_value
 
 from .kafka_helpers import storage_config
 
@@ -251,3 +252,22 @@ def test_spark_offsets_of_a_handle() -> None:
     starting, ending = handle.to_spark_offsets()
     assert json.loads(starting) == {"t": {"2": 10, "3": 5}}
     assert json.loads(ending) == {"t": {"2": 20, "3": 6}}
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 10), (5, 10)],
+                         ids=["runs-past-the-end", "starts-past-the-end"])
+def test_a_range_past_the_log_end_says_records_were_lost(
+    kafka_cluster: Any, start: int, end: int
+) -> None:
+    config = storage_config(kafka_cluster, partitions=1)
+    with KafkaChangelogStorage(config):
+        offset = _produce_raw(config, kafka_cluster, b"log-y", encode_value("log-y", []),
+                              [("kc.schema", b"change_batch/1")])
+    assert offset == 0
+    handle = KafkaChangelogHandle(
+        "log-y", config.topic, KeyGroupRange.of(0, 127),
+        [PartitionRange(0, start, end, KeyGroupRange.of(0, 127), 100)], 0, 0)
+    with pytest.raises(ChangelogError, match=(
+            rf"^changelog {config.topic}\[0\] ends at offset 1 but log log-y needs records up "
+            rf"to offset {end - 1}: records were lost")):
+        list(handle.changes(config))

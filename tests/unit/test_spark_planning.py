@@ -313,7 +313,7 @@ state_ops = st.builds(
 
 @settings(max_examples=300)
 @given(state_ops)
-def test_the_hand_decoder_equals_the_avro_decoder(op: StateOp) -> None:
+def test_the_scan_decoder_gives_the_fields_of_the_op(op: StateOp) -> None:
     decoded = decode_state_op(op.to_bytes())
     assert decoded.state == op.state and decoded.op == op.op.value and decoded.key == op.key
     assert decoded.map_key == op.map_key and decoded.value == op.value
