@@ -105,11 +105,13 @@ class SliceReader(KafkaChangelogReader):
         first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
         lowest, highest = piece.key_group_start, piece.key_group_end
         for offset, changes in self.log_records(piece.topic, as_range, piece.log_id):
-            for sqn, position, key_group, payload in changes:
+            for c in changes:
+                sqn, key_group = c["sequence_number"], c["key_group"]
                 if first_sqn <= sqn <= last_sqn and (
                     key_group == META_KEY_GROUP or lowest <= key_group <= highest
                 ):
-                    yield _new_scanned(ScannedChange, (offset, sqn, position, key_group, payload))
+                    yield _new_scanned(ScannedChange, (
+                        offset, sqn, c["index"], key_group, c["payload"]))
 
 def _range_of(piece: OffsetSlice) -> KeyGroupRange:
     if piece.key_group_end < piece.key_group_start:

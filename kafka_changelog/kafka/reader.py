@@ -15,12 +15,7 @@ from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, 
 from .config import KafkaChangelogConfig
 from .errors import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
-from .record_format import (
-    RawChange,
-    UnknownSchemaError,
-    check_schema_header,
-    decode_record_changes,
-)
+from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
 
 _TRANSIENT = {
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -79,16 +74,16 @@ class KafkaChangelogReader:
         lowest, highest = handle.key_group_range.start, handle.key_group_range.end
         keep = collected.append
         for _, changes in self.log_records(handle.topic, r, handle.log_id):
-            for change in changes:
-                sqn, _, key_group, _ = change
+            for c in changes:
+                sqn, key_group = c["sequence_number"], c["key_group"]
                 if first_sqn <= sqn <= last_sqn and (
                     key_group == META_KEY_GROUP or lowest <= key_group <= highest
                 ):
-                    keep(change)
+                    keep((sqn, c["index"], key_group, c["payload"]))
 
     def log_records(
         self, topic: str, r: PartitionRange, log_id: str
-    ) -> Iterator[tuple[int, list[RawChange]]]:
+    ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """(offset, decoded changes) of every record of ``log_id`` in ``r``, in offset order.
 
         A range below the log start raises :class:`ChangelogTruncatedError`, one past
@@ -135,7 +130,7 @@ class KafkaChangelogReader:
                         headers = message.headers()
                         check_schema_header(
                             list(headers.items()) if isinstance(headers, dict) else headers)
-                        found, changes = decode_record_changes(value)
+                        found, changes = decode_record_fields(value)
                     except (UnknownSchemaError, ValueError) as exc:
                         raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
                     if found != log_id:

@@ -8,21 +8,16 @@ so ``kcat -f '%k %h'`` shows it: ``kc.log_id``, ``kc.key_groups`` and
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from ..avro_binary import (
-    SMALL_LIMIT,
-    SMALL_VARINTS,
-    AvroDecodeError,
-    read_bytes,
-    read_long,
-    read_string,
-    varint,
-    zigzag_varint,
-)
+import fastavro
+
+from ..avro_binary import SMALL_LIMIT, SMALL_VARINTS, varint, zigzag_varint
 from ..change import META_KEY_GROUP
+from ..serialization import load_schema
 
 SCHEMA_NAME = "change_batch"
 SCHEMA_VERSION = 1
@@ -148,136 +143,20 @@ def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None
 
 def decode_record(value: bytes) -> tuple[str, list[LoggedChange]]:
     """The log id and changes of a record value; raises ``ValueError`` if malformed."""
-    log_id, changes = decode_record_changes(value)
-    return log_id, [LoggedChange._make(c) for c in changes]
+    log_id, changes = decode_record_fields(value)
+    return log_id, [
+        LoggedChange(c["sequence_number"], c["index"], c["key_group"], c["payload"])
+        for c in changes
+    ]
 
 
-def decode_record_changes(value: bytes) -> tuple[str, list[RawChange]]:
-    """The log id and changes of a record value as plain tuples (the restore hot path).
-
-    Hand-written (the inverse of :func:`encode_value`, tested against fastavro). Any
-    valid Avro encoding is read (multi-block arrays, blocks with byte sizes); anything
-    else raises :class:`~kafka_changelog.avro_binary.AvroDecodeError` (a
-    ``ValueError``) naming the field and the byte.
-    """
+def decode_record_fields(value: bytes) -> tuple[str, list[dict[str, Any]]]:
+    """Like :func:`decode_record` with the changes as Avro field dicts (the restore path)."""
+    buffer = io.BytesIO(value)
     try:
-        return _decode_common(value)
-    except (IndexError, UnicodeDecodeError, _NotCommon):
-        pass
-    # Truncated, malformed or just unusual: the careful decoder reads it or says why.
-    try:
-        return _decode_any(value)
-    except AvroDecodeError as exc:
-        raise AvroDecodeError(f"not a {SCHEMA_NAME} Avro value: {exc}") from None
-
-
-class _NotCommon(Exception):
-    """Raised by the fast path for anything it leaves to the careful decoder."""
-
-
-def _decode_common(value: bytes) -> tuple[str, list[RawChange]]:
-    """The encoding :func:`encode_value` writes, fast: varints inline, one block.
-
-    Out-of-range reads raise IndexError and anything unusual raises _NotCommon: the
-    caller then decodes again with :func:`_decode_any`, which names the problem.
-    """
-    b = value[0]
-    if b & 0x81:
-        raise _NotCommon
-    pos = 1 + (b >> 1)
-    log_id = value[1:pos].decode()
-    # The one block: its count (a non-negative varint), or 0 for no changes.
-    count = 0
-    shift = 0
-    while True:
-        b = value[pos]
-        pos += 1
-        count |= (b & 0x7F) << shift
-        if b < 0x80:
-            break
-        shift += 7
-    if count & 1:  # a negative count (a block with its size) is for _decode_any
-        raise _NotCommon
-    count >>= 1
-    size_of_value = len(value)
-    changes: list[RawChange] = []
-    keep = changes.append
-    for _ in range(count):
-        # Sequence number: any long (several bytes once the log has grown).
-        n = 0
-        shift = 0
-        while True:
-            b = value[pos]
-            pos += 1
-            n |= (b & 0x7F) << shift
-            if b < 0x80:
-                break
-            shift += 7
-            if shift > 63:
-                raise _NotCommon
-        sqn = (n >> 1) ^ -(n & 1)
-        b = value[pos]
-        if b >= 0x80:
-            raise _NotCommon
-        index = (b >> 1) ^ -(b & 1)
-        b = value[pos + 1]
-        if b < 0x80:
-            key_group = (b >> 1) ^ -(b & 1)
-            pos += 2
-        else:
-            b2 = value[pos + 2]
-            if b2 >= 0x80:
-                raise _NotCommon
-            n = (b & 0x7F) | (b2 << 7)
-            key_group = (n >> 1) ^ -(n & 1)
-            pos += 3
-        # Payload length: one to three varint bytes, never negative.
-        b = value[pos]
-        if b < 0x80:
-            n = b
-            pos += 1
-        else:
-            b2 = value[pos + 1]
-            if b2 < 0x80:
-                n = (b & 0x7F) | (b2 << 7)
-                pos += 2
-            else:
-                b3 = value[pos + 2]
-                if b3 >= 0x80:
-                    raise _NotCommon
-                n = (b & 0x7F) | ((b2 & 0x7F) << 7) | (b3 << 14)
-                pos += 3
-        if n & 1:
-            raise _NotCommon
-        end = pos + (n >> 1)
-        if end > size_of_value:
-            raise _NotCommon
-        keep((sqn, index, key_group, value[pos:end]))
-        pos = end
-    if value[pos] != 0 or pos + 1 != size_of_value:
-        raise _NotCommon
-    return log_id, changes
-
-
-def _decode_any(value: bytes) -> tuple[str, list[RawChange]]:
-    """Any valid encoding of a ChangeBatch, or an AvroDecodeError naming what is wrong."""
-    log_id, pos = read_string(value, 0, "ChangeBatch.log_id")
-    changes: list[RawChange] = []
-    keep = changes.append
-    while True:
-        count, pos = read_long(value, pos, "ChangeBatch.changes block count")
-        if count == 0:
-            break
-        if count < 0:  # a block followed by its size in bytes
-            count = -count
-            _, pos = read_long(value, pos, "ChangeBatch.changes block size")
-        for _ in range(count):
-            sqn, pos = read_long(value, pos, "LoggedChange.sequence_number")
-            index, pos = read_long(value, pos, "LoggedChange.index")
-            key_group, pos = read_long(value, pos, "LoggedChange.key_group")
-            payload, pos = read_bytes(value, pos, "LoggedChange.payload")
-            keep((sqn, index, key_group, payload))
-    if pos != len(value):
-        raise AvroDecodeError(
-            f"malformed ChangeBatch: {len(value) - pos} trailing bytes after byte {pos}")
-    return log_id, changes
+        record = fastavro.schemaless_reader(buffer, load_schema(SCHEMA_NAME), None)
+    except Exception as exc:  # fastavro raises several types for garbage input
+        raise ValueError(f"not a {SCHEMA_NAME} Avro value: {exc}") from exc
+    if buffer.tell() != len(value) or not isinstance(record, dict):
+        raise ValueError(f"{len(value) - buffer.tell()} trailing bytes after the batch")
+    return record["log_id"], record["changes"]
