@@ -10,6 +10,9 @@ import pytest
 
 from kafka_changelog import KafkaAccessError, KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.state.transactional_commit import TransactionalCommitter
 from kafka_changelog.testing.pytest_plugin import SECURE_USERS
 
 pytestmark = [pytest.mark.broker, pytest.mark.security]
@@ -85,3 +88,43 @@ def test_missing_read_acl_fails_the_restore_with_the_topic_named(
     assert time.monotonic() - started < 15
     assert f"{topic}[" in str(caught.value)
     assert "AUTHORIZATION_FAILED" in str(caught.value)
+
+
+def test_a_transactional_sink_without_its_transactional_id_acl_is_named(
+    secure_kafka_cluster: Any,
+) -> None:
+    name = f"secure-checkpoints-{uuid.uuid4().hex[:8]}"
+    settings = dict(secure_kafka_cluster.client_config(user="admin",
+                                                       password=SECURE_USERS["admin"]))
+    admin_config = CheckpointStoreConfig(bootstrap_servers=settings.pop("bootstrap.servers"),
+                                         client_config=settings, topic=name,
+                                         request_timeout_s=10)
+    KafkaCheckpointStore(admin_config).close()  # the admin creates the topic
+    secure_kafka_cluster.grant("bob", "TOPIC", name,
+                               ["DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE"])
+    settings = dict(secure_kafka_cluster.client_config(user="bob", password=SECURE_USERS["bob"]))
+    config = CheckpointStoreConfig(bootstrap_servers=settings.pop("bootstrap.servers"),
+                                   client_config=settings, topic=name, request_timeout_s=10)
+    tid = f"tx-{name}"
+    with KafkaCheckpointStore(config) as store:
+        started = time.monotonic()
+        with pytest.raises(KafkaAccessError, match=(
+                rf"^starting transactions with transactional id '{tid}' failed: "
+                r"TRANSACTIONAL_ID_AUTHORIZATION_FAILED.*transactional-id ACL")):
+            TransactionalCommitter(store, tid)
+        assert time.monotonic() - started < 15
+        # Granted, the same committer commits (brokers apply a new ACL a moment later).
+        secure_kafka_cluster.grant("bob", "TRANSACTIONAL_ID", tid, ["WRITE", "DESCRIBE"])
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                committer = TransactionalCommitter(store, tid)
+                break
+            except KafkaAccessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        with committer:
+            checkpoint = CompletedCheckpoint("app", 1, 1, 128, ())
+            committer.commit(checkpoint, [])
+        assert store.latest("app") == checkpoint
