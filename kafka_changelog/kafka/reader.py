@@ -159,8 +159,7 @@ class KafkaChangelogReader:
             return position
         if error.code() == KafkaError._AUTO_OFFSET_RESET:
             # The offset is out of the log's range: below its start, or past its end.
-            self._check_range(topic, r, log_id)
-            low, _ = self._watermarks(topic, r.partition)
+            low = self._check_range(topic, r, log_id)
             raise ChangelogTruncatedError(topic, r.partition, position, low)
         if is_access_error(error):
             raise KafkaAccessError(f"reading {topic}[{r.partition}] failed: {describe(error)}")
@@ -168,8 +167,8 @@ class KafkaChangelogReader:
             f"reading {topic}[{r.partition}] at offset {position} failed: {describe(error)}"
         )
 
-    def _check_range(self, topic: str, r: PartitionRange, log_id: str) -> None:
-        """Raise if the partition's log no longer holds all of ``r``."""
+    def _check_range(self, topic: str, r: PartitionRange, log_id: str) -> int:
+        """Raise if the partition's log no longer holds all of ``r``; else its log start."""
         low, high = self._watermarks(topic, r.partition)
         if r.start_offset < low:
             raise ChangelogTruncatedError(topic, r.partition, r.start_offset, low)
@@ -179,6 +178,7 @@ class KafkaChangelogReader:
                 f"needs records up to offset {r.end_offset - 1}: "
                 "records were lost (unclean leader election or a recreated topic?)"
             )
+        return low
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         deadline = time.monotonic() + self._timeout
