@@ -17,7 +17,16 @@ S = TypeVar("S", bound="StateChangelogWriter[Any]")
 
 @dataclass(frozen=True)
 class SnapshotResult(Generic[H]):
-    """What a persist produced: the durable handle and an optional task-local copy."""
+    """What a snapshot produced: the durable handle and, optionally, a task-local copy.
+
+    ``job_owned`` is what checkpoints store and any process can restore from.
+    ``task_local``, when set, describes the same state kept on this task's local disk
+    (Flink's local recovery); restoring from it is faster, never different. Changelog
+    writers keep no local copies, so their ``persist`` results have ``task_local=None``;
+    the keyed state backend keeps them (from its journal and its materializations) and
+    sets it in ``ChangelogKeyedStateBackend.snapshot_result`` (a
+    ``LocalKeyedStateHandle``; see ``docs/state.md``).
+    """
 
     job_owned: H | None
     task_local: H | None = None

@@ -9,10 +9,11 @@ of unchanged ones) and truncates the log, so restore costs O(state + tail).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +23,11 @@ from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange, check_parallelism, key_group_for_key
 from ..sequence import SequenceNumber
 from ..storage import StateChangelogStorage
-from ..writer import StateChangelogWriter
+from ..writer import SnapshotResult, StateChangelogWriter
 from .checkpoint import KeyedStateHandle
 from .descriptors import StateDescriptor, StateKind
 from .errors_state import MaterializationFailedError, NoCurrentKeyError
-from .local_recovery import LocalRecoveryStore
+from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
 from .materializer import MaterializationConfig, PeriodicMaterializer
 from .ops import StateMeta, StateOp
 from .snapshot import ChunkRef, SnapshotHandle
@@ -39,6 +40,8 @@ from .state_objects import (
     ValueState,
 )
 from .table import StateTable
+
+logger = logging.getLogger(__name__)
 
 _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.VALUE: ValueState,
@@ -121,20 +124,26 @@ class ChangelogKeyedStateBackend:
         # exactly the changes of the next checkpoint's changelog handle.
         self._local = local_recovery
         self._journal: list[StateChange] = []
+        # This backend's name for what it holds in the local store (unique even when a
+        # restored backend adopts an earlier one's backend id).
+        self._local_owner = f"{self.backend_id}#{uuid.uuid4().hex[:8]}"
 
     # -- keys and state access -------------------------------------------------------------
 
-    def set_current_key(self, key: bytes) -> None:
-        """Scope state access to ``key`` (its key group must be in this backend's range)."""
-        key_group = key_group_for_key(key, self.max_parallelism)
+    def set_current_key(self, key: bytes, key_group: int | None = None) -> None:
+        """Scope state access to ``key`` (its key group must be in this backend's range).
+
+        ``key_group`` is the key's key group when the caller has it already (Spark
+        computes it with the row); it must equal ``key_group_for_key(key, max_p)``.
+        """
+        if key_group is None:
+            key_group = key_group_for_key(key, self.max_parallelism)
         if not self.key_group_range.contains(key_group):
             from ..errors import KeyGroupOutOfRangeError
 
             raise KeyGroupOutOfRangeError(key_group, self.key_group_range, self.backend_id)
         self._current = (key_group, key)
-        if self._timer.due.is_set():
-            self._timer.due.clear()
-            self.materialize()
+        self._act_on_timer()
         self.poll_materialization()
 
     def current(self) -> tuple[int, bytes]:
@@ -180,46 +189,128 @@ class ChangelogKeyedStateBackend:
     # -- checkpoints -----------------------------------------------------------------------
 
     def snapshot(self, checkpoint_id: int) -> Future[KeyedStateHandle]:
-        """Persist the log since the materialization; the handle restores this exact state."""
+        """Persist the log since the materialization; the handle restores this exact state.
+
+        The durable part of :meth:`snapshot_result`.
+        """
+        handle: Future[KeyedStateHandle] = Future()
+
+        def done(f: Future[SnapshotResult[KeyedStateHandle]]) -> None:
+            error = f.exception()
+            if error is not None:
+                handle.set_exception(error)
+            else:
+                durable = f.result().job_owned
+                assert durable is not None  # snapshot_result always has one
+                handle.set_result(durable)
+
+        self.snapshot_result(checkpoint_id).add_done_callback(done)
+        return handle
+
+    def snapshot_result(self, checkpoint_id: int) -> Future[SnapshotResult[KeyedStateHandle]]:
+        """Like :meth:`snapshot`, with the task-local copy.
+
+        ``job_owned`` is the durable :class:`KeyedStateHandle`; ``task_local`` is a
+        :class:`LocalKeyedStateHandle` (same state, plus the local files holding a copy of
+        it) when the backend has a local recovery store, else None.
+
+        A snapshot is also where the operator thread acts on the materialization timer,
+        as at a key access: a subtask that gets no keys still materializes (started here,
+        applied at a later snapshot), so its checkpoints' changelog tail stays bounded.
+        """
         self.poll_materialization()
         if self._failure is not None:
             raise self._failure
+        self._act_on_timer()
         upto = self._materialized_upto
         persisted = self._writer.persist(upto, checkpoint_id)
         self._checkpoints[checkpoint_id] = (upto, self._writer.next_sequence_number())
         snapshot, base = self.snapshot_handle, self._base_changelog
         materialization_id = self.materialization_id
-        result: Future[KeyedStateHandle] = Future()
-        local, journal = self._local, list(self._journal)
+        local, owner = self._local, self._local_owner
+        journal = list(self._journal) if local is not None else []
+        if local is not None:
+            # Held from now on, before the persist completes: confirming an earlier
+            # checkpoint meanwhile must not prune what this one uses.
+            local.retain(owner, checkpoint_id, local.files_of(snapshot, base))
+        result: Future[SnapshotResult[KeyedStateHandle]] = Future()
 
-        def done(f: Future[Any]) -> None:
+        def done(f: Future[SnapshotResult[Any]]) -> None:
+            try:
+                finish(f)
+            except Exception as exc:  # a callback's exception would otherwise be lost
+                if not result.done():
+                    result.set_exception(exc)
+
+        def finish(f: Future[SnapshotResult[Any]]) -> None:
             error = f.exception()
             if error is not None:
                 result.set_exception(error)
                 return
-            handle = f.result().job_owned
-            if local is not None and handle is not None:
-                local.put_changes(handle, journal)
-            result.set_result(KeyedStateHandle(
+            changelog = f.result().job_owned
+            keyed = KeyedStateHandle(
                 self.backend_id, self.key_group_range, materialization_id, snapshot,
-                (*base, handle) if handle is not None else base))
+                (*base, changelog) if changelog is not None else base)
+            task_local: LocalKeyedStateHandle | None = None
+            if local is not None:
+                try:
+                    if changelog is not None:
+                        local.put_checkpoint_changes(owner, checkpoint_id, changelog, journal)
+                    task_local = local.local_handle(owner, checkpoint_id, keyed)
+                except OSError as exc:  # a local copy is optional; the checkpoint is not
+                    logger.warning("no task-local copy of checkpoint %d of backend %s: %s",
+                                   checkpoint_id, self.backend_id, exc)
+            result.set_result(SnapshotResult(keyed, task_local))
 
         persisted.add_done_callback(done)
         return result
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        """The checkpoint is complete: it now holds what it persisted."""
+        """The checkpoint is complete: it now holds what it persisted.
+
+        Task-local copies only older checkpoints used are deleted (with anything else in
+        the local directory no kept checkpoint uses, e.g. files of earlier runs).
+        """
         span = self._checkpoints.pop(checkpoint_id, None)
         if span is not None:
             self._writer.confirm(span[0], span[1], checkpoint_id)
+        if self._local is not None:
+            self._local_housekeeping(self._local.confirm_checkpoint, checkpoint_id)
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        """The checkpoint was aborted: it holds nothing."""
+        """The checkpoint was aborted: it holds nothing (and its task-local copies go)."""
         span = self._checkpoints.pop(checkpoint_id, None)
         if span is not None:
             self._writer.reset(span[0], span[1], checkpoint_id)
+        if self._local is not None:
+            self._local_housekeeping(self._local.abort_checkpoint, checkpoint_id)
+
+    def _local_housekeeping(self, action: Callable[[str, int], int], checkpoint_id: int
+                            ) -> None:
+        # Deleting local copies is housekeeping: a failing local disk must not fail the task.
+        try:
+            action(self._local_owner, checkpoint_id)
+        except OSError as exc:
+            logger.warning("task-local copies of backend %s at checkpoint %d: %s",
+                           self.backend_id, checkpoint_id, exc)
 
     # -- materialization ---------------------------------------------------------------------
+
+    def _act_on_timer(self) -> None:
+        # The timer only marks materialization as due; the operator thread starts it.
+        if self._timer.due.is_set():
+            self._timer.due.clear()
+            self.materialize()
+
+    @property
+    def materializer(self) -> PeriodicMaterializer:
+        """The materialization timer (its ``due`` event is set when one is due)."""
+        return self._timer
+
+    @property
+    def materialization_in_flight(self) -> Future[SnapshotHandle] | None:
+        """The materialization started but not yet applied (None when there is none)."""
+        return self._in_flight.future if self._in_flight is not None else None
 
     def materialize(self) -> Future[SnapshotHandle] | None:
         """Start a materialization; None when one is in flight or nothing changed."""
@@ -242,6 +333,11 @@ class ChangelogKeyedStateBackend:
             kg: previous.chunks_of(kg) for kg in self.key_group_range
             if previous is not None and kg not in changed and previous.chunks_of(kg)
         }
+        if self._local is not None:
+            # The files it will write, held until it is applied or has failed.
+            self._local.retain(self._local_owner, MATERIALIZING, {
+                self._local.snapshot_file(self.backend_id, kg, materialization_id)
+                for kg in states}, replace=True)
         future = self._executor.submit(
             self._write_snapshot, materialization_id, states, reused, upto.value)
         self._in_flight = _InFlight(future, materialization_id, upto, changed, journal_cut)
@@ -255,8 +351,13 @@ class ChangelogKeyedStateBackend:
         handle = self._store.write(self.backend_id, materialization_id, self.key_group_range,
                                    states, reused, upto)
         if self._local is not None:
-            for key_group, data in states.items():
-                self._local.put_key_group(self.backend_id, key_group, materialization_id, data)
+            try:
+                for key_group, data in states.items():
+                    self._local.put_key_group(self.backend_id, key_group, materialization_id,
+                                              data, self._local_owner)
+            except OSError as exc:  # the snapshot is durable; a local copy is optional
+                logger.warning("no task-local copy of materialization %d of backend %s: %s",
+                               materialization_id, self.backend_id, exc)
         return handle
 
     def materialize_now(self, timeout: float = 120.0) -> SnapshotHandle | None:
@@ -279,6 +380,9 @@ class ChangelogKeyedStateBackend:
             return
         self._in_flight = None
         error = flight.future.exception()
+        if self._local is not None:
+            # Failed: its files are garbage. Applied: the base hold below keeps them.
+            self._local.release(self._local_owner, MATERIALIZING, delete=error is not None)
         if error is not None:
             self._changed |= flight.changed  # not materialized: still to do
             self._failures_in_a_row += 1
@@ -297,6 +401,13 @@ class ChangelogKeyedStateBackend:
         self._base_changelog = ()
         self._writer.truncate(flight.upto)
         del self._journal[:flight.journal_cut]
+        self._hold_base()
+
+    def _hold_base(self) -> None:
+        # The next checkpoint will use the base's copies: keep them until a newer base.
+        if self._local is not None:
+            self._local.retain(self._local_owner, BASE, self._local.files_of(
+                self.snapshot_handle, self._base_changelog), replace=True)
 
     @property
     def materialization_stats(self) -> MaterializationStats:
@@ -349,16 +460,27 @@ class ChangelogKeyedStateBackend:
             # What the base log changed is not in the base snapshot: the next
             # materialization must write it (it drops the base log).
             backend._changed = replayed
+            backend._hold_base()
         else:
             backend._changed = set(backend.table.groups)
             backend.materialize_now()
         return backend
 
     def close(self) -> None:
-        """Stop the timer and the writer; unpersisted changes are dropped."""
+        """Stop the timer and the writer; unpersisted changes are dropped.
+
+        Task-local copies of this backend's checkpoints stay (a restart on this directory
+        uses them); local files it wrote that none of its checkpoints uses are deleted.
+        """
         self._timer.stop()
         self._executor.shutdown(wait=True)
         self._writer.close()
+        if self._local is not None:
+            try:
+                self._local.close_owner(self._local_owner)
+            except OSError as exc:
+                logger.warning("task-local files of backend %s at close: %s",
+                               self.backend_id, exc)
 
 
 def load_keyed_state(

@@ -70,3 +70,21 @@ def test_a_name_is_either_list_or_union() -> None:
     backend.list_state("s")
     with pytest.raises(ValueError, match="already registered as list state"):
         backend.union_list_state("s")
+
+
+def test_the_coordinator_restores_nothing_as_empty_operator_state() -> None:
+    from kafka_changelog import InMemoryChangelogStorage
+    from kafka_changelog.state.checkpoint import SubtaskState
+    from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
+    from kafka_changelog.state.coordinator import CheckpointCoordinator
+    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+
+    with InMemoryChangelogStorage() as storage:
+        coordinator = CheckpointCoordinator("app", InMemoryCheckpointStore(),
+                                            InMemorySnapshotStore(), storage)
+        empty = coordinator.restore_operator_state("kafka-source", 1, 2, None)
+        assert (empty.subtask_index, empty.list_state(OFFSETS, JSON).get()) == (1, [])
+        # A checkpoint with only keyed (here: no) state for the operator restores empty too.
+        keyed_only = coordinator.complete(1, [SubtaskState("kafka-source", 0, 1, None, None)])
+        restored = coordinator.restore_operator_state("kafka-source", 0, 3, keyed_only)
+        assert restored.union_list_state(ASSIGNMENT, JSON).get() == []
