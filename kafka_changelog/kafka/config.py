@@ -32,8 +32,10 @@ class KafkaChangelogConfig(KafkaClientSettings):
     replication_factor: int | None = None
     #: ``min.insync.replicas`` for a topic the storage creates (None: broker default).
     min_insync_replicas: int | None = None
-    #: ``retention.ms`` of a topic the storage creates. -1 (forever): records go away
-    #: only through garbage collection (DeleteRecords), never while a checkpoint needs them.
+    #: ``retention.ms`` of the topic: must be -1 (forever). Records go away only through
+    #: garbage collection (DeleteRecords), never while a checkpoint needs them; an
+    #: existing topic with finite ``retention.ms`` or ``retention.bytes`` is refused.
+    #: Kept so configurations that spell out -1 still load; any other value is refused.
     retention_ms: int = -1
     #: Key groups in all (the state's max parallelism); key group kg goes to
     #: partition ``kg * partitions // max_parallelism``.
@@ -67,6 +69,12 @@ class KafkaChangelogConfig(KafkaClientSettings):
         self._check_bootstrap_servers()
         if self.partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {self.partitions}")
+        if self.retention_ms != -1:
+            raise ValueError(
+                "retention_ms must be -1 (records kept until garbage collection deletes "
+                f"them), got {self.retention_ms}: time-based retention would delete changelog "
+                "records that checkpoints still need"
+            )
         if not 1 <= self.max_parallelism <= 1 << 15:
             raise ValueError(f"max_parallelism must be in [1, 32768], got {self.max_parallelism}")
         if self.max_record_bytes < 1024:

@@ -19,9 +19,43 @@ _AUTHZ_HINTS = {
 }
 
 
+#: Codes worth retrying even when librdkafka does not flag the error retriable: a
+#: leader moved or died (stale metadata, an old leader epoch), a topic created a
+#: moment ago that not every broker knows yet, a broker that did not answer in time.
+RETRIABLE_CODES: frozenset[int] = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION,  # NOT_LEADER_OR_FOLLOWER in newer Kafka
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.NOT_CONTROLLER,
+    KafkaError.OFFSET_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError.NETWORK_EXCEPTION,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.THROTTLING_QUOTA_EXCEEDED,
+})
+
+
 def is_access_error(error: KafkaError) -> bool:
     """True for authentication and authorization failures (retrying will not help)."""
     return error.code() in _AUTH_CODES or error.code() in _AUTHZ_HINTS
+
+
+def is_retriable(error: KafkaError) -> bool:
+    """True for transient errors a later attempt (with fresh metadata) may not meet.
+
+    Access errors and fatal errors never are, whatever librdkafka flags.
+    """
+    if is_access_error(error) or error.fatal():
+        return False
+    return error.code() in RETRIABLE_CODES or error.retriable()
 
 
 def describe(error: KafkaError) -> str:

@@ -1,4 +1,10 @@
-"""Creating the changelog topic, and refusing an existing one that would lose data."""
+"""Topics: create if missing, wait until usable, describe; refuse a changelog topic that loses data.
+
+One module for every topic the library keeps. :func:`ensure_topic` and
+:func:`describe_topic_info` serve the changelog topic (here) and the snapshot
+and checkpoint topics (``kafka_changelog.state``); each owner validates the
+:class:`TopicInfo` with its own rules (:func:`validate` for the changelog).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,26 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    ClusterMetadata,
+    ConfigResource,
+    NewTopic,
+    TopicMetadata,
+)
 
-from ..errors import KafkaAccessError, TopicConfigError
+from ..errors import TopicConfigError
+from .admin_retry import NotReady, admin_futures, retry_call
 from .config import KafkaChangelogConfig
-from .errors import describe, is_access_error
+
+#: Retention settings that must be -1 on a topic whose records only deletion by
+#: the library may remove (the broker would otherwise drop records still needed).
+INFINITE_RETENTION = ("retention.ms", "retention.bytes")
 
 
 @dataclass(frozen=True)
 class TopicInfo:
-    """What the storage needs to know of its topic."""
+    """A topic as described by the brokers: partitions, replication and effective configs."""
 
     name: str
     partitions: int
@@ -23,63 +39,120 @@ class TopicInfo:
     configs: dict[str, str]
 
 
+def ensure_topic(
+    admin: AdminClient,
+    name: str,
+    partitions: int,
+    replication_factor: int | None,
+    configs: dict[str, str],
+    timeout_s: float,
+    purpose: str,
+    metadata: ClusterMetadata | None = None,
+) -> TopicInfo:
+    """Create topic ``name`` with ``configs`` unless it exists, then describe it once usable.
+
+    ``purpose`` names the topic in errors ("snapshot topic"); ``metadata`` is
+    cluster metadata already at hand (else it is read). A topic another client
+    creates at the same moment is fine. Validating the result is the caller's job.
+    Raises :class:`TopicConfigError` (or :class:`KafkaAccessError`) naming the
+    topic, the call and the broker's error.
+    """
+    deadline = time.monotonic() + timeout_s
+    if metadata is None:
+        metadata = retry_call(
+            f"list topics to find {purpose} {name} (Metadata)",
+            lambda budget: admin.list_topics(timeout=budget), timeout_s,
+            error_type=TopicConfigError)
+    if name not in metadata.topics:
+        new_topic = NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=replication_factor or -1,
+            config=dict(configs),
+        )
+        # A retry after a timed-out creation may find the topic created: that is success.
+        admin_futures(
+            f"create {purpose} {name} (CreateTopics)",
+            lambda budget: admin.create_topics([new_topic], request_timeout=budget),
+            _remaining(deadline), error_type=TopicConfigError,
+            done_on={KafkaError.TOPIC_ALREADY_EXISTS})
+    return describe_topic_info(admin, name, _remaining(deadline), purpose)
+
+
+def describe_topic_info(
+    admin: AdminClient, name: str, timeout_s: float, purpose: str
+) -> TopicInfo:
+    """Partitions, replication factor and configs of ``name``, once it is usable.
+
+    Waits until the metadata shows every partition with a leader and
+    ``DescribeConfigs`` answers: right after creation a broker may not know the
+    topic yet (``UNKNOWN_TOPIC_OR_PART``). Transient errors are retried for up
+    to ``timeout_s``; then :class:`TopicConfigError` names the call and the last error.
+    """
+    deadline = time.monotonic() + timeout_s
+
+    def leaders_known(budget: float) -> TopicMetadata:
+        topic = admin.list_topics(topic=name, timeout=budget).topics.get(name)
+        if topic is None:
+            raise NotReady("the topic is not in the metadata")
+        if topic.error is not None:
+            raise KafkaException(topic.error)
+        if not topic.partitions:
+            raise NotReady("the metadata shows no partitions")
+        leaderless = sorted(p.id for p in topic.partitions.values() if p.leader < 0)
+        if leaderless:
+            raise NotReady(f"partitions {leaderless} have no leader")
+        return topic
+
+    topic = retry_call(f"read the metadata of {purpose} {name} (Metadata)", leaders_known,
+                       timeout_s, error_type=TopicConfigError)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    described = admin_futures(
+        f"describe the configs of {purpose} {name} (DescribeConfigs)",
+        lambda budget: admin.describe_configs([resource], request_timeout=budget),
+        _remaining(deadline), error_type=TopicConfigError)
+    entries = described[resource]
+    configs = {key: entry.value for key, entry in entries.items()}
+    replication = min(len(p.replicas) for p in topic.partitions.values())
+    return TopicInfo(name, len(topic.partitions), replication, configs)
+
+
+def _remaining(deadline: float) -> float:
+    # Later steps share the caller's bound; a step never gets less than a moment.
+    return max(1.0, deadline - time.monotonic())
+
+
+# -- the changelog topic ----------------------------------------------------------------------
+
+CHANGELOG_TOPIC = "changelog topic"
+
+
 def changelog_topic_configs(config: KafkaChangelogConfig) -> dict[str, str]:
-    """Topic-level settings the storage creates the changelog topic with."""
-    settings = {"cleanup.policy": "delete", "retention.ms": str(config.retention_ms)}
+    """Topic-level settings the storage creates the changelog topic with.
+
+    Both retention settings are -1 explicitly so a broker-wide default
+    (``log.retention.bytes``, ``log.retention.hours``) never applies.
+    """
+    settings = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
     if config.min_insync_replicas is not None:
         settings["min.insync.replicas"] = str(config.min_insync_replicas)
     return settings
 
 
 def ensure_changelog_topic(
-    admin: AdminClient, metadata: ClusterMetadata, config: KafkaChangelogConfig
+    admin: AdminClient, metadata: ClusterMetadata | None, config: KafkaChangelogConfig
 ) -> TopicInfo:
-    """Create the changelog topic if missing, then validate it (see :func:`validate`)."""
-    if config.topic not in metadata.topics:
-        new_topic = NewTopic(
-            config.topic,
-            num_partitions=config.partitions,
-            replication_factor=config.replication_factor or -1,
-            config=changelog_topic_configs(config),
-        )
-        future = admin.create_topics([new_topic], request_timeout=config.request_timeout_s)[
-            config.topic]
-        try:
-            future.result(timeout=config.request_timeout_s)
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                cls = KafkaAccessError if is_access_error(error) else TopicConfigError
-                raise cls(f"cannot create changelog topic {config.topic}: {describe(error)}") \
-                    from exc
-    return describe_topic(admin, config)
+    """Create the changelog topic if missing, then describe and validate it (:func:`validate`)."""
+    info = ensure_topic(admin, config.topic, config.partitions, config.replication_factor,
+                        changelog_topic_configs(config), config.request_timeout_s,
+                        CHANGELOG_TOPIC, metadata)
+    validate(info, config)
+    return info
 
 
 def describe_topic(admin: AdminClient, config: KafkaChangelogConfig) -> TopicInfo:
-    """Read the topic's partitions, replication and configs, and validate them."""
-    deadline = time.monotonic() + config.request_timeout_s
-    while True:
-        metadata = admin.list_topics(topic=config.topic, timeout=config.request_timeout_s)
-        topic = metadata.topics.get(config.topic)
-        if topic is not None and topic.error is None and all(
-            p.leader >= 0 for p in topic.partitions.values()
-        ):
-            break
-        if topic is not None and topic.error is not None and is_access_error(topic.error):
-            raise KafkaAccessError(
-                f"cannot describe changelog topic {config.topic}: {describe(topic.error)}")
-        if time.monotonic() > deadline:
-            reason = describe(topic.error) if topic is not None and topic.error else (
-                "missing" if topic is None else "partitions without a leader")
-            raise TopicConfigError(f"changelog topic {config.topic} is not usable: {reason}")
-        # A topic created a moment ago takes a little while to show up everywhere.
-        time.sleep(0.1)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, config.topic)
-    described = admin.describe_configs([resource], request_timeout=config.request_timeout_s)
-    entries = described[resource].result(timeout=config.request_timeout_s)
-    configs = {name: entry.value for name, entry in entries.items()}
-    replication = min(len(p.replicas) for p in topic.partitions.values())
-    info = TopicInfo(config.topic, len(topic.partitions), replication, configs)
+    """Describe the existing changelog topic and validate it (``kafka-changelog topics``)."""
+    info = describe_topic_info(admin, config.topic, config.request_timeout_s, CHANGELOG_TOPIC)
     validate(info, config)
     return info
 
@@ -104,3 +177,13 @@ def validate(info: TopicInfo, config: KafkaChangelogConfig) -> None:
             f"changelog topic {info.name} has replication factor {info.replication_factor}; "
             f"expected at least {wanted}"
         )
+    for key in INFINITE_RETENTION:
+        found = info.configs.get(key)
+        if found != "-1":
+            raise TopicConfigError(
+                f"changelog topic {info.name} has {key}={found}; expected {key}=-1. The "
+                "broker would delete records that checkpoints still need; only garbage "
+                "collection (DeleteRecords below what is retained) may remove changelog "
+                f"records. Set it with: kafka-configs --alter --entity-type topics "
+                f"--entity-name {info.name} --add-config {key}=-1"
+            )

@@ -1,8 +1,10 @@
 """Kafka plumbing shared by the snapshot and checkpoint stores.
 
-Creating (or describing) a compacted topic, producing records and blocking until
-each one is acknowledged, and reading watermarks with retries. What a store
-accepts as its topic is decided by the store (its ``validate`` function).
+Producing records and blocking until each one is acknowledged, reading
+watermarks with retries, and the retention check of compacted topics. Topics
+are created and described by :mod:`kafka_changelog.kafka.topics` (re-exported
+here as :func:`ensure_topic`); what a store accepts as its topic is decided by
+the store (its ``validate`` function).
 """
 
 from __future__ import annotations
@@ -13,19 +15,20 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
+from ..kafka.admin_retry import retry_call
 from ..kafka.errors import describe, is_access_error
-from ..kafka.topics import TopicInfo
+from ..kafka.topics import INFINITE_RETENTION, TopicInfo, ensure_topic
 
-_TRANSIENT = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-    KafkaError.REQUEST_TIMED_OUT,
-}
+__all__ = [
+    "AckedProducer",
+    "OutRecord",
+    "TopicInfo",
+    "check_infinite_retention",
+    "ensure_topic",
+    "watermarks",
+]
 
 
 class OutRecord(NamedTuple):
@@ -35,65 +38,6 @@ class OutRecord(NamedTuple):
     key: bytes
     value: bytes | None
     headers: list[tuple[str, bytes]]
-
-
-def ensure_topic(
-    admin: AdminClient,
-    name: str,
-    partitions: int,
-    replication_factor: int | None,
-    configs: dict[str, str],
-    timeout_s: float,
-    purpose: str,
-) -> TopicInfo:
-    """Create topic ``name`` with ``configs`` unless it exists, then describe it.
-
-    ``purpose`` names the topic in errors (e.g. "snapshot topic"). Validation of
-    an existing topic is the caller's job.
-    """
-    metadata = admin.list_topics(timeout=timeout_s)
-    if name not in metadata.topics:
-        new_topic = NewTopic(
-            name,
-            num_partitions=partitions,
-            replication_factor=replication_factor or -1,
-            config=dict(configs),
-        )
-        future = admin.create_topics([new_topic], request_timeout=timeout_s)[name]
-        try:
-            future.result(timeout=timeout_s)
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                cls = KafkaAccessError if is_access_error(error) else TopicConfigError
-                raise cls(f"cannot create {purpose} {name}: {describe(error)}") from exc
-    return describe_topic(admin, name, timeout_s, purpose)
-
-
-def describe_topic(admin: AdminClient, name: str, timeout_s: float, purpose: str) -> TopicInfo:
-    """Partitions, replication factor and configs of ``name`` once every partition has a leader."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metadata = admin.list_topics(topic=name, timeout=timeout_s)
-        topic = metadata.topics.get(name)
-        if topic is not None and topic.error is None and topic.partitions and all(
-            p.leader >= 0 for p in topic.partitions.values()
-        ):
-            break
-        if topic is not None and topic.error is not None and is_access_error(topic.error):
-            raise KafkaAccessError(f"cannot describe {purpose} {name}: {describe(topic.error)}")
-        if time.monotonic() > deadline:
-            reason = describe(topic.error) if topic is not None and topic.error else (
-                "missing" if topic is None else "partitions without a leader")
-            raise TopicConfigError(f"{purpose} {name} is not usable: {reason}")
-        # A topic created a moment ago takes a little while to show up everywhere.
-        time.sleep(0.1)
-    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-    described = admin.describe_configs([resource], request_timeout=timeout_s)
-    entries = described[resource].result(timeout=timeout_s)
-    configs = {key: entry.value for key, entry in entries.items()}
-    replication = min(len(p.replicas) for p in topic.partitions.values())
-    return TopicInfo(name, len(topic.partitions), replication, configs)
 
 
 def check_infinite_retention(info: TopicInfo, purpose: str) -> None:
@@ -111,7 +55,7 @@ def check_infinite_retention(info: TopicInfo, purpose: str) -> None:
             "tombstones, never by age or size"
         )
     if "delete" in policies:
-        for key in ("retention.ms", "retention.bytes"):
+        for key in INFINITE_RETENTION:
             found = info.configs.get(key)
             if found != "-1":
                 raise TopicConfigError(
@@ -225,22 +169,16 @@ class AckedProducer:
 def watermarks(
     consumer: Consumer, topic: str, partition: int, timeout_s: float
 ) -> tuple[int, int]:
-    """(log start offset, high watermark) of a partition, waiting out leader changes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=timeout_s, cached=False)
-            return int(low), int(high)
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if is_access_error(error):
-                raise KafkaAccessError(
-                    f"reading {topic}[{partition}] failed: {describe(error)}") from exc
-            if (not error.retriable() and error.code() not in _TRANSIENT) or (
-                time.monotonic() > deadline
-            ):
-                raise ChangelogError(
-                    f"cannot read the offsets of {topic}[{partition}]: {describe(error)}"
-                ) from exc
-            time.sleep(0.2)
+    """(log start offset, high watermark) of a partition, waiting out leader changes.
+
+    Transient errors are retried for up to ``timeout_s`` (see
+    :func:`~kafka_changelog.kafka.admin_retry.retry_call`); access errors raise
+    :class:`KafkaAccessError` at once.
+    """
+
+    def attempt(budget: float) -> tuple[int, int]:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=budget, cached=False)
+        return int(low), int(high)
+
+    return retry_call(f"read the offsets of {topic}[{partition}]", attempt, timeout_s)
