@@ -25,8 +25,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
 from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
 
-from .kafka_sink import BATCH_HEADER, KafkaOutputSink
-from .streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
+from .kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
+from .streaming import BatchListener, KeyState, StreamingStateConfig, stateful_foreach_batch
 
 EVENTS = value_state("events", INT64)
 SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
@@ -72,7 +72,7 @@ def produce_events(settings: dict[str, Any], topic: str, count: int, users: int,
     return count
 
 
-def update_user(key: bytes, rows: pd.DataFrame, state: KeyState) -> list[dict[str, Any]]:
+def update_user(key: str, rows: pd.DataFrame, state: KeyState) -> list[dict[str, Any]]:
     """The stateful function: fold one user's events of a batch into its state."""
     count = state(EVENTS)
     spent = state(SPENT)
@@ -86,7 +86,7 @@ def update_user(key: bytes, rows: pd.DataFrame, state: KeyState) -> list[dict[st
     recent = pages.get()
     if len(recent) > 5:
         pages.update(recent[-5:])
-    return [{"user": key.decode(), "events": count.value(), "spent": spent.get()}]
+    return [{"user": key, "events": count.value(), "spent": spent.get()}]
 
 
 def expected_state(all_events: Iterator[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -106,7 +106,7 @@ def expected_state(all_events: Iterator[dict[str, Any]]) -> dict[str, dict[str, 
 
 def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
                  ) -> list[tuple[int, str, int, float]]:
-    """The committed outputs in ``topic`` as (batch id, user, events, spent) rows."""
+    """The committed outputs in ``topic`` as (checkpoint id, user, events, spent) rows."""
     consumer = Consumer({**settings, "group.id": f"clickstream-check-{time.time_ns()}",
                          "auto.offset.reset": "earliest", "enable.partition.eof": True,
                          "isolation.level": "read_committed", "enable.auto.commit": False})
@@ -122,13 +122,12 @@ def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
             if message.error() is not None:
                 at_end.add(message.partition() or 0)
                 continue
-            raw = dict(message.headers() or []).get(BATCH_HEADER)
+            raw = dict(message.headers() or []).get(CHECKPOINT_HEADER)
             if raw is None:
                 raise ValueError(f"{topic}[{message.partition()}]@{message.offset()} has no "
-                                 f"{BATCH_HEADER} header")
-            batch = int(raw)
+                                 f"{CHECKPOINT_HEADER} header")
             value = json.loads(message.value() or b"{}")
-            rows.append((batch, value["user"], value["events"], value["spent"]))
+            rows.append((int(raw), value["user"], value["events"], value["spent"]))
         return rows
     finally:
         consumer.close()
@@ -136,15 +135,19 @@ def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
 
 def output_problems(rows: list[tuple[int, str, int, float]],
                     expected: dict[str, dict[str, Any]]) -> list[str]:
-    """What is wrong with the outputs (empty: every batch once, the last totals right)."""
+    """What is wrong with the outputs (empty: every batch once, the last totals right).
+
+    ``rows`` are :func:`read_outputs`'s: one checkpoint per batch, numbered on.
+    """
     problems = []
-    pairs = [(batch, user) for batch, user, _, _ in rows]
+    pairs = [(checkpoint, user) for checkpoint, user, _, _ in rows]
     twice = len(pairs) - len(set(pairs))
     if twice:
         problems.append(f"{twice} outputs of a batch written twice")
-    batches = sorted({batch for batch, _ in pairs})
-    if batches != list(range(len(batches))):
-        problems.append(f"batches with outputs are {batches}, not 0..{len(batches) - 1}")
+    checkpoints = sorted({checkpoint for checkpoint, _ in pairs})
+    if checkpoints and checkpoints != list(range(checkpoints[0],
+                                                 checkpoints[0] + len(checkpoints))):
+        problems.append(f"checkpoints with outputs are {checkpoints}, not consecutive")
     last = {user: (events, spent) for _, user, events, spent in sorted(rows)}
     wrong = [u for u, s in expected.items() if last.get(u) != (s["events"], s["spent"])]
     if wrong:
@@ -155,7 +158,7 @@ def output_problems(rows: list[tuple[int, str, int, float]],
 def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topic: str,
               output_topic: str, checkpoint_dir: str, expected_events: int,
               max_per_batch: int = 2000, timeout_s: float = 600.0,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, listener: BatchListener | None = None) -> dict[str, Any]:
     """Run the streaming query until ``expected_events`` were processed; returns a summary."""
     from pyspark.sql import functions as F
 
@@ -168,7 +171,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     # Each batch's outputs are committed in the Kafka transaction of its checkpoint.
     processor = stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
                                        sink=KafkaOutputSink(output_topic, key_column="user"),
-                                       order_by=["seq"])
+                                       order_by=["seq"], listener=listener)
     source = spark.readStream.format("kafka-topic").option("subscribe", input_topic) \
         .option("maxOffsetsPerTrigger", str(max_per_batch))
     for key, value in settings.items():
@@ -224,7 +227,7 @@ def _processed_offsets(spark: Any, query: Any) -> int:
     return sum(int(v) for v in (end or {}).values())
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, listener: BatchListener | None = None) -> int:
     """Run the query in this process (the demo runs it as a child it can kill -9)."""
     parser = argparse.ArgumentParser(description="the clickstream streaming query")
     parser.add_argument("--bootstrap-servers", required=True)
@@ -247,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_topic=f"{args.topic_prefix}-checkpoints",
         partitions=8, materialization_interval_s=args.materialization_interval)
     summary = run_query(config, settings, args.input_topic, args.output_topic,
-                        args.checkpoint_dir, args.expected_events, args.max_per_batch)
+                        args.checkpoint_dir, args.expected_events, args.max_per_batch,
+                        listener=listener)
     print(json.dumps(summary), flush=True)
     return 0
 

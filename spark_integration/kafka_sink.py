@@ -1,8 +1,8 @@
 """Exactly-once outputs: a batch's output rows to a Kafka topic, in its checkpoint's transaction.
 
 Give a :class:`KafkaOutputSink` as the ``sink`` of :func:`stateful_foreach_batch`
-and the outputs of micro-batch ``b`` are written to ``topic`` in the same Kafka
-transaction that commits checkpoint ``b + 1``: a consumer reading with
+and the outputs of a micro-batch are written to ``topic`` in the same Kafka
+transaction that commits its checkpoint: a consumer reading with
 ``isolation.level=read_committed`` (librdkafka's default, so kcat and
 confluent-kafka; the Java console consumer needs ``--isolation-level
 read_committed``) sees every batch's outputs exactly once, whatever crashed when.
@@ -26,6 +26,9 @@ from kafka_changelog.state.transactional_commit import OutputRecord
 
 #: Header carrying the micro-batch id of every output record.
 BATCH_HEADER = "kafka-changelog-batch"
+#: Header carrying the id of the checkpoint committed with the record: unique per batch
+#: of an application, also when a new ``checkpointLocation`` starts batch ids at 0 again.
+CHECKPOINT_HEADER = "kafka-changelog-checkpoint"
 
 
 def json_value(row: dict[str, Any]) -> bytes:
@@ -59,9 +62,11 @@ class KafkaOutputSink:
         """The transactional id this sink commits with."""
         return self.transactional_id or f"kafka-changelog-{application}-{operator_id}"
 
-    def records(self, outputs: pd.DataFrame, batch_id: int) -> Iterator[OutputRecord]:
-        """The output records of one batch."""
-        headers = ((BATCH_HEADER, str(batch_id).encode()),)
+    def records(self, outputs: pd.DataFrame, batch_id: int,
+                checkpoint_id: int) -> Iterator[OutputRecord]:
+        """The output records of one batch, committed with checkpoint ``checkpoint_id``."""
+        headers = ((BATCH_HEADER, str(batch_id).encode()),
+                   (CHECKPOINT_HEADER, str(checkpoint_id).encode()))
         for row in outputs.to_dict("records"):
             key = row.get(self.key_column) if self.key_column is not None else None
             yield OutputRecord(self.topic, self.serialize(row), _key_bytes(key), headers)

@@ -19,7 +19,7 @@ from kafka_changelog.kafka.access import connect_admin
 from kafka_changelog.kafka.config import KafkaChangelogConfig
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
+from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, LogFloor
 from kafka_changelog.state.checkpoint_store import (
     CheckpointStore,
     CheckpointStoreConfig,
@@ -231,6 +231,12 @@ class CheckpointTopicReader(KafkaCheckpointStore):
     def _persist_discard(self, application: str, checkpoint_id: int) -> None:
         raise CheckpointStoreError(
             f"cannot discard checkpoint {checkpoint_id}: checkpoint topic {self.topic} is "
+            "open read-only")
+
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        raise CheckpointStoreError(
+            f"cannot guard application {application!r}: checkpoint topic {self.topic} is "
             "open read-only")
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 
 Spark starts Python workers with ``PYSPARK_PYTHON`` (else ``python3`` from PATH), which
 on most machines is not the interpreter that has this project and pyarrow installed:
-the workers then crash on a missing import. :func:`ensure_worker_python` points it at
-this interpreter before a session starts, so users never have to.
+the workers then crash on a missing import. :func:`local_session` points it at this
+interpreter before it starts a local session, unless the user set it: on a cluster
+the workers' Python is the cluster's business (``spark.pyspark.python``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 
 def ensure_worker_python() -> str:
-    """Make Spark's Python workers (and driver) run this interpreter; returns its path."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    return sys.executable
+    """Make Spark's Python workers run this interpreter unless ``PYSPARK_PYTHON`` (or
+    ``PYSPARK_DRIVER_PYTHON``) is set already; returns the workers' interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    return os.environ["PYSPARK_PYTHON"]
 
 
 def spark_version() -> str:

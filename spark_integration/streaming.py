@@ -1,15 +1,19 @@
 """Exactly-once keyed state for Structured Streaming, through ``foreachBatch``.
 
-Micro-batch ``b`` is checkpoint ``b + 1``. The driver adds each row's key group
-(``pmod(hash(key), max_parallelism)``, Spark SQL's own hash) and subtask, and runs
-one Spark task per subtask, in parallel (``partition_by_subtask`` then
-``mapInPandas``). A task gets a keyed state backend for its key-group range at the
-previous complete checkpoint (reused from the Python worker's cache when it is
-exactly there, else restored from Kafka), calls the user's function per key in a
-deterministic order, persists the changelog, and returns its output rows plus its
-state handle. The driver commits the checkpoint only when every subtask succeeded:
-with a :class:`~spark_integration.kafka_sink.KafkaOutputSink`, in one Kafka
-transaction with the batch's outputs; with a sink function, before calling it.
+Checkpoint ids are the application's own (latest + 1 per committed batch); which
+checkpoint a batch commits and starts from is :mod:`spark_integration.batch_identity`
+(a re-run of a committed batch, a fresh ``checkpointLocation``). The driver adds
+each row's state key (``kafka_changelog.keys``, computed by Spark SQL from the key
+columns), its key group ``pmod(hash(key), max_parallelism)`` and its subtask, and
+runs one Spark task per subtask, in parallel (``partition_by_subtask`` then
+``mapInPandas``; Spark calls the function for empty partitions too, so every subtask
+checkpoints). A task gets a keyed state backend for its key-group range at the base
+checkpoint (reused from the Python worker's cache when it is exactly there, else
+restored from Kafka), calls the user's function per key in a deterministic order,
+persists the changelog, and returns its output rows plus its state handle. The
+driver commits the checkpoint only when every subtask succeeded: with a
+:class:`~spark_integration.kafka_sink.KafkaOutputSink`, in one Kafka transaction
+with the batch's outputs; with a sink function, before calling it.
 
 A batch that Spark runs again after a crash (before or after our commit) starts from
 the checkpoint before it, so its state comes out the same; when the batch had
@@ -21,10 +25,10 @@ id, as with any ``foreachBatch`` sink).
 
 from __future__ import annotations
 
-import os
-import signal
+import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,6 +37,7 @@ import pandas as pd
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.keys import NullKeyError
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.state.coordinator import CheckpointCoordinator
@@ -42,17 +47,29 @@ from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.state.transactional_commit import TransactionalCommitter
 
+from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink
+from .keys import key_columns_of, key_sql
 from .subtask_partitioning import partition_by_subtask
 
-#: Set to ``<point>:<batch id>`` to kill the driver with SIGKILL there (crash tests).
-CRASH_ENV = "KAFKA_CHANGELOG_CRASH_AT"
+logger = logging.getLogger(__name__)
+
 HANDLE_COLUMN = "__kc_handle"
 SUBTASK_COLUMN = "__kc_subtask"
-MARKER_COLUMN = "__kc_marker"
+KEY_COLUMN = "__kc_key"
 KEY_GROUP_COLUMN = "__kc_key_group"
 PARTITION_COLUMN = "__kc_partition"
 RESTORE_COLUMN = "__kc_restore_s"
+_INTERNAL_COLUMNS = [SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN]
+
+#: The points of a micro-batch a :data:`BatchListener` hears about, in order.
+BATCH_EVENTS = ("batch_start", "before_commit", "in_transaction", "after_commit")
+
+#: ``listener(event, batch_id)``: called on the driver at each of :data:`BATCH_EVENTS`
+#: (``in_transaction`` only with a ``KafkaOutputSink``: outputs and checkpoint records
+#: are produced, the transaction not yet committed). For metrics, logging, and fault
+#: injection in tests; an exception it raises fails the batch.
+BatchListener = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
@@ -99,6 +116,20 @@ class StreamingStateConfig:
             retain=self.retain, client_config=dict(self.client_config))
 
 
+class StringKey(str):
+    """The key of a string key column, as the user's function gets it.
+
+    Keys used to be given as UTF-8 bytes; ``decode()`` still works (it returns the
+    string itself) so that functions written that way keep working.
+    """
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        """The key itself (deprecated: keys are strings already)."""
+        warnings.warn("stateful functions get string keys as str; drop the .decode()",
+                      DeprecationWarning, stacklevel=2)
+        return str(self)
+
+
 class KeyState:
     """What the user's function gets: state objects scoped to the current key."""
 
@@ -110,8 +141,10 @@ class KeyState:
         return self._backend.state(descriptor)
 
 
-#: ``fn(key, rows, state) -> output rows`` (a DataFrame or an iterable of dicts).
-StatefulFunction = Callable[[bytes, pd.DataFrame, KeyState], Any]
+#: ``fn(key, rows, state) -> output rows`` (a DataFrame or an iterable of dicts). ``key``
+#: is the key column's value (str, int, Decimal, date, Timestamp, bool or bytes), or a
+#: tuple of the values of several key columns.
+StatefulFunction = Callable[[Any, pd.DataFrame, KeyState], Any]
 
 
 class _Process:
@@ -167,18 +200,14 @@ class _Process:
             storage.close()
 
 
-def crash_point(point: str, batch_id: int) -> None:
-    """Kill this process with SIGKILL if ``KAFKA_CHANGELOG_CRASH_AT`` names this point."""
-    if os.environ.get(CRASH_ENV) == f"{point}:{batch_id}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 @dataclass
 class BatchReport:
     """What one micro-batch did."""
 
     batch_id: int
+    #: The checkpoint the batch committed (for a re-run: committed before).
     checkpoint_id: int
+    #: The checkpoint its state started from (None: empty state).
     restored_from: int | None
     committed: bool
     rows_out: int
@@ -194,6 +223,10 @@ class BatchReport:
     restore_s: dict[int, float] = field(default_factory=dict)
     #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
     materializations: dict[int, int] = field(default_factory=dict)
+    #: "first", "new", "rerun" or "new-query" (see ``spark_integration.batch_identity``).
+    kind: str = "new"
+    #: The Spark query that ran the batch ("" outside a streaming query).
+    query_id: str = ""
 
 
 class StatefulProcessor:
@@ -201,31 +234,43 @@ class StatefulProcessor:
 
     ``fn(key, rows, state)`` is called once per key present in a micro-batch, with the
     key's rows (ordered by ``order_by``) and ``state(descriptor)`` to reach its state;
-    it returns the output rows (schema ``output_schema``, a DDL string).
+    it returns the output rows (schema ``output_schema``, a DDL string). The key is
+    ``key_column``'s value, or a tuple when ``key_column`` names several columns; a
+    row with a null key column fails the batch with
+    :class:`~kafka_changelog.keys.NullKeyError` (filter or fill nulls first).
 
     ``sink`` is either a :class:`KafkaOutputSink` (outputs committed in the
     checkpoint's Kafka transaction: exactly once) or a function ``sink(df, batch_id)``
     called with every batch's outputs after the checkpoint committed (at least once:
     a batch Spark runs again after a crash gives its outputs again; make it
-    idempotent per batch id).
+    idempotent per batch id). ``listener`` hears the batch's progress
+    (:data:`BatchListener`).
     """
 
     def __init__(
         self,
         config: StreamingStateConfig,
         fn: StatefulFunction,
-        key_column: str,
+        key_column: str | Sequence[str],
         output_schema: str,
         sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
         order_by: Iterable[str] = (),
+        listener: BatchListener | None = None,
     ) -> None:
         self.config = config
         self.fn = fn
-        self.key_column = key_column
+        self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
+        if not self.key_columns:
+            raise ValueError("key_column must name at least one column")
         self.output_schema = output_schema
         self.sink = sink
         self.order_by = tuple(order_by)
+        self.listener = listener
         self.reports: list[BatchReport] = []
+
+    def _emit(self, event: str, batch_id: int) -> None:
+        if self.listener is not None:
+            self.listener(event, batch_id)
 
     def close(self) -> None:
         """Close the Kafka clients this processor opened in the driver process.
@@ -246,40 +291,37 @@ class StatefulProcessor:
 
         started = time.monotonic()
         config = self.config
-        checkpoint_id = batch_id + 1
+        self._emit("batch_start", batch_id)
         coordinator = _Process.coordinator(config)
         sink = self.sink
         committer = (_Process.committer(config, sink) if isinstance(sink, KafkaOutputSink)
                      else None)
-        crash_point("batch_start", batch_id)
-        latest = coordinator.checkpoint()
-        commit = latest is None or latest.checkpoint_id < checkpoint_id
-        if commit:
-            base = latest.checkpoint_id if latest is not None else None
-        else:
-            # Spark runs again a batch we committed: recompute from the one before it.
-            older = [i for i in coordinator.checkpoints.checkpoint_ids(config.application)
-                     if i < checkpoint_id]
-            base = older[-1] if older else None
+        query_id = _query_id(batch_df)
+        plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id)
+        if plan.kind == "new-query":
+            logger.warning(
+                "application %s: batch %d of Spark query %s follows checkpoint %d of another "
+                "query (a new checkpointLocation?): the state carries over from it",
+                config.application, batch_id, query_id or "(none)", plan.base)
         p, max_p = config.parallelism, config.max_parallelism
+        columns, types = key_columns_of(batch_df.schema, self.key_columns)
         keyed = (
             batch_df
-            .withColumn(KEY_GROUP_COLUMN, F.expr(f"pmod(hash(`{self.key_column}`), {max_p})"))
+            .withColumn(KEY_COLUMN, F.expr(key_sql(columns, types)))
+            .withColumn(KEY_GROUP_COLUMN, F.expr(f"pmod(hash({KEY_COLUMN}), {max_p})"))
             .withColumn(SUBTASK_COLUMN,
                         F.floor(F.col(KEY_GROUP_COLUMN) * p / max_p).cast("int"))
-            .withColumn(MARKER_COLUMN, F.lit(False))
         )
-        # One marker row per subtask: every subtask runs and checkpoints, data or not.
-        markers = batch_df.sparkSession.range(p).select(
-            F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN))
-        task = _SubtaskTask(config, self.fn, self.key_column, self.order_by, base,
-                            checkpoint_id, self.output_schema)
+        task = _SubtaskTask(config, self.fn, columns, self.order_by, plan.base,
+                            plan.checkpoint_id, self.output_schema, batch_id)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
 
         result = partition_by_subtask(
-            keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p,
+            # A null key hashes like any value (Spark's hash(null) is its seed); the task
+            # that gets it refuses it, naming the column.
+            keyed, SUBTASK_COLUMN, p,
         ).mapInPandas(run_partition, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
                                      f"{PARTITION_COLUMN} int, {RESTORE_COLUMN} double, "
                                      f"{HANDLE_COLUMN} binary")
@@ -305,72 +347,99 @@ class StatefulProcessor:
         outputs = _typed_like(collected[collected[HANDLE_COLUMN].isnull()].drop(
             columns=[SUBTASK_COLUMN, PARTITION_COLUMN, RESTORE_COLUMN, HANDLE_COLUMN]
         ).reset_index(drop=True), result.schema)
-        crash_point("before_commit", batch_id)
+        self._emit("before_commit", batch_id)
         commit_started = time.monotonic()
-        if commit:
-            persist = None
-            if committer is not None and isinstance(sink, KafkaOutputSink):
-                persist = committer.persister(
-                    sink.records(outputs, batch_id),
-                    lambda: crash_point("in_transaction", batch_id))
-            coordinator.complete(checkpoint_id, subtasks, persist=persist)
+        if plan.commit:
+            self._commit(coordinator, committer, plan, subtasks, outputs, query_id, batch_id)
         commit_s = time.monotonic() - commit_started
-        crash_point("after_commit", batch_id)
+        self._emit("after_commit", batch_id)
         sink_started = time.monotonic()
         if sink is not None and not isinstance(sink, KafkaOutputSink):
             frame = batch_df.sparkSession.createDataFrame(outputs, self.output_schema)
             sink(frame, batch_id)
         self.reports.append(BatchReport(
-            batch_id, checkpoint_id, base, commit, len(outputs), time.monotonic() - started,
-            task_s, commit_s, time.monotonic() - sink_started, partitions, restores,
-            materializations))
+            batch_id, plan.checkpoint_id, plan.base, plan.commit, len(outputs),
+            time.monotonic() - started, task_s, commit_s, time.monotonic() - sink_started,
+            partitions, restores, materializations, plan.kind, query_id))
+
+    def _commit(self, coordinator: CheckpointCoordinator,
+                committer: TransactionalCommitter | None, plan: BatchPlan,
+                subtasks: list[SubtaskState], outputs: pd.DataFrame, query_id: str,
+                batch_id: int) -> None:
+        persist = None
+        if committer is not None and isinstance(self.sink, KafkaOutputSink):
+            persist = committer.persister(
+                self.sink.records(outputs, batch_id, plan.checkpoint_id),
+                lambda: self._emit("in_transaction", batch_id))
+        coordinator.complete(plan.checkpoint_id, subtasks, persist=persist,
+                             properties=plan.properties(query_id, batch_id))
+
+
+def _query_id(batch_df: Any) -> str:
+    """The id of the streaming query running this ``foreachBatch`` call ("" if none).
+
+    Spark sets it as a local property of the query's thread, which is the thread
+    calling the function (py4j pins Python threads to JVM threads).
+    """
+    context = batch_df.sparkSession.sparkContext
+    return context.getLocalProperty("sql.streaming.queryId") or ""
 
 
 class _SubtaskTask:
     """What a Spark task runs for its subtask's rows (pickled to workers)."""
 
-    def __init__(self, config: StreamingStateConfig, fn: StatefulFunction, key_column: str,
-                 order_by: tuple[str, ...], base: int | None, checkpoint_id: int,
-                 output_schema: str) -> None:
+    def __init__(self, config: StreamingStateConfig, fn: StatefulFunction,
+                 key_columns: list[str], order_by: tuple[str, ...], base: int | None,
+                 checkpoint_id: int, output_schema: str, batch_id: int) -> None:
         self.config = config
         self.fn = fn
-        self.key_column = key_column
+        self.key_columns = key_columns
         self.order_by = order_by
         self.base = base
         self.checkpoint_id = checkpoint_id
+        self.batch_id = batch_id
         self.output_columns = [c.strip().split()[0].strip("`")
                                for c in output_schema.split(",") if c.strip()]
 
     def run_partition(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        """Run the subtask(s) of one Spark partition (one, see ``partition_by_subtask``)."""
+        """Run the subtask of one Spark partition: partition ``i`` is subtask ``i``
+        (``partition_by_subtask``), and Spark calls this for empty partitions too."""
         from pyspark import TaskContext
 
-        frames = list(batches)
-        if not frames:
-            return
-        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         context = TaskContext.get()
-        partition = context.partitionId() if context is not None else -1
-        for _subtask, subtask_rows in rows.groupby(SUBTASK_COLUMN, sort=True):
-            frame = self(subtask_rows)
-            frame[PARTITION_COLUMN] = partition
-            yield frame[[*self.output_columns, SUBTASK_COLUMN, PARTITION_COLUMN,
-                         RESTORE_COLUMN, HANDLE_COLUMN]]
+        if context is None:
+            raise ChangelogError("the stateful task runs outside a Spark task")
+        subtask = context.partitionId()
+        frames = list(batches)
+        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (
+            frames[0] if frames else None)
+        if rows is not None and len(rows):
+            wrong = rows[rows[SUBTASK_COLUMN] != subtask]
+            if len(wrong):
+                raise ChangelogError(
+                    f"batch {self.batch_id}: Spark partition {subtask} holds rows of subtask "
+                    f"{int(wrong[SUBTASK_COLUMN].iloc[0])}; every partition must hold "
+                    "exactly its own subtask's rows")
+        frame = self(rows, subtask)
+        frame[PARTITION_COLUMN] = subtask
+        yield frame[[*self.output_columns, SUBTASK_COLUMN, PARTITION_COLUMN,
+                     RESTORE_COLUMN, HANDLE_COLUMN]]
 
-    def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
-        """One subtask's rows (its marker row included) -> its outputs and state handle."""
-        subtask = int(rows[SUBTASK_COLUMN].iloc[0])
+    def __call__(self, rows: pd.DataFrame | None, subtask: int) -> pd.DataFrame:
+        """One subtask's rows (None or empty: no input) -> its outputs and state handle."""
         backend, restore_s = self._backend(subtask)
-        data = rows[rows[MARKER_COLUMN] == False]  # noqa: E712  (pandas needs ==)
         outputs: list[dict[str, Any]] = []
         state = KeyState(backend)
-        if len(data):
-            data = data.sort_values([self.key_column, *self.order_by], kind="stable")
-            for key, group in data.groupby(self.key_column, sort=True):
-                key_bytes = key.encode() if isinstance(key, str) else bytes(key)
-                backend.set_current_key(key_bytes)
-                produced = self.fn(key_bytes, group.drop(
-                    columns=[SUBTASK_COLUMN, MARKER_COLUMN, KEY_GROUP_COLUMN]), state)
+        if rows is not None and len(rows):
+            self._check_keys(rows)
+            data = rows.sort_values([KEY_COLUMN, *self.order_by], kind="stable")
+            user_columns = [c for c in data.columns if c not in _INTERNAL_COLUMNS]
+            single = len(self.key_columns) == 1
+            for key_bytes, group in data.groupby(KEY_COLUMN, sort=True):
+                first = group.iloc[0]
+                backend.set_current_key(bytes(key_bytes), int(first[KEY_GROUP_COLUMN]))
+                values = tuple(_natural(first[c]) for c in self.key_columns)
+                produced = self.fn(values[0] if single else values, group[user_columns], state)
                 outputs.extend(_as_records(produced))
         handle = backend.snapshot(self.checkpoint_id).result()
         _Process.backends[self._cache_key(subtask)] = (backend, self.checkpoint_id)
@@ -386,6 +455,18 @@ class _SubtaskTask:
         # On the handle row only: seconds restoring, or -1 when the cached backend served.
         frame[RESTORE_COLUMN] = [None] * len(outputs) + [restore_s]
         return frame[[*self.output_columns, SUBTASK_COLUMN, RESTORE_COLUMN, HANDLE_COLUMN]]
+
+    def _check_keys(self, rows: pd.DataFrame) -> None:
+        """Refuse rows whose key is null (Spark's null key bytes): never drop them."""
+        missing = rows[KEY_COLUMN].isna()
+        if not missing.any():
+            return
+        null_columns = [c for c in self.key_columns if rows.loc[missing, c].isna().any()]
+        raise NullKeyError(
+            f"batch {self.batch_id}: {int(missing.sum())} rows have a null in key column(s) "
+            f"{null_columns} (application {self.config.application!r}, operator "
+            f"{self.config.operator_id!r}); a null key has no state: filter these rows or "
+            "fill the nulls before the stateful step")
 
     def _cache_key(self, subtask: int) -> tuple[Any, ...]:
         c = self.config
@@ -430,6 +511,17 @@ def _typed_like(outputs: pd.DataFrame, schema: Any) -> pd.DataFrame:
     return outputs
 
 
+def _natural(value: Any) -> Any:
+    """A key column value as Python gives it: numpy scalars become ints and bools,
+    strings a :class:`StringKey`."""
+    if isinstance(value, str):
+        return StringKey(value)
+    item = getattr(value, "item", None)
+    if item is not None and not isinstance(value, (bytes, pd.Timestamp)):
+        return item()
+    return value
+
+
 def _as_records(produced: Any) -> Iterator[dict[str, Any]]:
     if produced is None:
         return iter(())
@@ -441,13 +533,16 @@ def _as_records(produced: Any) -> Iterator[dict[str, Any]]:
 def stateful_foreach_batch(
     config: StreamingStateConfig,
     fn: StatefulFunction,
-    key_column: str,
+    key_column: str | Sequence[str],
     output_schema: str,
     sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
     order_by: Iterable[str] = (),
+    listener: BatchListener | None = None,
 ) -> StatefulProcessor:
-    """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state."""
-    from .session import ensure_worker_python
+    """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
-    ensure_worker_python()
-    return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by)
+    See :class:`StatefulProcessor`. Spark's Python workers must run an interpreter
+    with this library installed: :func:`spark_integration.session.local_session`
+    sets that up for local sessions; on a cluster, set ``spark.pyspark.python``.
+    """
+    return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from confluent_kafka.admin import OffsetSpec
 
@@ -20,6 +20,21 @@ from .producer import SharedProducer
 from .reader import KafkaChangelogReader
 from .topics import TopicInfo, ensure_changelog_topic
 from .writer import KafkaChangelogWriter, KafkaLocation
+
+
+class LogFloor(Protocol):
+    """Where an application may still write (``kafka_changelog.state.checkpoint.LogFloor``)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+
+
+#: What garbage collection must keep: handles to stay readable, and log floors.
+StillNeeded = tuple[Iterable[KafkaChangelogHandle], Iterable[LogFloor]]
 
 
 class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
@@ -81,13 +96,34 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
         """A reader for this storage's handles (close it, or use it as a context manager)."""
         return KafkaChangelogReader(self.config)
 
-    def collect_garbage(
-        self, retained_handles: Iterable[KafkaChangelogHandle] = ()
-    ) -> GarbageCollectionResult:
-        """Delete records below what live writers and ``retained_handles`` still need.
+    def uncommitted_floor(self) -> dict[int, int]:
+        """Per partition of the topic, the lowest offset this process may still reference
+        later: the end of the log, or lower where a live writer holds persisted records.
 
-        Safe when this storage sees every writer of the topic and every handle that
-        must stay readable is passed in (for example those of retained checkpoints).
+        Read before a checkpoint commit, it bounds everything the application writes
+        until its next one (see ``CompletedCheckpoint.log_floors``).
+        """
+        timeout = self.config.request_timeout_s
+        name, partitions = self.config.topic, self.topic.partitions
+        high = list_offsets(self._admin, name, partitions, OffsetSpec.latest(), timeout)
+        if not self._producer.wait_for_records_before_now(timeout):
+            raise ChangelogError(
+                f"cannot tell the log floor of {name}: records still unacknowledged after "
+                f"{timeout:.0f} s")
+        needed = lowest_needed_offsets(high, self._registry.live_entries(), (), name)
+        return needed
+
+    def collect_garbage(
+        self,
+        retained: Iterable[KafkaChangelogHandle] | Callable[[], StillNeeded] = (),
+    ) -> GarbageCollectionResult:
+        """Delete records below what live writers of this process and ``retained`` need.
+
+        ``retained`` is either the handles that must stay readable, or a function
+        returning them with the log floors of every application sharing the topic
+        (``(handles, floors)``): it is called after the high watermarks were read, so
+        that whatever anyone writes later lies above them. Safe when every writer of
+        the topic outside this process is covered by those handles and floors.
         """
         timeout = self.config.request_timeout_s
         name, partitions = self.config.topic, self.topic.partitions
@@ -99,8 +135,11 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
                 f"garbage collection of {name} skipped: records still unacknowledged after "
                 f"{timeout:.0f} s"
             )
-        needed = lowest_needed_offsets(
-            high, self._registry.live_entries(), retained_handles, name)
+        handles, floors = retained() if callable(retained) else (retained, ())
+        needed = lowest_needed_offsets(high, self._registry.live_entries(), handles, name)
+        for floor in floors:
+            if floor.topic == name and floor.partition in needed:
+                needed[floor.partition] = min(needed[floor.partition], floor.offset)
         low = list_offsets(self._admin, name, partitions, OffsetSpec.earliest(), timeout)
         to_delete = {p: o for p, o in needed.items() if o > low[p]}
         deleted = delete_below(self._admin, name, to_delete, timeout)

@@ -8,9 +8,10 @@ changelog state backend); operator state is small and stored inline. A
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..avro_binary import AvroDecodeError, read_long, read_string
 from ..errors import HandleFormatError
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange, check_parallelism
@@ -19,7 +20,9 @@ from .errors import CheckpointFormatError
 from .snapshot import SnapshotHandle
 
 SCHEMA_NAME = "checkpoint"
-FORMAT_VERSION = 1
+#: Version 2 added ``log_floors`` and ``properties``; version 1 records still read.
+FORMAT_VERSION = 2
+_SCHEMA_OF_VERSION = {1: "checkpoint_v1", 2: SCHEMA_NAME}
 _MAGIC = "kafka-changelog-checkpoint"
 
 
@@ -93,6 +96,20 @@ class SubtaskState:
             )
 
 
+@dataclass(frozen=True, order=True)
+class LogFloor:
+    """The lowest offset of a changelog partition an application may still reference.
+
+    Read when a checkpoint is committed: everything the application writes after
+    that commit (until its next one) lies at or above it, so garbage collection by
+    any application sharing the topic keeps it.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+
+
 @dataclass(frozen=True)
 class CompletedCheckpoint:
     """A checkpoint every subtask acknowledged: what a restore starts from."""
@@ -102,6 +119,10 @@ class CompletedCheckpoint:
     timestamp_ms: int
     max_parallelism: int
     subtasks: tuple[SubtaskState, ...]
+    #: Where the application may still write changelog records a later checkpoint uses.
+    log_floors: tuple[LogFloor, ...] = ()
+    #: Free-form metadata (the streaming layer records the Spark query and batch).
+    properties: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.application:
@@ -109,6 +130,7 @@ class CompletedCheckpoint:
         if self.checkpoint_id < 0:
             raise ValueError(f"checkpoint id must be >= 0, got {self.checkpoint_id}")
         check_parallelism(self.max_parallelism)
+        object.__setattr__(self, "log_floors", tuple(sorted(self.log_floors)))
         subtasks = tuple(self.subtasks)
         object.__setattr__(self, "subtasks", subtasks)
         seen: dict[tuple[str, int], SubtaskState] = {}
@@ -147,25 +169,29 @@ class CompletedCheckpoint:
             "timestamp_ms": self.timestamp_ms,
             "max_parallelism": self.max_parallelism,
             "subtasks": [_subtask_record(s) for s in self.subtasks],
+            "log_floors": [{"topic": f.topic, "partition": f.partition, "offset": f.offset}
+                           for f in self.log_floors],
+            "properties": dict(self.properties),
         })
 
     @staticmethod
     def from_bytes(data: bytes) -> CompletedCheckpoint:
         """Inverse of :meth:`to_bytes`; :class:`CheckpointFormatError` on anything else."""
-        try:
-            record = decode(SCHEMA_NAME, data)
-        except Exception as exc:
+        magic, version = _peek_header(data)
+        if magic != _MAGIC:
             raise CheckpointFormatError(
-                f"not a serialised checkpoint ({len(data)} bytes): {exc}") from exc
-        if record["magic"] != _MAGIC:
-            raise CheckpointFormatError(
-                f"not a serialised checkpoint: magic {record['magic']!r}, expected {_MAGIC!r}")
-        version = record["format_version"]
-        if not 1 <= version <= FORMAT_VERSION:
+                f"not a serialised checkpoint: magic {magic!r}, expected {_MAGIC!r}")
+        if version not in _SCHEMA_OF_VERSION:
             raise CheckpointFormatError(
                 f"checkpoint format version {version} is not readable by this library "
                 f"(reads 1 to {FORMAT_VERSION})"
             )
+        try:
+            record = decode(_SCHEMA_OF_VERSION[version], data)
+        except Exception as exc:
+            raise CheckpointFormatError(
+                f"not a serialised checkpoint of format version {version} ({len(data)} "
+                f"bytes): {exc}") from exc
         where = f"checkpoint {record['checkpoint_id']} of application {record['application']!r}"
         _register_handle_kinds()
         try:
@@ -175,9 +201,23 @@ class CompletedCheckpoint:
                 timestamp_ms=record["timestamp_ms"],
                 max_parallelism=record["max_parallelism"],
                 subtasks=tuple(_subtask_from_record(s) for s in record["subtasks"]),
+                log_floors=tuple(LogFloor(f["topic"], f["partition"], f["offset"])
+                                 for f in record.get("log_floors", ())),
+                properties=dict(record.get("properties", {})),
             )
         except (HandleFormatError, ValueError) as exc:
             raise CheckpointFormatError(f"invalid {where}: {exc}") from exc
+
+
+def _peek_header(data: bytes) -> tuple[str, int]:
+    """The magic string and format version every format starts with."""
+    try:
+        magic, position = read_string(data, 0, "checkpoint magic")
+        version, _ = read_long(data, position, "checkpoint format version")
+    except AvroDecodeError as exc:
+        raise CheckpointFormatError(
+            f"not a serialised checkpoint ({len(data)} bytes): {exc}") from exc
+    return magic, version
 
 
 def _register_handle_kinds() -> None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
@@ -31,7 +32,7 @@ from ..kafka.client_settings import KafkaClientSettings
 from ..kafka.errors import describe, is_access_error
 from ..kafka.topics import TopicInfo
 from ..serialization import decode, encode
-from .checkpoint import CompletedCheckpoint
+from .checkpoint import CompletedCheckpoint, LogFloor
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -59,12 +60,20 @@ HEADER_SCHEMA = "kc.schema"
 MAX_CHECKPOINT_RECORD_BYTES = 8 * 1024 * 1024
 
 _CHECKPOINT_KEY = re.compile(r"^(?P<application>.+)/checkpoint/(?P<checkpoint_id>\d{20})$")
+_GUARD_KEY = re.compile(r"^(?P<application>.+)/guard/(?P<guard_id>[0-9a-f]{32})$")
 _LATEST_SUFFIX = "/latest"
+GUARD_SCHEMA = "changelog_guard"
+GUARD_SCHEMA_HEADER = f"{GUARD_SCHEMA}/1"
 
 
 def checkpoint_key(application: str, checkpoint_id: int) -> str:
     """Record key of a checkpoint: ``{application}/checkpoint/{checkpoint_id:020d}``."""
     return f"{application}/checkpoint/{checkpoint_id:020d}"
+
+
+def guard_key(application: str, guard_id: str) -> str:
+    """Record key of a changelog guard: ``{application}/guard/{guard_id}``."""
+    return f"{application}/guard/{guard_id}"
 
 
 def latest_key(application: str) -> str:
@@ -97,6 +106,7 @@ class CheckpointStore(ABC):
         self._lock = threading.RLock()
         self._checkpoints: dict[str, dict[int, CompletedCheckpoint]] = {}
         self._pointers: dict[str, int] = {}
+        self._guards: dict[str, dict[str, tuple[LogFloor, ...]]] = {}
 
     # -- the operations ------------------------------------------------------------------
 
@@ -122,6 +132,9 @@ class CheckpointStore(ABC):
             if latest is not None and checkpoint.checkpoint_id <= latest:
                 raise CheckpointOrderError(application, checkpoint.checkpoint_id, latest)
             (persist or self._persist_commit)(checkpoint)
+            # The commit records tombstone the application's guards (its checkpoints'
+            # log floors protect its writes from now on).
+            self._guards.pop(application, None)
             stored = self._checkpoints.setdefault(application, {})
             stored[checkpoint.checkpoint_id] = checkpoint
             self._pointers[application] = checkpoint.checkpoint_id
@@ -165,6 +178,47 @@ class CheckpointStore(ABC):
         with self._lock:
             self._refresh()
             return sorted(app for app, stored in self._checkpoints.items() if stored)
+
+    def all_checkpoints(self) -> list[CompletedCheckpoint]:
+        """Every stored checkpoint of every application (garbage collection of a shared
+        changelog topic must keep what any of them needs)."""
+        with self._lock:
+            self._refresh()
+            return [cp for stored in self._checkpoints.values() for cp in stored.values()]
+
+    def guard(self, application: str, floors: Sequence[LogFloor]) -> str:
+        """Record that ``application`` (which has no checkpoint yet) may write changelog
+        records at or above ``floors``; returns the guard's id.
+
+        Call it before creating the application's first writers: until the application
+        commits a checkpoint, garbage collection by any application sharing the topic
+        keeps those offsets (see :meth:`log_floors`).
+        """
+        guard_id = uuid.uuid4().hex
+        with self._lock:
+            self._persist_guard(application, guard_id, tuple(floors))
+            self._guards.setdefault(application, {})[guard_id] = tuple(floors)
+        return guard_id
+
+    def log_floors(self) -> list[LogFloor]:
+        """Offsets below which no application may still write records it will reference.
+
+        Per application: the log floors of its latest checkpoint, or, before its first
+        checkpoint, those of its guards.
+        """
+        with self._lock:
+            self._refresh()
+            floors: list[LogFloor] = []
+            for application in set(self._checkpoints) | set(self._guards):
+                latest_id = self._latest_id(application)
+                latest = (self._checkpoints.get(application, {}).get(latest_id)
+                          if latest_id is not None else None)
+                if latest is not None:
+                    floors.extend(latest.log_floors)
+                elif latest_id is None:
+                    for guard in self._guards.get(application, {}).values():
+                        floors.extend(guard)
+            return floors
 
     def discard(self, application: str, checkpoint_id: int) -> None:
         """Remove a subsumed checkpoint for good (blocking); nothing happens if it is gone.
@@ -221,6 +275,11 @@ class CheckpointStore(ABC):
     def _persist_discard(self, application: str, checkpoint_id: int) -> None:
         """Remove the checkpoint durably (blocking)."""
 
+    @abstractmethod
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        """Make a guard durable (blocking)."""
+
     def _refresh(self) -> None:  # noqa: B027 - a store that is its own truth has nothing to do
         """Bring the view up to date with the durable storage."""
 
@@ -232,6 +291,10 @@ class InMemoryCheckpointStore(CheckpointStore):
         pass
 
     def _persist_discard(self, application: str, checkpoint_id: int) -> None:
+        pass
+
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
         pass
 
 
@@ -343,12 +406,16 @@ class KafkaCheckpointStore(CheckpointStore):
         pointer = encode(POINTER_SCHEMA, {
             "application": application, "checkpoint_id": checkpoint_id,
             "timestamp_ms": checkpoint.timestamp_ms})
+        with self._lock:
+            guards = sorted(self._guards.get(application, {}))
         return [
             OutRecord(self.PARTITION, checkpoint_key(application, checkpoint_id).encode(),
                       checkpoint.to_bytes(),
                       [(HEADER_SCHEMA, CHECKPOINT_SCHEMA_HEADER.encode())]),
             OutRecord(self.PARTITION, latest_key(application).encode(), pointer,
                       [(HEADER_SCHEMA, POINTER_SCHEMA_HEADER.encode())]),
+            *(OutRecord(self.PARTITION, guard_key(application, g).encode(), None, [])
+              for g in guards),
         ]
 
     def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
@@ -364,6 +431,18 @@ class KafkaCheckpointStore(CheckpointStore):
                        None, [])],
             f"tombstone of checkpoint {checkpoint_id} of application {application!r}",
         ))
+
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        self._check_open()
+        value = encode(GUARD_SCHEMA, {
+            "application": application, "timestamp_ms": int(time.time() * 1000),
+            "floors": [{"topic": f.topic, "partition": f.partition, "offset": f.offset}
+                       for f in floors]})
+        self._written(self._producer.produce_all(
+            [OutRecord(self.PARTITION, guard_key(application, guard_id).encode(), value,
+                       [(HEADER_SCHEMA, GUARD_SCHEMA_HEADER.encode())])],
+            f"changelog guard of application {application!r}"))
 
     def _written(self, offsets: list[int]) -> None:
         # The caller applies its own records to the view; skip re-reading them unless
@@ -387,6 +466,7 @@ class KafkaCheckpointStore(CheckpointStore):
             # First read, or the log was truncated under us: rebuild from the log start.
             self._checkpoints.clear()
             self._pointers.clear()
+            self._guards.clear()
             self._position = low
         if self._position >= high:
             return
@@ -437,11 +517,16 @@ class KafkaCheckpointStore(CheckpointStore):
                     f"cannot decode the latest pointer {key!r} at {where}: {exc}") from exc
             self._pointers[application] = int(pointer["checkpoint_id"])
             return
+        guard = _GUARD_KEY.match(key)
+        if guard is not None:
+            self._apply_guard(guard["application"], guard["guard_id"], value, where)
+            return
         match = _CHECKPOINT_KEY.match(key)
         if match is None:
             raise CheckpointFormatError(
                 f"unexpected record key {key!r} at {where}; expected "
-                "'{application}/checkpoint/{id:020d}' or '{application}/latest'"
+                "'{application}/checkpoint/{id:020d}', '{application}/latest' or "
+                "'{application}/guard/{id}'"
             )
         application = match["application"]
         checkpoint_id = int(match["checkpoint_id"])
@@ -459,6 +544,19 @@ class KafkaCheckpointStore(CheckpointStore):
                 f"of application {application!r}"
             )
         self._checkpoints.setdefault(application, {})[checkpoint_id] = checkpoint
+
+    def _apply_guard(self, application: str, guard_id: str, value: bytes | None,
+                     where: str) -> None:
+        if value is None:
+            self._guards.get(application, {}).pop(guard_id, None)
+            return
+        try:
+            record = decode(GUARD_SCHEMA, value)
+        except Exception as exc:
+            raise CheckpointFormatError(
+                f"cannot decode the changelog guard at {where}: {exc}") from exc
+        self._guards.setdefault(application, {})[guard_id] = tuple(
+            LogFloor(f["topic"], f["partition"], f["offset"]) for f in record["floors"])
 
     def close(self) -> None:
         """Release the producer and consumer (idempotent)."""

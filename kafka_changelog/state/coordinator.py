@@ -1,14 +1,26 @@
 """Completing checkpoints, collecting what subsumed ones leave behind, and restoring.
 
 A checkpoint is complete once its record in the checkpoint store is durable. Then
-retention subsumes the oldest ones: the coordinator removes their records first
-(so nothing can restore from them any more) and then deletes what no retained
-checkpoint needs: snapshot chunks (tombstones) and changelog records below the
-lowest offset a retained checkpoint reads (DeleteRecords). Never more.
+retention subsumes the oldest ones. Garbage collection runs in an order that a
+crash at any point leaves nothing behind for good:
+
+1. tombstone the snapshot chunks of subsumed checkpoints that no retained one uses;
+2. discard the subsumed checkpoint records (until then the store returns them again
+   from the next commit, so a crash before this point repeats step 1);
+3. delete changelog records below what anyone still needs (DeleteRecords), computed
+   afresh each time from the checkpoint topic: every stored checkpoint of *every*
+   application there, each application's log floors (where it may still write
+   records a later checkpoint uses) and this process's live writers.
+
+Applications may share changelog and snapshot topics as long as they share the
+checkpoint topic too. Garbage collection never fails a committed checkpoint: an
+error is logged, kept in :attr:`CheckpointCoordinator.last_garbage`, and the next
+commit collects again.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +30,7 @@ from ..handle import ChangelogHandle
 from ..kafka.handle import KafkaChangelogHandle
 from ..keygroups import KeyGroupRange
 from ..storage import StateChangelogStorage
-from .checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
+from .checkpoint import CompletedCheckpoint, KeyedStateHandle, LogFloor, SubtaskState
 from .checkpoint_store import CheckpointStore
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
@@ -26,6 +38,8 @@ from .materializer import MaterializationConfig
 from .operator_state import OperatorStateBackend, redistribute
 from .snapshot import ChunkRef
 from .snapshot_store import SnapshotStore
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,6 +49,8 @@ class GarbageReport:
     discarded_checkpoints: list[int] = field(default_factory=list)
     deleted_chunks: int = 0
     changelog_log_start: dict[int, int] = field(default_factory=dict)
+    #: Why the collection stopped early (it is retried at the next commit); None: it did not.
+    error: str | None = None
 
 
 class CheckpointCoordinator:
@@ -61,20 +77,55 @@ class CheckpointCoordinator:
         self, checkpoint_id: int, subtasks: Iterable[SubtaskState],
         timestamp_ms: int | None = None,
         persist: Callable[[CompletedCheckpoint], None] | None = None,
+        properties: dict[str, str] | None = None,
     ) -> CompletedCheckpoint:
         """Commit the checkpoint (durable on return), then collect subsumed garbage.
 
         ``persist`` replaces the checkpoint store's own write (see
         :meth:`CheckpointStore.commit`), e.g. a transaction that commits outputs with it.
+        ``properties`` are stored with the checkpoint. Garbage collection errors are
+        logged and reported in :attr:`last_garbage`, never raised: the checkpoint is
+        complete.
         """
         checkpoint = CompletedCheckpoint(
             self.application, checkpoint_id,
             timestamp_ms if timestamp_ms is not None else int(time.time() * 1000),
-            self.max_parallelism, tuple(subtasks))
+            self.max_parallelism, tuple(subtasks), self._log_floors(),
+            dict(properties or {}))
         subsumed = self.checkpoints.commit(checkpoint, persist)
         if subsumed:
             self.last_garbage = self.collect_garbage(subsumed)
         return checkpoint
+
+    def _log_floors(self) -> tuple[LogFloor, ...]:
+        """Where this application may still write records a later checkpoint uses.
+
+        Read before the commit, so everything written after it lies above. When the
+        storage cannot tell right now, the latest checkpoint's floors (lower, so safe)
+        stand in; with none, offset 0 keeps everything.
+        """
+        if getattr(self.storage, "uncommitted_floor", None) is None:
+            return ()
+        try:
+            return self._read_floors()
+        except Exception as exc:  # a lower floor is always safe
+            latest = self.checkpoints.latest(self.application)
+            fallback = latest.log_floors if latest is not None else tuple(
+                LogFloor(t, p, 0) for t, p in self._changelog_partitions())
+            logger.warning("application %s: cannot read the changelog end offsets (%s); "
+                           "recording the previous log floors instead", self.application, exc)
+            return fallback
+
+    def _read_floors(self) -> tuple[LogFloor, ...]:
+        topic = self.storage.topic.name  # type: ignore[attr-defined]
+        offsets = self.storage.uncommitted_floor()  # type: ignore[attr-defined]
+        return tuple(LogFloor(topic, p, o) for p, o in sorted(offsets.items()))
+
+    def _changelog_partitions(self) -> list[tuple[str, int]]:
+        topic = getattr(self.storage, "topic", None)
+        if topic is None:
+            return []
+        return [(topic.name, p) for p in range(topic.partitions)]
 
     def retained(self) -> list[CompletedCheckpoint]:
         """Checkpoints retention keeps (newest last)."""
@@ -82,28 +133,53 @@ class CheckpointCoordinator:
         return [self.checkpoints.get(self.application, i) for i in ids]
 
     def collect_garbage(self, subsumed: Sequence[CompletedCheckpoint]) -> GarbageReport:
-        """Remove ``subsumed`` and everything of theirs no retained checkpoint needs."""
+        """Remove ``subsumed`` and everything of theirs nobody needs (module docstring).
+
+        Never raises: a failure is logged and kept in the report's ``error``; the next
+        commit returns the subsumed checkpoints not yet discarded and collects again.
+        """
         report = GarbageReport()
-        for checkpoint in subsumed:
-            self.checkpoints.discard(self.application, checkpoint.checkpoint_id)
-            report.discarded_checkpoints.append(checkpoint.checkpoint_id)
-            self.storage.release_checkpoint(checkpoint.checkpoint_id)
-        retained = self.retained()
+        try:
+            self._collect(subsumed, report)
+        except Exception as exc:  # the checkpoint is committed anyway
+            report.error = f"{type(exc).__name__}: {exc}"
+            logger.warning("application %s: garbage collection stopped, retried at the next "
+                           "commit: %s", self.application, report.error, exc_info=True)
+        return report
+
+    def _collect(self, subsumed: Sequence[CompletedCheckpoint], report: GarbageReport) -> None:
+        subsumed_ids = {cp.checkpoint_id for cp in subsumed}
+        retained = [cp for cp in self.retained() if cp.checkpoint_id not in subsumed_ids]
         keep = {(backend, chunk.record_key(backend)) for backend, chunk in _chunks(retained)}
         doomed: dict[str, list[ChunkRef]] = {}
         for backend, chunk in _chunks(subsumed):
             if (backend, chunk.record_key(backend)) not in keep:
                 doomed.setdefault(backend, []).append(chunk)
+        # Chunks first: until its record is discarded, a subsumed checkpoint comes back
+        # from the next commit and its chunks are tombstoned again (idempotent).
         for backend, chunks in doomed.items():
             unique = list({c.record_key(backend): c for c in chunks}.values())
             self.snapshots.delete(unique, backend)
             report.deleted_chunks += len(unique)
+        for checkpoint in subsumed:
+            self.checkpoints.discard(self.application, checkpoint.checkpoint_id)
+            report.discarded_checkpoints.append(checkpoint.checkpoint_id)
+            self.storage.release_checkpoint(checkpoint.checkpoint_id)
+        if report.discarded_checkpoints:
+            logger.info("application %s: discarded checkpoints %s and %d snapshot chunks",
+                        self.application, report.discarded_checkpoints, report.deleted_chunks)
         collect = getattr(self.storage, "collect_garbage", None)
         if self.changelog_gc and collect is not None:
-            handles = [h for cp in retained for h in _changelog_handles(cp)
-                       if isinstance(h, KafkaChangelogHandle)]
-            report.changelog_log_start = dict(collect(handles).deleted_below)
-        return report
+            report.changelog_log_start = dict(collect(self._still_needed).deleted_below)
+
+    def _still_needed(self) -> tuple[list[KafkaChangelogHandle], list[LogFloor]]:
+        """What no application sharing the checkpoint topic may lose: the changelog
+        handles of every stored checkpoint and every application's log floors. The
+        storage asks only after reading its high watermarks (so nothing written later
+        is missed)."""
+        handles = [h for cp in self.checkpoints.all_checkpoints() for h in _changelog_handles(cp)
+                   if isinstance(h, KafkaChangelogHandle)]
+        return handles, self.checkpoints.log_floors()
 
     # -- restore -------------------------------------------------------------------------
 
@@ -128,6 +204,8 @@ class CheckpointCoordinator:
         if checkpoint is not None:
             handles = [s.keyed for s in checkpoint.subtasks_of(operator_id)
                        if s.keyed is not None]
+        else:
+            self.guard_first_writes()
         if not handles:
             return ChangelogKeyedStateBackend(
                 self.storage, self.snapshots, operator_id, key_group_range,
@@ -135,6 +213,19 @@ class CheckpointCoordinator:
         return ChangelogKeyedStateBackend.restore(
             self.storage, self.snapshots, operator_id, key_group_range, self.max_parallelism,
             handles, read_context, materialization, local_recovery)
+
+    def guard_first_writes(self) -> None:
+        """Before the application's first checkpoint, record where it starts writing.
+
+        Other applications' garbage collection keeps these offsets until this one
+        commits a checkpoint (whose log floors take over). Nothing happens once the
+        application has a checkpoint or when the storage keeps no offsets.
+        """
+        if getattr(self.storage, "uncommitted_floor", None) is None or (
+            self.checkpoints.checkpoint_ids(self.application)
+        ):
+            return
+        self.checkpoints.guard(self.application, self._read_floors())
 
     def restore_operator_state(
         self, operator_id: str, subtask_index: int, parallelism: int,

@@ -12,7 +12,6 @@ counted or written twice.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from spark_integration.clickstream import (
     produce_events,
     read_outputs,
 )
-from spark_integration.streaming import CRASH_ENV, StreamingStateConfig, _Process
+from spark_integration.streaming import StreamingStateConfig, _Process
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -43,19 +42,22 @@ EVENT_COUNT = 1600
 USERS = 40
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def run_job(cluster: Any, prefix: str, checkpoint_dir: Path, parallelism: int,
             crash_at: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-    if crash_at:
-        env[CRASH_ENV] = crash_at
+    """The clickstream job in a child process, killed -9 at ``crash_at`` (event:batch)."""
+    job = (["-m", "tests.spark.crashing_clickstream", crash_at] if crash_at
+           else ["-m", "spark_integration.clickstream"])
     return subprocess.run(
-        [sys.executable, "-m", "spark_integration.clickstream",
+        [sys.executable, *job,
          "--bootstrap-servers", cluster.bootstrap_servers, "--application", prefix,
          "--input-topic", f"{prefix}-clicks", "--output-topic", f"{prefix}-totals",
          "--topic-prefix", prefix, "--checkpoint-dir", str(checkpoint_dir),
          "--parallelism", str(parallelism), "--expected-events", str(EVENT_COUNT),
          "--max-per-batch", "400", "--materialization-interval", "2"],
-        env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO, capture_output=True, text=True, timeout=600,
     )
 
 

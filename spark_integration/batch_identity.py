@@ -1,0 +1,108 @@
+"""Which checkpoint a micro-batch commits, and which one its state starts from.
+
+Checkpoint ids are the application's own: each commit takes the latest id + 1.
+Every checkpoint records the Spark query that committed it (``spark.query_id``,
+the id Spark keeps in the query's ``checkpointLocation``) and its batch id. A batch
+is then one of:
+
+* **new** — the same query's next batch: state starts from the latest checkpoint,
+  the batch commits latest + 1;
+* **re-run** — the same query's batch that committed the latest checkpoint, run again
+  by Spark after a crash between our commit and Spark's: state starts from the
+  checkpoint before it, nothing is committed again (outputs were committed with it);
+* **new query** — a query with another id (a fresh or cleared ``checkpointLocation``,
+  a redeployed job): the application's state carries over: state starts from the
+  latest checkpoint and the batch commits latest + 1, whatever its batch id;
+* **rolled back** — the same query at a batch *before* the one that committed the
+  latest checkpoint (its ``checkpointLocation`` was restored from an older copy):
+  refused with :class:`BatchOrderError`, since its input was already applied.
+
+Checkpoints written by kafka-changelog 0.1 carry no query id; there checkpoint id
+was batch id + 1, which is how such a latest checkpoint is matched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kafka_changelog.errors import ChangelogError
+from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoint_store import CheckpointStore
+
+#: Checkpoint properties the streaming layer records.
+QUERY_ID = "spark.query_id"
+BATCH_ID = "spark.batch_id"
+
+
+class BatchOrderError(ChangelogError):
+    """A query runs a batch its application's checkpoints show was already applied."""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What a micro-batch does with the application's checkpoints."""
+
+    #: The checkpoint the batch commits (for a re-run: the one it committed before).
+    checkpoint_id: int
+    #: The checkpoint its state starts from (None: empty state).
+    base: int | None
+    #: False for a re-run of a committed batch: nothing is committed.
+    commit: bool
+    #: "first", "new", "rerun" or "new-query".
+    kind: str
+
+    def properties(self, query_id: str, batch_id: int) -> dict[str, str]:
+        """What the committed checkpoint records about the batch."""
+        return {QUERY_ID: query_id, BATCH_ID: str(batch_id)}
+
+
+def plan_batch(store: CheckpointStore, application: str, query_id: str,
+               batch_id: int) -> BatchPlan:
+    """The plan of batch ``batch_id`` of query ``query_id`` (see the module docstring)."""
+    latest = store.latest(application)
+    if latest is None:
+        return BatchPlan(1, None, True, "first")
+    recorded_query = latest.properties.get(QUERY_ID)
+    if recorded_query is None:
+        return _plan_after_legacy(store, application, latest, batch_id)
+    if recorded_query != query_id:
+        return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, "new-query")
+    recorded_batch = int(latest.properties.get(BATCH_ID, "-1"))
+    if batch_id > recorded_batch:
+        return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, "new")
+    if batch_id == recorded_batch:
+        return BatchPlan(latest.checkpoint_id, _before(store, application, latest), False,
+                         "rerun")
+    raise BatchOrderError(
+        f"application {application!r}: Spark query {query_id} runs batch {batch_id}, but "
+        f"the application's latest checkpoint {latest.checkpoint_id} was committed by "
+        f"batch {recorded_batch} of the same query: its checkpointLocation was rolled back "
+        "to an older copy, and replaying batches already applied would count their input "
+        "twice. Restore the newest checkpointLocation, or start the query with a fresh "
+        "checkpointLocation (the state then continues from checkpoint "
+        f"{latest.checkpoint_id})."
+    )
+
+
+def _plan_after_legacy(store: CheckpointStore, application: str,
+                       latest: CompletedCheckpoint, batch_id: int) -> BatchPlan:
+    # Written by 0.1, where checkpoint id = batch id + 1.
+    if batch_id + 1 == latest.checkpoint_id:
+        return BatchPlan(latest.checkpoint_id, _before(store, application, latest), False,
+                         "rerun")
+    kind = "new" if batch_id + 1 > latest.checkpoint_id else "new-query"
+    return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, kind)
+
+
+def _before(store: CheckpointStore, application: str, checkpoint: CompletedCheckpoint
+            ) -> int | None:
+    """The checkpoint committed just before ``checkpoint`` (None: it was the first)."""
+    older = [i for i in store.checkpoint_ids(application) if i < checkpoint.checkpoint_id]
+    if older:
+        return older[-1]
+    if checkpoint.checkpoint_id > 1:  # ids start at 1, and retention keeps at least two
+        raise BatchOrderError(
+            f"application {application!r}: Spark runs again the batch that committed "
+            f"checkpoint {checkpoint.checkpoint_id}, but the checkpoint before it is no longer "
+            "stored, so the batch cannot be recomputed; was the checkpoint topic edited?")
+    return None

@@ -1,0 +1,184 @@
+"""Stateful streaming keyed on any Spark atomic type, on several columns, and nulls.
+
+The state key is computed by Spark SQL (``spark_integration.keys``) and must equal
+the documented Python encoding (``kafka_changelog.keys``), its key group must be
+Spark's ``pmod(hash(key), max_parallelism)``, and the function gets the key as its
+Python value. A null key fails the batch naming the column: never dropped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from kafka_changelog import key_group_for_key, key_group_range_for_operator
+from kafka_changelog.keys import NullKeyError, encode_key
+from kafka_changelog.state.descriptors import value_state
+from kafka_changelog.state.serializers import INT64
+from spark_integration.keys import key_sql
+from spark_integration.streaming import StreamingStateConfig, _Process, stateful_foreach_batch
+
+pytestmark = [pytest.mark.spark]
+
+COUNT = value_state("count", INT64)
+UTC = dt.timezone.utc
+
+# type -> three distinct keys (one of each is given two rows per batch)
+KEYS: dict[str, list[Any]] = {
+    "string": ["a", "é", ""],
+    "binary": [b"\x00", b"\xff\x01", b""],
+    "boolean": [True, False],
+    "tinyint": [1, -1, 127],
+    "smallint": [-32768, 0, 300],
+    "int": [0, -5, 2**31 - 1],
+    "bigint": [10**9, -(2**62), 2**62 + 7],
+    "decimal(10,2)": [Decimal("1.50"), Decimal("-3.00"), Decimal("0.00")],
+    "date": [dt.date(2024, 1, 1), dt.date(1969, 12, 31), dt.date(2000, 2, 29)],
+    "timestamp": [dt.datetime(2024, 1, 1, 12, 0, 0, 1, tzinfo=UTC),
+                  dt.datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC),
+                  dt.datetime(2030, 6, 1, tzinfo=UTC)],
+    "timestamp_ntz": [dt.datetime(2024, 1, 1, 12, 30), dt.datetime(1960, 5, 5, 0, 0, 0, 5),
+                      dt.datetime(2099, 12, 31, 23, 59, 59, 999999)],
+}
+
+
+def count_rows(key: Any, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+    count = state(COUNT)
+    count.update((count.value() or 0) + len(rows))
+    return [{"k": repr(key), "n": count.value(), "pytype": type(key).__name__}]
+
+
+def app_config(cluster: Any, prefix: str, parallelism: int = 2) -> StreamingStateConfig:
+    return StreamingStateConfig(
+        application=prefix, operator_id="op", bootstrap_servers=cluster.bootstrap_servers,
+        parallelism=parallelism, changelog_topic=f"{prefix}-changelog",
+        snapshot_topic=f"{prefix}-snapshots", checkpoint_topic=f"{prefix}-checkpoints",
+        partitions=4, materialization_interval_s=None)
+
+
+def restored_counts(config: StreamingStateConfig, keys: list[bytes]) -> dict[bytes, int | None]:
+    coordinator = _Process.coordinator(config)
+    backend = coordinator.restore_keyed(
+        config.operator_id, key_group_range_for_operator(config.max_parallelism, 1, 0),
+        coordinator.checkpoint(), config.changelog())
+    try:
+        counts = {}
+        for key in keys:
+            backend.set_current_key(key)
+            counts[key] = backend.state(COUNT).value()
+        return counts
+    finally:
+        backend.close()
+
+
+def test_spark_sql_encodes_keys_exactly_as_python_does(spark: Any) -> None:
+    for type_name, values in KEYS.items():
+        df = spark.createDataFrame([(v,) for v in values], f"k {type_name}")
+        got = [bytes(r[0]) for r in df.selectExpr(key_sql(["k"], [type_name])).collect()]
+        assert got == [encode_key((v,), (type_name,)) for v in values], type_name
+    pairs = spark.createDataFrame([("x", 5), ("", -1)], "a string, b bigint")
+    got = [bytes(r[0]) for r in pairs.selectExpr(key_sql(["a", "b"], ["string", "bigint"]))
+           .collect()]
+    assert got == [encode_key(("x", 5), ("string", "bigint")),
+                   encode_key(("", -1), ("string", "bigint"))]
+    nulls = spark.createDataFrame([(None, 1)], "a string, b bigint")
+    assert nulls.selectExpr(key_sql(["a", "b"], ["string", "bigint"])).collect()[0][0] is None
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("type_name", list(KEYS))
+def test_every_key_type_keeps_its_own_state(spark: Any, kafka_cluster: Any,
+                                            type_name: str) -> None:
+    prefix = f"keys-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
+    values = KEYS[type_name]
+    rows = [(v, i) for i, v in enumerate(values)] + [(values[0], 99)]
+    outputs: dict[int, pd.DataFrame] = {}
+    with stateful_foreach_batch(
+        config, count_rows, "k", "k string, n long, pytype string",
+        sink=lambda frame, batch_id: outputs.__setitem__(batch_id, frame.toPandas()),
+        order_by=["x"],
+    ) as processor:
+        for batch_id in range(2):
+            processor(spark.createDataFrame(rows, f"k {type_name}, x long"), batch_id)
+    last = outputs[1]
+    # One output per key (the exact key -> count mapping is checked on the state below).
+    assert sorted(last["n"]) == sorted(2 * (2 if v == values[0] else 1) for v in values)
+    assert last["k"].nunique() == len(values)
+    python_types = {"string": "StringKey", "binary": "bytes", "boolean": "bool",
+                    "decimal(10,2)": "Decimal", "date": "date", "timestamp": "Timestamp",
+                    "timestamp_ntz": "Timestamp"}
+    assert set(last["pytype"]) == {python_types.get(type_name, "int")}
+    # The state is under the documented key bytes, in Spark's key group of them.
+    keys = [encode_key((v,), (type_name,)) for v in values]
+    counts = restored_counts(config, keys)
+    assert counts == {k: 2 * (2 if k == keys[0] else 1) for k in keys}
+    _Process.release(config)
+
+
+@pytest.mark.broker
+def test_long_user_ids_and_composite_keys_through_the_reader(spark: Any,
+                                                             kafka_cluster: Any) -> None:
+    prefix = f"ckeys-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix, parallelism=3)
+    events = [("eu", 10**9 + i % 7, i) for i in range(60)] + [("us", 10**9, 60)]
+
+    def per_region_user(key: Any, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+        count = state(COUNT)
+        count.update((count.value() or 0) + len(rows))
+        region, user = key
+        return [{"region": region, "user": user, "n": count.value(),
+                 "types": f"{type(key).__name__}({type(user).__name__})"}]
+
+    outputs: list[pd.DataFrame] = []
+    with stateful_foreach_batch(config, per_region_user, ["region", "user"],
+                                "region string, user long, n long, types string",
+                                sink=lambda frame, _: outputs.append(frame.toPandas()),
+                                order_by=["seq"]) as proc:
+        frame = spark.createDataFrame(events, "region string, user long, seq long")
+        proc(frame, 0)
+        proc(frame.where("seq < 30"), 1)
+    assert set(outputs[0]["types"]) == {"tuple(int)"}
+    assert sorted(zip(outputs[0]["region"], outputs[0]["user"], strict=True)) == sorted(
+        {(r, u) for r, u, _ in events})
+    expected: dict[tuple[str, int], int] = {}
+    for region, user, seq in events:
+        expected[(region, user)] = expected.get((region, user), 0) + (2 if seq < 30 else 1)
+    from spark_integration.datasource import register
+
+    register(spark)
+    state = (spark.read.format("kafka-changelog").option("mode", "state")
+             .option("kafka.bootstrap.servers", kafka_cluster.bootstrap_servers)
+             .option("application", prefix).option("changelog.topic", config.changelog_topic)
+             .option("snapshot.topic", config.snapshot_topic)
+             .option("checkpoint.topic", config.checkpoint_topic).load()
+             .where("state = 'count'").collect())
+    by_key = {bytes(r["key"]): (r["key_group"], int(r["value_decoded"])) for r in state}
+    assert by_key == {
+        encode_key(k, ("string", "bigint")): (
+            key_group_for_key(encode_key(k, ("string", "bigint")), 128), n)
+        for k, n in expected.items()}
+    _Process.release(config)
+
+
+@pytest.mark.broker
+def test_a_null_key_fails_the_batch_naming_the_column(spark: Any, kafka_cluster: Any) -> None:
+    prefix = f"nulls-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
+    with stateful_foreach_batch(config, count_rows, ["region", "user"],
+                                "k string, n long, pytype string") as processor:
+        processor(spark.createDataFrame([("eu", 1)], "region string, user long"), 0)
+        bad = spark.createDataFrame([("eu", 1), ("eu", None), ("us", 2)],
+                                    "region string, user long")
+        with pytest.raises(Exception) as failure:
+            processor(bad, 1)
+        assert NullKeyError.__name__ in str(failure.value)
+        assert "batch 1: 1 rows have a null in key column(s) ['user']" in str(failure.value)
+        # Nothing of the failed batch was committed.
+        coordinator = _Process.coordinator(config)
+        assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]
