@@ -111,6 +111,10 @@ class ChangelogKeyedStateBackend:
         self.snapshot_handle: SnapshotHandle | None = None
         self._materialized_upto = self._writer.initial_sequence_number()
         self._base_changelog: tuple[ChangelogHandle, ...] = ()
+        # The newest materialization a checkpoint handle refers to: chunks written by
+        # later ones are in no checkpoint, so when superseded (or at close) they are
+        # nobody's and the backend tombstones them itself.
+        self._handed_out_upto = 0
         self._changed: set[int] = set()
         self._in_flight: _InFlight | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kafka-changelog-materialize")
@@ -226,6 +230,7 @@ class ChangelogKeyedStateBackend:
         persisted = self._writer.persist(upto, checkpoint_id)
         self._checkpoints[checkpoint_id] = (upto, self._writer.next_sequence_number())
         snapshot, base = self.snapshot_handle, self._base_changelog
+        self._handed_out_upto = self.materialization_id
         materialization_id = self.materialization_id
         local, owner = self._local, self._local_owner
         journal = list(self._journal) if local is not None else []
@@ -395,6 +400,7 @@ class ChangelogKeyedStateBackend:
             return
         self._failures_in_a_row = 0
         self._completed += 1
+        self._drop_unused_chunks(self.snapshot_handle, flight.future.result())
         self.snapshot_handle = flight.future.result()
         self.materialization_id = flight.materialization_id
         self._materialized_upto = flight.upto
@@ -402,6 +408,31 @@ class ChangelogKeyedStateBackend:
         self._writer.truncate(flight.upto)
         del self._journal[:flight.journal_cut]
         self._hold_base()
+
+    def _drop_unused_chunks(self, previous: SnapshotHandle | None,
+                            current: SnapshotHandle | None) -> None:
+        """Tombstone chunks of ``previous`` that no checkpoint refers to and ``current``
+        does not reuse.
+
+        A materialization superseded before any snapshot handed it out (or still
+        unreferenced when the backend closes) is in no checkpoint, so the coordinator's
+        garbage collection would never see its chunks. Best effort, in the background.
+        """
+        if previous is None or previous.backend_id != self.backend_id:
+            return
+        kept = ({c.record_key(current.backend_id) for c in current.chunks}
+                if current is not None else set())
+        unused = [c for c in previous.chunks if c.materialization_id > self._handed_out_upto
+                  and c.record_key(self.backend_id) not in kept]
+        if unused:
+            self._executor.submit(self._delete_chunks, unused)
+
+    def _delete_chunks(self, chunks: list[ChunkRef]) -> None:
+        try:
+            self._store.delete(chunks, self.backend_id)
+        except Exception as exc:  # a leaked chunk costs space, never correctness
+            logger.warning("backend %s: could not tombstone %d unused snapshot chunks: %s",
+                           self.backend_id, len(chunks), exc)
 
     def _hold_base(self) -> None:
         # The next checkpoint will use the base's copies: keep them until a newer base.
@@ -442,8 +473,10 @@ class ChangelogKeyedStateBackend:
         backend id, so later checkpoints need nothing of the old ones.
         """
         narrowed = [n for h in handles if (n := h.intersection(key_group_range)) is not None]
-        # Adopt only an untouched base: one old subtask with exactly this range.
-        adopt = len(handles) == 1 and handles[0].key_group_range == key_group_range
+        # Adopt only an untouched base: one old subtask with exactly this range (the
+        # other old subtasks' ranges do not overlap it).
+        adopt = len(narrowed) == 1 and narrowed[0].key_group_range == key_group_range and any(
+            h.key_group_range == key_group_range for h in handles)
         backend = cls(storage, snapshot_store, operator_id, key_group_range, max_parallelism,
                       materialization, narrowed[0].backend_id if adopt else None,
                       local_recovery)
@@ -460,6 +493,7 @@ class ChangelogKeyedStateBackend:
             # What the base log changed is not in the base snapshot: the next
             # materialization must write it (it drops the base log).
             backend._changed = replayed
+            backend._handed_out_upto = base.materialization_id  # a checkpoint refers to it
             backend._hold_base()
         else:
             backend._changed = set(backend.table.groups)
@@ -467,12 +501,19 @@ class ChangelogKeyedStateBackend:
         return backend
 
     def close(self) -> None:
-        """Stop the timer and the writer; unpersisted changes are dropped.
+        """Stop the timer and the writer; unpersisted changes are dropped, and snapshot
+        chunks no checkpoint refers to are tombstoned.
 
         Task-local copies of this backend's checkpoints stay (a restart on this directory
         uses them); local files it wrote that none of its checkpoints uses are deleted.
         """
         self._timer.stop()
+        flight = self._in_flight
+        if flight is not None:
+            flight.future.exception()  # wait: its chunks must not outlive an unused result
+            self.poll_materialization()
+        # Chunks written since the last handed-out materialization are in no checkpoint.
+        self._drop_unused_chunks(self.snapshot_handle, None)
         self._executor.shutdown(wait=True)
         self._writer.close()
         if self._local is not None:
