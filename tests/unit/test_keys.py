@@ -78,7 +78,7 @@ def test_every_type_round_trips(number: int, text: str, raw: bytes, flag: bool,
 def test_null_and_float_keys_are_refused_naming_the_column() -> None:
     with pytest.raises(NullKeyError, match="key column 'user_id' is null"):
         encode_key((None,), ("bigint",), ["user_id"])
-    with pytest.raises(KeyTypeError, match="'price' has type double.*cast it to decimal"):
+    with pytest.raises(KeyTypeError, match=r"'price' has type double.*cast it to decimal"):
         check_key_type("double", "price")
     with pytest.raises(KeyTypeError, match="'tags' has type array<string>"):
         check_key_type("array<string>", "tags")

@@ -1,0 +1,105 @@
+"""A fresh Spark checkpointLocation for an existing application (a redeploy, a cleared
+directory): Spark starts batch ids at 0 again, and the state must carry over from the
+application's latest checkpoint, with every batch committed and its outputs written
+exactly once (never taken for a re-run of an old batch and dropped)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafka_changelog import key_group_range_for_operator
+from spark_integration.clickstream import (
+    EVENT_SCHEMA,
+    EVENTS,
+    OUTPUT_SCHEMA,
+    SPENT,
+    ensure_topic,
+    events,
+    expected_state,
+    output_problems,
+    read_outputs,
+    update_user,
+)
+from spark_integration.kafka_sink import KafkaOutputSink
+from spark_integration.streaming import (
+    BatchReport,
+    StreamingStateConfig,
+    _Process,
+    stateful_foreach_batch,
+)
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+
+def write_files(directory: Path, chunks: list[list[dict[str, Any]]]) -> None:
+    directory.mkdir(parents=True)
+    for number, chunk in enumerate(chunks):
+        (directory / f"part-{number:03d}.json").write_text(
+            "\n".join(json.dumps(e) for e in chunk) + "\n")
+
+
+def run_query(spark: Any, config: StreamingStateConfig, output_topic: str, input_dir: Path,
+              checkpoint_location: Path) -> list[BatchReport]:
+    """Process every file of ``input_dir`` (one file per batch) and stop."""
+    processor = stateful_foreach_batch(
+        config, update_user, "user", OUTPUT_SCHEMA,
+        sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
+    query = (spark.readStream.schema(f"user string, {EVENT_SCHEMA}")
+             .option("maxFilesPerTrigger", 1).json(str(input_dir))
+             .writeStream.foreachBatch(processor)
+             .option("checkpointLocation", str(checkpoint_location))
+             .trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(300)
+        assert query.exception() is None, query.exception()
+    finally:
+        query.stop()
+        processor.close()
+    return processor.reports
+
+
+def test_a_fresh_checkpoint_location_continues_the_application(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"loc-{uuid.uuid4().hex[:8]}"
+    config = StreamingStateConfig(
+        application=prefix, operator_id="user-sessions",
+        bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
+        changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
+        checkpoint_topic=f"{prefix}-checkpoints", partitions=4,
+        materialization_interval_s=None)
+    output_topic = f"{prefix}-totals"
+    ensure_topic(kafka_cluster.client_config(), output_topic)
+    all_events = list(events(150, 12))
+    write_files(tmp_path / "in-1", [all_events[:50], all_events[50:100]])
+    write_files(tmp_path / "in-2", [all_events[100:]])
+
+    first = run_query(spark, config, output_topic, tmp_path / "in-1", tmp_path / "chk-1")
+    assert [(r.batch_id, r.checkpoint_id, r.committed) for r in first] == [(0, 1, True),
+                                                                        (1, 2, True)]
+    # The same application redeployed with a new checkpointLocation reading new input.
+    second = run_query(spark, config, output_topic, tmp_path / "in-2", tmp_path / "chk-2")
+    assert [(r.batch_id, r.checkpoint_id, r.restored_from, r.committed, r.kind)
+            for r in second] == [(0, 3, 2, True, "new-query")]
+    assert second[0].query_id and second[0].query_id != first[0].query_id
+
+    expected = expected_state(iter(all_events))
+    coordinator = _Process.coordinator(config)
+    backend = coordinator.restore_keyed("user-sessions", key_group_range_for_operator(128, 1, 0),
+                                        coordinator.checkpoint(), config.changelog())
+    try:
+        for user, want in expected.items():
+            backend.set_current_key(user.encode())
+            assert (backend.state(EVENTS).value(), backend.state(SPENT).get()) == (
+                want["events"], want["spent"]), user
+    finally:
+        backend.close()
+        _Process.release(config)
+    outputs = read_outputs(kafka_cluster.client_config(), output_topic)
+    assert output_problems(outputs, expected) == []
+    assert sorted({checkpoint for checkpoint, *_ in outputs}) == [1, 2, 3]
