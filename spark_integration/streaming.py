@@ -298,6 +298,10 @@ class StatefulProcessor:
                      else None)
         query_id = _query_id(batch_df)
         plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id)
+        if plan.base is None:
+            # Before the first checkpoint: keep other applications' GC off what the tasks
+            # are about to write (see CheckpointCoordinator.guard_first_writes).
+            coordinator.guard_first_writes()
         if plan.kind == "new-query":
             logger.warning(
                 "application %s: batch %d of Spark query %s follows checkpoint %d of another "
