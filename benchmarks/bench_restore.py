@@ -66,11 +66,12 @@ from kafka_changelog.kafka import (
     KafkaChangelogReader,
     KafkaChangelogStorage,
 )
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.state.checkpoint import KeyedStateHandle
 from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.restore import restore_backend
 from kafka_changelog.state.serializers import INT64
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 
 DEFAULT_JSON = RESULTS_DIR / "restore.json"
 ALL_KEY_GROUPS = KeyGroupRange.of(0, MAX_PARALLELISM - 1)
@@ -329,9 +330,8 @@ def restore_once(storage: KafkaChangelogStorage, store: KafkaSnapshotStore,
     """Seconds to restore ``checkpoint`` (checked against the expected values afterwards)."""
     gc.collect()
     start = time.perf_counter()
-    backend = ChangelogKeyedStateBackend.restore(
-        storage, store, OPERATOR, ALL_KEY_GROUPS, MAX_PARALLELISM, [checkpoint.handle],
-        read_context=storage.config)
+    backend = restore_backend(
+        storage, store, OPERATOR, ALL_KEY_GROUPS, MAX_PARALLELISM, [checkpoint.handle])
     seconds = time.perf_counter() - start
     try:
         count = backend.state(value_state("count", INT64))

@@ -67,8 +67,8 @@ from kafka_changelog.kafka import (
     KafkaChangelogReader,
     KafkaChangelogStorage,
 )
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.state.descriptors import StateKind
 from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
 

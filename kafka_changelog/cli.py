@@ -20,9 +20,11 @@ from typing import Any
 
 from .errors import ChangelogError
 from .handle import ChangelogHandle
-from .kafka import KafkaChangelogConfig, KafkaChangelogHandle
+from .kafka import KafkaChangelogConfig, KafkaChangelogHandle, KafkaChangelogReader
 from .kafka.access import connect_admin
 from .kafka.topics import describe_topic
+from .memory import InMemoryChangelogReader
+from .reader import StateChangelogReader
 
 
 def load_handle(argument: str) -> ChangelogHandle:
@@ -96,8 +98,12 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _dump(args: argparse.Namespace) -> int:
     handle = load_handle(args.handle)
-    context = _config(args) if isinstance(handle, KafkaChangelogHandle) else None
-    for change in handle.changes(context):
+    reader: StateChangelogReader[Any] = (
+        KafkaChangelogReader(_config(args)) if isinstance(handle, KafkaChangelogHandle)
+        else InMemoryChangelogReader())
+    with reader:
+        changes = list(reader.read(handle))
+    for change in changes:
         line: dict[str, Any] = {
             "key_group": None if change.is_meta else change.key_group,
             "meta": change.is_meta,

@@ -9,10 +9,8 @@ through bytes so that checkpoints can store them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from .change import StateChange
 from .errors import HandleFormatError
 from .keygroups import KeyGroupRange
 from .serialization import decode, encode
@@ -65,14 +63,6 @@ class ChangelogHandle(ABC):
         """
 
     @abstractmethod
-    def changes(self, context: object | None = None) -> Iterator[StateChange]:
-        """The changes in sequence order (append order within a change set).
-
-        ``context`` is what a storage needs to read remote data (for Kafka: a reader
-        or client settings); in-memory handles ignore it.
-        """
-
-    @abstractmethod
     def _to_record(self) -> dict[str, Any]:
         """The body, as a record of ``schemas/<kind>_handle.avsc``."""
 
@@ -103,7 +93,7 @@ class ChangelogHandle(ABC):
                 f"expected {_MAGIC!r}"
             )
         kind = envelope["kind"]
-        handle_type = _HANDLE_KINDS.get(kind)
+        handle_type = _HANDLE_KINDS.get(kind) or _load_kind(kind)
         if handle_type is None:
             raise HandleFormatError(
                 f"unknown handle kind {kind!r}; known kinds: {sorted(_HANDLE_KINDS)} "
@@ -120,3 +110,16 @@ class ChangelogHandle(ABC):
         except Exception as exc:
             raise HandleFormatError(f"corrupt {kind} handle body: {exc}") from exc
         return handle_type._from_record(record, version)
+
+
+def _load_kind(kind: str) -> type[ChangelogHandle] | None:
+    """Import the installed storages (entry points), whose modules register their
+    handle kinds, and look ``kind`` up again."""
+    from importlib.metadata import entry_points
+
+    for entry_point in entry_points(group="kafka_changelog.storages"):
+        try:
+            entry_point.load()
+        except ImportError:
+            continue  # a storage whose dependencies are missing cannot have written it
+    return _HANDLE_KINDS.get(kind)

@@ -9,12 +9,15 @@ Java's service loader), and :func:`load_storage` finds it by name.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from types import TracebackType
 from typing import Any, ClassVar, Generic, TypeVar
 
 from .errors import StorageLoadError, UnknownStorageError
+from .gc_types import GarbageCollectionResult, LogFloor, StillNeeded
 from .keygroups import KeyGroupRange
+from .reader import StateChangelogReader
 from .registry import ChangelogRegistry, checkpoint_hold
 from .writer import StateChangelogWriter
 
@@ -41,6 +44,26 @@ class StateChangelogStorage(ABC, Generic[H]):
         self, operator_id: str, key_group_range: KeyGroupRange
     ) -> StateChangelogWriter[H]:
         """A new writer (with a fresh log id) for ``operator_id``'s ``key_group_range``."""
+
+    @abstractmethod
+    def reader(self) -> StateChangelogReader[Any]:
+        """A read-only view that gives the changes of this storage's handles."""
+
+    def collect_garbage(
+        self, retained: Callable[[], StillNeeded]
+    ) -> GarbageCollectionResult | None:
+        """Free what no live writer of this process and nothing in ``retained()`` needs.
+
+        ``retained`` returns the handles that must stay readable and the log floors
+        of every application sharing the storage; it is asked only once the storage
+        knows what was written so far. Storages that free nothing do nothing (None).
+        """
+        return None
+
+    def uncommitted_floors(self) -> list[LogFloor]:
+        """Where this process may still write records a later checkpoint uses (per topic
+        partition the lowest such offset); empty for storages without offsets."""
+        return []
 
     def release_checkpoint(self, checkpoint_id: int) -> None:
         """A checkpoint was subsumed: drop its holds on everything it confirmed."""

@@ -28,7 +28,7 @@ import uuid
 from typing import Any
 
 from kafka_changelog.demo import broker, progress
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 
 from .clickstream import events, expected_state, output_problems, produce_events, read_outputs
 

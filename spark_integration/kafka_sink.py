@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from kafka_changelog.state.transactional_commit import OutputRecord
+from kafka_changelog.kafka.transactional_commit import OutputRecord
 
 #: Header carrying the micro-batch id of every output record.
 BATCH_HEADER = "kafka-changelog-batch"

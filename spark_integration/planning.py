@@ -12,21 +12,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer
-
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.access import connect_admin
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
 from kafka_changelog.kafka.config import KafkaChangelogConfig
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
+from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, LogFloor
-from kafka_changelog.state.checkpoint_store import (
-    CheckpointStore,
-    CheckpointStoreConfig,
-    KafkaCheckpointStore,
-)
+from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
+from kafka_changelog.state.checkpoint_store import CheckpointStore
 from kafka_changelog.state.errors import CheckpointNotFoundError, CheckpointStoreError
-from kafka_changelog.state.snapshot_store import SnapshotStoreConfig
 
 from .scan import OffsetSlice
 
@@ -206,45 +201,8 @@ def parse_options(options: Mapping[str, str]) -> ReaderOptions:
 # -- the checkpoint ------------------------------------------------------------------------------
 
 
-class CheckpointTopicReader(KafkaCheckpointStore):
-    """:class:`KafkaCheckpointStore`'s view of the checkpoint topic, read-only.
-
-    The store proper creates (or validates) its topic and starts an idempotent
-    producer; a reader needs neither, and may hold READ/DESCRIBE ACLs only. The
-    view (reading the topic from its log start, applying records and tombstones)
-    is the store's own.
-    """
-
-    def __init__(self, config: CheckpointStoreConfig) -> None:
-        CheckpointStore.__init__(self, config.retain)  # not KafkaCheckpointStore's
-        self.config = config
-        self.topic = config.topic
-        self._consumer = Consumer(config.consumer())
-        self._position: int | None = None
-        self._closed = False
-
-    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
-        raise CheckpointStoreError(
-            f"cannot commit checkpoint {checkpoint.checkpoint_id}: checkpoint topic "
-            f"{self.topic} is open read-only")
-
-    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
-        raise CheckpointStoreError(
-            f"cannot discard checkpoint {checkpoint_id}: checkpoint topic {self.topic} is "
-            "open read-only")
-
-    def _persist_guard(self, application: str, guard_id: str,
-                       floors: tuple[LogFloor, ...]) -> None:
-        raise CheckpointStoreError(
-            f"cannot guard application {application!r}: checkpoint topic {self.topic} is "
-            "open read-only")
-
-    def close(self) -> None:
-        """Close the consumer (idempotent)."""
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                self._consumer.close()
+#: The read-only view of a checkpoint topic the reader plans from (its former name here).
+CheckpointTopicReader = KafkaCheckpointView
 
 
 def existing_topics(options: ReaderOptions) -> set[str]:
@@ -299,7 +257,7 @@ def load_checkpoint(options: ReaderOptions,
             f"checkpoint topic {options.checkpoint_topic!r} does not exist on "
             f"{options.bootstrap_servers} (option checkpoint.topic); topics there: "
             f"{_shown(t for t in found if not t.startswith('__'))}")
-    with CheckpointTopicReader(options.checkpoint_config()) as store:
+    with KafkaCheckpointView(options.checkpoint_config()) as store:
         return select_checkpoint(store, options.application, options.checkpoint_id,
                                  options.checkpoint_topic)
 

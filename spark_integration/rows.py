@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.errors import RecordDecodeError
-from kafka_changelog.state.keyed_backend import load_keyed_state
 from kafka_changelog.state.ops import StateMeta
+from kafka_changelog.state.restore import load_keyed_state
 from kafka_changelog.state.table import StateTable
 
 from .planning import ChangesTask, ReaderOptions, StateTask
@@ -268,7 +268,7 @@ def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
 
     ``ChangesTask``: the changes of its offset slice. ``StateTask``: its key groups'
     snapshot chunks, then the changelog replayed on top (exactly as a restore does,
-    with :func:`~kafka_changelog.state.keyed_backend.load_keyed_state`), as rows.
+    with :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows.
     """
     if isinstance(task, ChangesTask):
         with SliceReader(options.changelog_config()) as reader:

@@ -18,24 +18,17 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from kafka_changelog.change import META_KEY_GROUP
-from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.handle import PartitionRange
 from kafka_changelog.kafka.reader import KafkaChangelogReader
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotView
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.serialization import schemas_dir
-from kafka_changelog.state.kafka_io import OutRecord
 from kafka_changelog.state.ops import StateOp
-from kafka_changelog.state.snapshot_store import (
-    SnapshotStore,
-    SnapshotStoreConfig,
-    _KafkaSource,
-    _RecordSource,
-)
 
 
 @dataclass(frozen=True)
@@ -122,26 +115,8 @@ def _range_of(piece: OffsetSlice) -> KeyGroupRange:
 # -- snapshot chunks ---------------------------------------------------------------------------
 
 
-class ChunkReader(SnapshotStore):
-    """A read-only :class:`SnapshotStore` over Kafka: no topic check, no producer.
-
-    :class:`~kafka_changelog.state.snapshot_store.KafkaSnapshotStore` creates or
-    validates its topic and starts an idempotent producer, which a reader neither
-    needs nor may be allowed to (READ ACLs only). Reading, verification and errors
-    are the store's own.
-    """
-
-    def __init__(self, config: SnapshotStoreConfig) -> None:
-        super().__init__(config.topic, config.partitions, config.max_parallelism,
-                         config.max_chunk_bytes)
-        self.config = config
-
-    def _append(self, records: Sequence[OutRecord], what: str) -> list[int]:
-        raise ChangelogError(
-            f"cannot write {what}: the Spark reader opens snapshot topic {self.topic} read-only")
-
-    def _open_source(self, topic: str) -> _RecordSource:
-        return _KafkaSource(self.config, topic)
+#: The read-only snapshot store the reader uses (kept under its old name).
+ChunkReader = KafkaSnapshotView
 
 
 # -- state-op payloads ---------------------------------------------------------------------------

@@ -37,15 +37,15 @@ import pandas as pd
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
+from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
 from kafka_changelog.keys import NullKeyError
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.state.transactional_commit import TransactionalCommitter
 
 from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink

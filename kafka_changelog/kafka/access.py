@@ -9,7 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from ..errors import KafkaAccessError
-from .errors import describe, is_access_error, principal_of
+from .error_text import describe, is_access_error, principal_of
 
 
 def connect_admin(

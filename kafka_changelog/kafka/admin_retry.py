@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 
 from ..errors import ChangelogError, KafkaAccessError
-from .errors import describe, is_access_error, is_retriable
+from .error_text import describe, is_access_error, is_retriable
 
 T = TypeVar("T")
 K = TypeVar("K")

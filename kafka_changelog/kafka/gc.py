@@ -7,24 +7,11 @@ checkpoint), and calls ``DeleteRecords`` below it; never below anything needed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from collections.abc import Iterable, Mapping
 
 from ..registry import RegistryEntry
-from .admin_retry import admin_futures
 from .handle import KafkaChangelogHandle
 from .writer import KafkaLocation
-
-
-@dataclass(frozen=True)
-class GarbageCollectionResult:
-    """Per partition: the new log start offset after deletion."""
-
-    topic: str
-    deleted_below: dict[int, int]
 
 
 def lowest_needed_offsets(
@@ -45,54 +32,3 @@ def lowest_needed_offsets(
             if r.end_offset > r.start_offset:
                 needed[r.partition] = min(needed[r.partition], r.start_offset)
     return needed
-
-
-def list_offsets(
-    admin: AdminClient, topic: str, partitions: int, spec: OffsetSpec, timeout_s: float
-) -> dict[int, int]:
-    """Offsets of every partition for ``spec`` (earliest or latest).
-
-    Leader changes (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``, a dead
-    leader's connection) are retried with fresh metadata for up to ``timeout_s``.
-    """
-    request = {TopicPartition(topic, p): spec for p in range(partitions)}
-    answers = admin_futures(
-        f"list offsets of {topic} (ListOffsets)",
-        lambda budget: admin.list_offsets(request, request_timeout=budget),
-        timeout_s, refresh=_metadata_refresh(admin, topic),
-        check=lambda tp, info: _no_offset(tp, info.offset))
-    return {tp.partition: int(info.offset) for tp, info in answers.items()}
-
-
-def delete_below(
-    admin: AdminClient, topic: str, offsets: Mapping[int, int], timeout_s: float
-) -> dict[int, int]:
-    """``DeleteRecords`` below each offset; returns each partition's new log start.
-
-    Retrying is safe: deleting below an offset already deleted below changes
-    nothing. Transient errors are retried as in :func:`list_offsets`.
-    """
-    if not offsets:
-        return {}
-    request = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
-    answers = admin_futures(
-        f"delete records of {topic} below offsets {dict(sorted(offsets.items()))} "
-        "(DeleteRecords)",
-        lambda budget: admin.delete_records(request, request_timeout=budget),
-        timeout_s, refresh=_metadata_refresh(admin, topic),
-        check=lambda tp, deleted: _no_offset(tp, deleted.low_watermark))
-    return {tp.partition: int(deleted.low_watermark) for tp, deleted in answers.items()}
-
-
-def _metadata_refresh(admin: AdminClient, topic: str) -> Callable[[], object]:
-    # Asking for the topic's metadata updates the client's cache, so the next
-    # attempt goes to the partition's current leader with its current epoch.
-    return lambda: admin.list_topics(topic=topic, timeout=5.0)
-
-
-def _no_offset(tp: TopicPartition, offset: int) -> str | None:
-    # A request that timed out on a dead leader may come back without an error but
-    # with a negative offset (OFFSET_INVALID, -1001): that is no answer, ask again.
-    if offset < 0:
-        return f"{tp.topic}[{tp.partition}] answered offset {offset} (no offset known)"
-    return None

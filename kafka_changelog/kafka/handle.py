@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..change import StateChange
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange
 
@@ -94,12 +93,6 @@ class KafkaChangelogHandle(ChangelogHandle):
             self._log_id, self.topic, overlap, kept, self.from_sequence_number,
             self.to_sequence_number, self.meta_partition, self._checkpoint_id,
         )
-
-    def changes(self, context: object | None = None) -> Iterator[StateChange]:
-        from .reader import reader_for  # the reader imports this module
-
-        with reader_for(context) as reader:
-            yield from reader.read(self)
 
     def to_spark_offsets(self) -> tuple[str, str]:
         """Spark Kafka source ``startingOffsets`` and ``endingOffsets`` (JSON) of the ranges."""

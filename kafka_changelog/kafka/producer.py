@@ -1,9 +1,12 @@
-"""The one producer a storage shares between all its writers.
+"""The producer wrappers: the changelog's shared producer and the stores' acked producer.
 
-It bounds the bytes produced but not yet acknowledged (appends block, then time
+:class:`SharedProducer` is the one producer a storage shares between all its writers. It
+bounds the bytes produced but not yet acknowledged (appends block, then time
 out, when the broker stops answering), polls delivery reports on its own
 thread, and runs completion callbacks on another, so a writer callback waiting
 for a writer lock never stalls the accounting that frees in-flight bytes.
+:class:`AckedProducer` writes the snapshot and checkpoint stores' records and blocks
+until each one is acknowledged.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from ..errors import BackpressureTimeoutError
+from ..errors import BackpressureTimeoutError, ChangelogError, KafkaAccessError
+from ..state.records import OutRecord
 from .config import KafkaChangelogConfig
-from .errors import delivery_error
+from .error_text import delivery_error, describe, is_access_error
 from .record_format import EncodedRecord
 
 #: Delivery errors that only say "the producer hit a fatal error".
@@ -180,3 +185,102 @@ class SharedProducer:
         return f"SharedProducer(in_flight_bytes={self.in_flight_bytes})"
 
 
+class AckedProducer:
+    """An idempotent ``acks=all`` producer whose :meth:`produce_all` blocks until acknowledged.
+
+    Safe to share between threads: each call waits for its own records only.
+    ``error_type`` is raised (naming topic, partition and ``what``) when a record fails.
+    """
+
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        topic: str,
+        error_type: Callable[[str], ChangelogError],
+        timeout_s: float,
+    ) -> None:
+        self._settings = {**settings, "acks": "all", "enable.idempotence": True}
+        self._topic = topic
+        self._error_type = error_type
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._fatal: KafkaError | None = None
+        self._producer: Producer | None = self._new_producer()
+
+    def _new_producer(self) -> Producer:
+        return Producer({**self._settings, "error_cb": self._on_error})
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error
+
+    def produce_all(self, records: Sequence[OutRecord], what: str) -> list[int]:
+        """Produce ``records`` and wait until every one is acknowledged; their offsets.
+
+        ``what`` names the records in errors ("snapshot chunks of backend b").
+        """
+        with self._lock:
+            if self._producer is None:
+                raise self._error_type(f"cannot produce {what} to {self._topic}: closed")
+            if self._fatal is not None:
+                # A fatal error (e.g. an idempotence sequence error) ends a producer's life.
+                self._producer, self._fatal = self._new_producer(), None
+            producer = self._producer
+        offsets: list[int | None] = [None] * len(records)
+        failures: list[tuple[int, KafkaError]] = []
+        done = threading.Semaphore(0)
+
+        def on_delivery(index: int) -> Callable[[KafkaError | None, Message], None]:
+            def delivered(error: KafkaError | None, message: Message) -> None:
+                if error is not None:
+                    failures.append((index, error))
+                else:
+                    offsets[index] = message.offset()
+                done.release()
+            return delivered
+
+        for index, record in enumerate(records):
+            headers: list[tuple[str, str | bytes | None]] = list(record.headers)
+            while True:
+                try:
+                    producer.produce(
+                        self._topic, value=record.value, key=record.key,
+                        partition=record.partition, headers=headers,
+                        on_delivery=on_delivery(index),
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.05)  # librdkafka's queue is full: let deliveries drain it
+                except KafkaException as exc:
+                    raise self._failure(record.partition, what, exc.args[0]) from exc
+            producer.poll(0)
+        waited = 0
+        deadline = time.monotonic() + self._timeout_s + float(
+            self._settings.get("delivery.timeout.ms", 300_000)) / 1000
+        while waited < len(records):
+            if done.acquire(blocking=False):
+                waited += 1
+                continue
+            if time.monotonic() > deadline:
+                raise self._error_type(
+                    f"{len(records) - waited} of {len(records)} {what} to {self._topic} were "
+                    "neither acknowledged nor failed in time: is the broker reachable?"
+                )
+            producer.poll(0.05)
+        if failures:
+            index, error = min(failures, key=lambda f: f[0])
+            raise self._failure(records[index].partition, what, error)
+        return [o for o in offsets if o is not None]
+
+    def _failure(self, partition: int, what: str, error: KafkaError) -> ChangelogError:
+        message = f"producing {what} to {self._topic}[{partition}] failed: {describe(error)}"
+        if is_access_error(error):
+            return KafkaAccessError(message)
+        return self._error_type(message)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Wait up to ``timeout_s`` for anything still queued, then drop the producer."""
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(timeout_s)

@@ -2,41 +2,27 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
-from types import TracebackType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError
 
 from ..change import META_KEY_GROUP, StateChange
 from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
+from ..reader import StateChangelogReader, wrong_handle
 from .config import KafkaChangelogConfig
-from .errors import describe, is_access_error
+from .consume import consume_range, end_of_partition
+from .error_text import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
+from .offsets import watermarks
 from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
-
-_TRANSIENT = {
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-    KafkaError.REQUEST_TIMED_OUT,
-    # A consumer that has just (re)connected may not know the partition yet.
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-}
 
 #: ``tuple.__new__``: builds a StateChange from decoded, already valid parts.
 _new_change = tuple.__new__
 
-#: Messages fetched per consume call.
-BATCH = 1000
 
-
-class KafkaChangelogReader:
-    """Reads the changes of Kafka handles with one reused consumer."""
+class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
+    """Reads the changes of Kafka handles with one reused consumer (read-only: READ ACLs)."""
 
     def __init__(self, config: KafkaChangelogConfig, timeout_s: float | None = None) -> None:
         self._config = config
@@ -52,6 +38,8 @@ class KafkaChangelogReader:
         partition's log start offset, and :class:`RecordDecodeError` naming the
         offset of a record that cannot be decoded.
         """
+        if not isinstance(handle, KafkaChangelogHandle):
+            raise wrong_handle(self, handle)
         collected: list[tuple[int, int, int, bytes]] = []
         for partition_range in handle.ranges:
             self._read_range(handle, partition_range, collected)
@@ -92,66 +80,41 @@ class KafkaChangelogReader:
         restore). Skips other logs' records, and refuses unknown schemas and undecodable
         values naming the offset.
         """
-        if r.end_offset <= r.start_offset:
-            return
         log_key = log_id.encode()
-        self._consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
-        position = r.start_offset
-        deadline = time.monotonic() + self._timeout
-        try:
-            while position < r.end_offset:
-                # Ask for no more than the range holds, so a full batch returns at once.
-                wanted = min(BATCH, r.end_offset - position)
-                messages = self._consumer.consume(wanted, timeout=0.5)
-                if not messages:
-                    if time.monotonic() > deadline:
-                        raise ChangelogError(
-                            f"timed out reading {topic}[{r.partition}] at offset {position} "
-                            f"(range ends at {r.end_offset})"
-                        )
-                    continue
-                deadline = time.monotonic() + self._timeout
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        position = self._after_error(topic, r, log_id, position, error)
-                        continue
-                    offset = message.offset() or 0
-                    if offset >= r.end_offset:
-                        position = offset
-                        break
-                    position = offset + 1
-                    if message.key() != log_key:
-                        continue
-                    value = message.value() or b""
-                    self.records_read += 1
-                    self.bytes_read += len(value)
-                    try:
-                        headers = message.headers()
-                        check_schema_header(
-                            list(headers.items()) if isinstance(headers, dict) else headers)
-                        found, changes = decode_record_fields(value)
-                    except (UnknownSchemaError, ValueError) as exc:
-                        raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
-                    if found != log_id:
-                        raise RecordDecodeError(
-                            topic, r.partition, offset,
-                            f"record key says log {log_id} but value says {found}",
-                        )
-                    yield offset, changes
-        finally:
-            self._consumer.unassign()
+
+        def on_error(error: KafkaError, position: int) -> int:
+            return self._after_error(topic, r, log_id, position, error)
+
+        for message in consume_range(self._consumer, topic, r.partition, r.start_offset,
+                                     r.end_offset, self._timeout, on_error):
+            if message.key() != log_key:
+                continue
+            offset = message.offset() or 0
+            value = message.value() or b""
+            self.records_read += 1
+            self.bytes_read += len(value)
+            try:
+                headers = message.headers()
+                check_schema_header(
+                    list(headers.items()) if isinstance(headers, dict) else headers)
+                found, changes = decode_record_fields(value)
+            except (UnknownSchemaError, ValueError) as exc:
+                raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
+            if found != log_id:
+                raise RecordDecodeError(
+                    topic, r.partition, offset,
+                    f"record key says log {log_id} but value says {found}",
+                )
+            yield offset, changes
 
     def _after_error(
         self, topic: str, r: PartitionRange, log_id: str, position: int, error: KafkaError
     ) -> int:
-        if error.code() == KafkaError._PARTITION_EOF:
-            # Gaps (transaction markers, compaction) end a range early: trust the position.
-            reached = self._consumer.position([TopicPartition(topic, r.partition)])[0].offset
-            if reached >= r.end_offset:
-                return reached
-            # The end of the log before the end of the range: were records lost?
-            self._check_range(topic, r, log_id)
+        if end_of_partition(error):
+            # Gaps (transaction markers, compaction) end a range early: the position is
+            # the log end. Short of the range's end: were records lost?
+            if position < r.end_offset:
+                self._check_range(topic, r, log_id)
             return position
         if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
             # librdkafka looks up the group coordinator although readers never commit:
@@ -181,57 +144,8 @@ class KafkaChangelogReader:
         return low
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                low, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self._timeout, cached=False)
-                return int(low), int(high)
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if is_access_error(error):
-                    raise KafkaAccessError(
-                        f"reading {topic}[{partition}] failed: {describe(error)}") from exc
-                # Leadership moves (a restarted or resumed broker) are worth waiting out.
-                if not error.retriable() and error.code() not in _TRANSIENT:
-                    raise ChangelogError(
-                        f"cannot read the offsets of {topic}[{partition}]: {describe(error)}"
-                    ) from exc
-                if time.monotonic() > deadline:
-                    raise ChangelogError(
-                        f"cannot read the offsets of {topic}[{partition}] within "
-                        f"{self._timeout:.0f} s: {describe(error)}"
-                    ) from exc
-                time.sleep(0.2)
+        return watermarks(self._consumer, topic, partition, self._timeout)
 
     def close(self) -> None:
         """Close the consumer."""
         self._consumer.close()
-
-    def __enter__(self) -> KafkaChangelogReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-def reader_for(context: object | None) -> AbstractContextManager[KafkaChangelogReader]:
-    """A reader from a read context: a reader, a config, or librdkafka settings."""
-    if isinstance(context, KafkaChangelogReader):
-        return nullcontext(context)
-    if isinstance(context, KafkaChangelogConfig):
-        return KafkaChangelogReader(context)
-    if isinstance(context, dict) and "bootstrap.servers" in context:
-        settings: dict[str, Any] = dict(context)
-        return KafkaChangelogReader(KafkaChangelogConfig(
-            bootstrap_servers=settings.pop("bootstrap.servers"), client_config=settings))
-    raise TypeError(
-        "reading a Kafka handle needs a context: a KafkaChangelogReader, a "
-        "KafkaChangelogConfig, or librdkafka settings with 'bootstrap.servers'; got "
-        f"{type(context).__name__}"
-    )

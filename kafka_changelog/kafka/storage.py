@@ -2,39 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka.admin import OffsetSpec
 
 from ..errors import ChangelogError
+from ..gc_types import GarbageCollectionResult, LogFloor, StillNeeded
+from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange
 from ..registry import ChangelogRegistry
 from ..storage import StateChangelogStorage
 from .access import connect_admin
 from .config import KafkaChangelogConfig
-from .gc import GarbageCollectionResult, delete_below, list_offsets, lowest_needed_offsets
+from .gc import lowest_needed_offsets
 from .handle import KafkaChangelogHandle
+from .offsets import delete_below, list_offsets
 from .producer import SharedProducer
 from .reader import KafkaChangelogReader
 from .topics import TopicInfo, ensure_changelog_topic
 from .writer import KafkaChangelogWriter, KafkaLocation
 
-
-class LogFloor(Protocol):
-    """Where an application may still write (``kafka_changelog.state.checkpoint.LogFloor``)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-
-
-#: What garbage collection must keep: handles to stay readable, and log floors.
-StillNeeded = tuple[Iterable[KafkaChangelogHandle], Iterable[LogFloor]]
+logger = logging.getLogger(__name__)
 
 
 class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
@@ -96,26 +87,19 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
         """A reader for this storage's handles (close it, or use it as a context manager)."""
         return KafkaChangelogReader(self.config)
 
-    def uncommitted_floor(self) -> dict[int, int]:
+    def uncommitted_floors(self) -> list[LogFloor]:
         """Per partition of the topic, the lowest offset this process may still reference
         later: the end of the log, or lower where a live writer holds persisted records.
 
         Read before a checkpoint commit, it bounds everything the application writes
         until its next one (see ``CompletedCheckpoint.log_floors``).
         """
-        timeout = self.config.request_timeout_s
-        name, partitions = self.config.topic, self.topic.partitions
-        high = list_offsets(self._admin, name, partitions, OffsetSpec.latest(), timeout)
-        if not self._producer.wait_for_records_before_now(timeout):
-            raise ChangelogError(
-                f"cannot tell the log floor of {name}: records still unacknowledged after "
-                f"{timeout:.0f} s")
-        needed = lowest_needed_offsets(high, self._registry.live_entries(), (), name)
-        return needed
+        needed = self._needed_by_this_process("tell the log floors of")
+        return [LogFloor(self.config.topic, p, o) for p, o in sorted(needed.items())]
 
     def collect_garbage(
         self,
-        retained: Iterable[KafkaChangelogHandle] | Callable[[], StillNeeded] = (),
+        retained: Iterable[ChangelogHandle] | Callable[[], StillNeeded] = (),
     ) -> GarbageCollectionResult:
         """Delete records below what live writers of this process and ``retained`` need.
 
@@ -123,27 +107,37 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
         returning them with the log floors of every application sharing the topic
         (``(handles, floors)``): it is called after the high watermarks were read, so
         that whatever anyone writes later lies above them. Safe when every writer of
-        the topic outside this process is covered by those handles and floors.
+        the topic outside this process is covered by those handles and floors. Handles
+        of other storages or topics are ignored.
         """
-        timeout = self.config.request_timeout_s
         name, partitions = self.config.topic, self.topic.partitions
-        high = list_offsets(self._admin, name, partitions, OffsetSpec.latest(), timeout)
-        # Records produced before the watermarks were read may be written but not yet
-        # registered: wait for their acknowledgements before looking at the registry.
-        if not self._producer.wait_for_records_before_now(timeout):
-            raise ChangelogError(
-                f"garbage collection of {name} skipped: records still unacknowledged after "
-                f"{timeout:.0f} s"
-            )
+        needed = self._needed_by_this_process("collect garbage of")
         handles, floors = retained() if callable(retained) else (retained, ())
-        needed = lowest_needed_offsets(high, self._registry.live_entries(), handles, name)
+        mine = [h for h in handles if isinstance(h, KafkaChangelogHandle)]
+        needed = lowest_needed_offsets(needed, (), mine, name)
         for floor in floors:
             if floor.topic == name and floor.partition in needed:
                 needed[floor.partition] = min(needed[floor.partition], floor.offset)
+        timeout = self.config.request_timeout_s
         low = list_offsets(self._admin, name, partitions, OffsetSpec.earliest(), timeout)
         to_delete = {p: o for p, o in needed.items() if o > low[p]}
         deleted = delete_below(self._admin, name, to_delete, timeout)
+        for partition, offset in sorted(deleted.items()):
+            logger.info("changelog %s[%d]: deleted records below offset %d", name, partition,
+                        offset)
         return GarbageCollectionResult(name, {**low, **deleted})
+
+    def _needed_by_this_process(self, doing: str) -> dict[int, int]:
+        """Per partition: the high watermark, lowered to what live writers of this process
+        hold. Waits for records produced before the watermarks were read to be
+        acknowledged (and so registered) first."""
+        timeout = self.config.request_timeout_s
+        name, partitions = self.config.topic, self.topic.partitions
+        high = list_offsets(self._admin, name, partitions, OffsetSpec.latest(), timeout)
+        if not self._producer.wait_for_records_before_now(timeout):
+            raise ChangelogError(
+                f"cannot {doing} {name}: records still unacknowledged after {timeout:.0f} s")
+        return lowest_needed_offsets(high, self._registry.live_entries(), (), name)
 
     def close(self) -> None:
         if self._closed:

@@ -187,3 +187,28 @@ def validate(info: TopicInfo, config: KafkaChangelogConfig) -> None:
                 f"records. Set it with: kafka-configs --alter --entity-type topics "
                 f"--entity-name {info.name} --add-config {key}=-1"
             )
+
+
+def check_infinite_retention(info: TopicInfo, purpose: str) -> None:
+    """Refuse a topic whose cleanup policy is not ``compact`` (with nothing deleted by age/size).
+
+    With ``delete`` in the policy as well, ``retention.ms`` and ``retention.bytes``
+    must both be -1, or time/size retention would delete records still referred to.
+    """
+    policy = info.configs.get("cleanup.policy", "delete")
+    policies = {p.strip() for p in policy.split(",")}
+    if "compact" not in policies:
+        raise TopicConfigError(
+            f"{purpose} {info.name} has cleanup.policy={policy}; expected 'compact' (or "
+            "'compact,delete' with infinite retention): records are removed only by "
+            "tombstones, never by age or size"
+        )
+    if "delete" in policies:
+        for key in INFINITE_RETENTION:
+            found = info.configs.get(key)
+            if found != "-1":
+                raise TopicConfigError(
+                    f"{purpose} {info.name} has cleanup.policy={policy} and {key}={found}; "
+                    f"expected {key}=-1, or records still referred to would be deleted "
+                    "by retention"
+                )

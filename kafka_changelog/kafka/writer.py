@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from ..buffering_writer import BufferingChangelogWriter
 from ..change import META_KEY_GROUP
 from ..change_set import ChangeSet
-from ..keygroups import KeyGroupRange
+from ..keygroups import KeyGroupRange, key_groups_of_partition, partition_for_key_group
 from ..registry import ChangelogRegistry
 from ..sequence import SequenceNumber
 from .handle import KafkaChangelogHandle, PartitionRange
-from .partitioning import key_groups_of_partition, partition_for_key_group
 from .producer import DeliveryCallback, SharedProducer
 from .record_format import RawChange, split_into_records
 

@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
+from ..change import StateChange
 from ..change_set import ChangeSet
 from ..keygroups import KeyGroupRange
+from ..reader import StateChangelogReader, wrong_handle
 from ..registry import ChangelogRegistry
 from ..storage import StateChangelogStorage
 from .handle import InMemoryChangelogHandle
 from .writer import InMemoryChangelogWriter
 
-__all__ = ["InMemoryChangelogHandle", "InMemoryChangelogStorage", "InMemoryChangelogWriter"]
+__all__ = [
+    "InMemoryChangelogHandle",
+    "InMemoryChangelogReader",
+    "InMemoryChangelogStorage",
+    "InMemoryChangelogWriter",
+]
+
+
+class InMemoryChangelogReader(StateChangelogReader[InMemoryChangelogHandle]):
+    """Reads in-memory handles (which carry their change sets)."""
+
+    def read(self, handle: InMemoryChangelogHandle) -> Iterator[StateChange]:
+        if not isinstance(handle, InMemoryChangelogHandle):
+            raise wrong_handle(self, handle)
+        for change_set in handle.change_sets:
+            yield from change_set.changes
 
 
 class InMemoryChangelogStorage(StateChangelogStorage[InMemoryChangelogHandle]):
@@ -38,3 +56,7 @@ class InMemoryChangelogStorage(StateChangelogStorage[InMemoryChangelogHandle]):
         return InMemoryChangelogWriter(
             log_id, key_group_range, self._registry, self._threshold
         )
+
+    def reader(self) -> InMemoryChangelogReader:
+        """A reader for this storage's handles."""
+        return InMemoryChangelogReader()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..change import StateChange
@@ -58,10 +58,6 @@ class InMemoryChangelogHandle(ChangelogHandle):
         return InMemoryChangelogHandle(
             self._log_id, overlap, [cs for cs in narrowed if cs.changes], self._checkpoint_id
         )
-
-    def changes(self, context: object | None = None) -> Iterator[StateChange]:
-        for change_set in self._change_sets:
-            yield from change_set.changes
 
     def _to_record(self) -> dict[str, Any]:
         return {

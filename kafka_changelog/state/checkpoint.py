@@ -13,6 +13,7 @@ from typing import Any
 
 from ..avro_binary import AvroDecodeError, read_long, read_string
 from ..errors import HandleFormatError
+from ..gc_types import LogFloor
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange, check_parallelism
 from ..serialization import decode, encode
@@ -94,20 +95,6 @@ class SubtaskState:
                 f"subtask index {self.subtask_index} of operator {self.operator_id!r} is "
                 f"outside [0, {self.parallelism}) (parallelism)"
             )
-
-
-@dataclass(frozen=True, order=True)
-class LogFloor:
-    """The lowest offset of a changelog partition an application may still reference.
-
-    Read when a checkpoint is committed: everything the application writes after
-    that commit (until its next one) lies at or above it, so garbage collection by
-    any application sharing the topic keeps it.
-    """
-
-    topic: str
-    partition: int
-    offset: int
 
 
 @dataclass(frozen=True)
@@ -193,7 +180,6 @@ class CompletedCheckpoint:
                 f"not a serialised checkpoint of format version {version} ({len(data)} "
                 f"bytes): {exc}") from exc
         where = f"checkpoint {record['checkpoint_id']} of application {record['application']!r}"
-        _register_handle_kinds()
         try:
             return CompletedCheckpoint(
                 application=record["application"],
@@ -218,12 +204,6 @@ def _peek_header(data: bytes) -> tuple[str, int]:
         raise CheckpointFormatError(
             f"not a serialised checkpoint ({len(data)} bytes): {exc}") from exc
     return magic, version
-
-
-def _register_handle_kinds() -> None:
-    """Import the built-in storages so their changelog handle kinds can be decoded."""
-    from ..kafka import handle as _kafka_handle  # noqa: F401
-    from ..memory import handle as _memory_handle  # noqa: F401
 
 
 def _subtask_record(subtask: SubtaskState) -> dict[str, Any]:

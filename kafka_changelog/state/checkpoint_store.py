@@ -20,32 +20,23 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
-from ..kafka.access import connect_admin
-from ..kafka.client_settings import KafkaClientSettings
-from ..kafka.errors import describe, is_access_error
-from ..kafka.topics import TopicInfo
+from ..gc_types import LogFloor
 from ..serialization import decode, encode
-from .checkpoint import CompletedCheckpoint, LogFloor
+from .checkpoint import CompletedCheckpoint
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CheckpointOrderError,
     CheckpointStoreError,
 )
-from .kafka_io import (
-    AckedProducer,
-    OutRecord,
-    check_infinite_retention,
-    ensure_topic,
-    watermarks,
-)
+from .records import OutRecord
+
+#: The single partition of a store kept as a log (one ordered log: a checkpoint record
+#: comes before its latest pointer).
+PARTITION = 0
 
 #: The fewest checkpoints retention may keep (the latest and the one before it).
 MIN_RETAIN = 2
@@ -265,139 +256,7 @@ class CheckpointStore(ABC):
             candidates.append(pointer)
         return max(candidates) if candidates else None
 
-    # -- what implementations provide ------------------------------------------------------
-
-    @abstractmethod
-    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
-        """Make the checkpoint and the latest pointer durable (blocking)."""
-
-    @abstractmethod
-    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
-        """Remove the checkpoint durably (blocking)."""
-
-    @abstractmethod
-    def _persist_guard(self, application: str, guard_id: str,
-                       floors: tuple[LogFloor, ...]) -> None:
-        """Make a guard durable (blocking)."""
-
-    def _refresh(self) -> None:  # noqa: B027 - a store that is its own truth has nothing to do
-        """Bring the view up to date with the durable storage."""
-
-
-class InMemoryCheckpointStore(CheckpointStore):
-    """Checkpoints in a dict, for tests: the same rules as the Kafka store."""
-
-    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
-        pass
-
-    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
-        pass
-
-    def _persist_guard(self, application: str, guard_id: str,
-                       floors: tuple[LogFloor, ...]) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class CheckpointStoreConfig(KafkaClientSettings):
-    """How :class:`KafkaCheckpointStore` connects, its topic and its retention.
-
-    Client settings work as in :class:`~kafka_changelog.kafka.KafkaChangelogConfig`;
-    ``topic_overrides`` are extra topic configs used when creating the topic.
-    """
-
-    #: Kafka bootstrap servers, ``host:port[,host:port]``.
-    bootstrap_servers: str
-    #: Checkpoint topic (one partition, ``cleanup.policy=compact``); created if missing.
-    topic: str = "kafka-changelog-checkpoints"
-    #: Checkpoints kept per application (at least 2).
-    retain: int = DEFAULT_RETAIN
-    #: Replication factor to create the topic with (None: the broker's default).
-    replication_factor: int | None = None
-    #: Seconds for admin operations, connecting and reading the topic.
-    request_timeout_s: float = 30.0
-    #: Extra librdkafka settings for every client.
-    client_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the producer only.
-    producer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the consumer only.
-    consumer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the admin client only.
-    admin_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra topic configs when creating the topic.
-    topic_overrides: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._check_bootstrap_servers()
-        check_retain(self.retain)
-
-    def producer(self) -> dict[str, Any]:
-        """Producer settings (``acks=all`` and idempotence enforced)."""
-        return self._producer_settings(0, "lz4", 120_000, MAX_CHECKPOINT_RECORD_BYTES)
-
-    def consumer(self) -> dict[str, Any]:
-        """Settings of the consumer that reads the topic."""
-        return self._reader_settings("kafka-changelog-state-reader")
-
-    def topic_configs(self) -> dict[str, str]:
-        """Configs the topic is created with."""
-        return {
-            "cleanup.policy": "compact",
-            "max.message.bytes": str(MAX_CHECKPOINT_RECORD_BYTES + 64 * 1024),
-            **self.topic_overrides,
-        }
-
-
-def validate_checkpoint_topic(info: TopicInfo, config: CheckpointStoreConfig) -> None:
-    """Refuse a checkpoint topic that is not compacted or not single-partition."""
-    check_infinite_retention(info, "checkpoint topic")
-    if info.partitions != 1:
-        raise TopicConfigError(
-            f"checkpoint topic {info.name} has {info.partitions} partitions; expected exactly "
-            "1 (one ordered log: a checkpoint record before its latest pointer)"
-        )
-    wanted = config.replication_factor
-    if wanted is not None and info.replication_factor < wanted:
-        raise TopicConfigError(
-            f"checkpoint topic {info.name} has replication factor {info.replication_factor}; "
-            f"expected at least {wanted}"
-        )
-
-
-class KafkaCheckpointStore(CheckpointStore):
-    """Checkpoints in a compacted single-partition Kafka topic (created or validated).
-
-    Its view is read from the topic: from the log start up to the high watermark
-    on first use, then from where it stopped before every operation, so commits
-    of other instances are seen too.
-    """
-
-    PARTITION = 0
-
-    def __init__(self, config: CheckpointStoreConfig) -> None:
-        super().__init__(config.retain)
-        self.config = config
-        self.topic = config.topic
-        admin, _ = connect_admin(config.admin(), config.request_timeout_s)
-        info = ensure_topic(admin, config.topic, 1, config.replication_factor,
-                            config.topic_configs(), config.request_timeout_s,
-                            "checkpoint topic")
-        validate_checkpoint_topic(info, config)
-        #: The topic as found (or created).
-        self.topic_info = info
-        self._producer = AckedProducer(config.producer(), config.topic, CheckpointStoreError,
-                                       config.request_timeout_s)
-        self._consumer = Consumer(config.consumer())
-        self._position: int | None = None
-        self._closed = False
-        try:
-            with self._lock:
-                self._refresh()
-        except BaseException:
-            self.close()
-            raise
-
-    # -- writes ------------------------------------------------------------------------------
+    # -- the records of a store kept as a log ---------------------------------------------
 
     def commit_records(self, checkpoint: CompletedCheckpoint) -> list[OutRecord]:
         """The records (to :attr:`topic`) that make ``checkpoint`` complete once durable:
@@ -409,101 +268,32 @@ class KafkaCheckpointStore(CheckpointStore):
         with self._lock:
             guards = sorted(self._guards.get(application, {}))
         return [
-            OutRecord(self.PARTITION, checkpoint_key(application, checkpoint_id).encode(),
+            OutRecord(PARTITION, checkpoint_key(application, checkpoint_id).encode(),
                       checkpoint.to_bytes(),
                       [(HEADER_SCHEMA, CHECKPOINT_SCHEMA_HEADER.encode())]),
-            OutRecord(self.PARTITION, latest_key(application).encode(), pointer,
+            OutRecord(PARTITION, latest_key(application).encode(), pointer,
                       [(HEADER_SCHEMA, POINTER_SCHEMA_HEADER.encode())]),
-            *(OutRecord(self.PARTITION, guard_key(application, g).encode(), None, [])
+            *(OutRecord(PARTITION, guard_key(application, g).encode(), None, [])
               for g in guards),
         ]
 
-    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
-        self._check_open()
-        self._written(self._producer.produce_all(
-            self.commit_records(checkpoint),
-            f"checkpoint {checkpoint.checkpoint_id} of application {checkpoint.application!r}"))
+    def discard_records(self, application: str, checkpoint_id: int) -> list[OutRecord]:
+        """The record that removes a checkpoint: its tombstone."""
+        return [OutRecord(PARTITION, checkpoint_key(application, checkpoint_id).encode(), None,
+                          [])]
 
-    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
-        self._check_open()
-        self._written(self._producer.produce_all(
-            [OutRecord(self.PARTITION, checkpoint_key(application, checkpoint_id).encode(),
-                       None, [])],
-            f"tombstone of checkpoint {checkpoint_id} of application {application!r}",
-        ))
-
-    def _persist_guard(self, application: str, guard_id: str,
-                       floors: tuple[LogFloor, ...]) -> None:
-        self._check_open()
+    def guard_records(self, application: str, guard_id: str,
+                      floors: tuple[LogFloor, ...]) -> list[OutRecord]:
+        """The record of a guard (see :meth:`guard`)."""
         value = encode(GUARD_SCHEMA, {
             "application": application, "timestamp_ms": int(time.time() * 1000),
             "floors": [{"topic": f.topic, "partition": f.partition, "offset": f.offset}
                        for f in floors]})
-        self._written(self._producer.produce_all(
-            [OutRecord(self.PARTITION, guard_key(application, guard_id).encode(), value,
-                       [(HEADER_SCHEMA, GUARD_SCHEMA_HEADER.encode())])],
-            f"changelog guard of application {application!r}"))
+        return [OutRecord(PARTITION, guard_key(application, guard_id).encode(), value,
+                          [(HEADER_SCHEMA, GUARD_SCHEMA_HEADER.encode())])]
 
-    def _written(self, offsets: list[int]) -> None:
-        # The caller applies its own records to the view; skip re-reading them unless
-        # another writer's records came first (then the next refresh reads them all).
-        if offsets and offsets[0] == self._position and offsets == list(
-            range(offsets[0], offsets[0] + len(offsets))
-        ):
-            self._position = offsets[-1] + 1
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ChangelogError(f"checkpoint store of topic {self.topic} is closed")
-
-    # -- reading the view --------------------------------------------------------------------
-
-    def _refresh(self) -> None:
-        self._check_open()
-        timeout = self.config.request_timeout_s
-        low, high = watermarks(self._consumer, self.topic, self.PARTITION, timeout)
-        if self._position is None or self._position < low:
-            # First read, or the log was truncated under us: rebuild from the log start.
-            self._checkpoints.clear()
-            self._pointers.clear()
-            self._guards.clear()
-            self._position = low
-        if self._position >= high:
-            return
-        self._consumer.assign([TopicPartition(self.topic, self.PARTITION, self._position)])
-        deadline = time.monotonic() + timeout
-        try:
-            while self._position < high:
-                messages = self._consumer.consume(500, timeout=0.2)
-                if not messages and time.monotonic() > deadline:
-                    raise CheckpointStoreError(
-                        f"timed out reading checkpoint topic {self.topic}[{self.PARTITION}] "
-                        f"at offset {self._position} (high watermark {high})"
-                    )
-                if messages:
-                    deadline = time.monotonic() + timeout
-                for message in messages:
-                    error = message.error()
-                    offset = message.offset() or 0
-                    if error is None:
-                        if offset >= self._position:
-                            self._apply(offset, message.key(), message.value())
-                            self._position = offset + 1
-                        continue
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        # Compaction leaves gaps: the end of the log is where we are.
-                        self._position = max(self._position, offset)
-                    elif error.code() != KafkaError.GROUP_AUTHORIZATION_FAILED:
-                        cls = KafkaAccessError if is_access_error(error) else CheckpointStoreError
-                        raise cls(
-                            f"reading checkpoint topic {self.topic}[{self.PARTITION}] at offset "
-                            f"{self._position} failed: {describe(error)}"
-                        )
-        finally:
-            self._consumer.unassign()
-
-    def _apply(self, offset: int, key_bytes: bytes | None, value: bytes | None) -> None:
-        where = f"checkpoint topic {self.topic}[{self.PARTITION}]@{offset}"
+    def apply_record(self, key_bytes: bytes | None, value: bytes | None, where: str) -> None:
+        """Apply one record of the store's log (``where`` names it in errors) to the view."""
         key = (key_bytes or b"").decode(errors="replace")
         if key.endswith(_LATEST_SUFFIX):
             application = key[: -len(_LATEST_SUFFIX)]
@@ -558,11 +348,34 @@ class KafkaCheckpointStore(CheckpointStore):
         self._guards.setdefault(application, {})[guard_id] = tuple(
             LogFloor(f["topic"], f["partition"], f["offset"]) for f in record["floors"])
 
-    def close(self) -> None:
-        """Release the producer and consumer (idempotent)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._producer.close(self.config.request_timeout_s)
-            self._consumer.close()
+    # -- what implementations provide ------------------------------------------------------
+
+    @abstractmethod
+    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
+        """Make the checkpoint and the latest pointer durable (blocking)."""
+
+    @abstractmethod
+    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
+        """Remove the checkpoint durably (blocking)."""
+
+    @abstractmethod
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        """Make a guard durable (blocking)."""
+
+    def _refresh(self) -> None:  # noqa: B027 - a store that is its own truth has nothing to do
+        """Bring the view up to date with the durable storage."""
+
+
+class InMemoryCheckpointStore(CheckpointStore):
+    """Checkpoints in a dict, for tests: the same rules as the Kafka store."""
+
+    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
+        pass
+
+    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
+        pass
+
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        pass

@@ -26,16 +26,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gc_types import LogFloor
 from ..handle import ChangelogHandle
-from ..kafka.handle import KafkaChangelogHandle
 from ..keygroups import KeyGroupRange
+from ..reader import StateChangelogReader
 from ..storage import StateChangelogStorage
-from .checkpoint import CompletedCheckpoint, KeyedStateHandle, LogFloor, SubtaskState
+from .checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
 from .materializer import MaterializationConfig
 from .operator_state import OperatorStateBackend, redistribute
+from .restore import restore_backend
 from .snapshot import ChunkRef
 from .snapshot_store import SnapshotStore
 
@@ -102,30 +104,17 @@ class CheckpointCoordinator:
 
         Read before the commit, so everything written after it lies above. When the
         storage cannot tell right now, the latest checkpoint's floors (lower, so safe)
-        stand in; with none, offset 0 keeps everything.
+        stand in; without a latest checkpoint the error fails the commit.
         """
-        if getattr(self.storage, "uncommitted_floor", None) is None:
-            return ()
         try:
-            return self._read_floors()
-        except Exception as exc:  # a lower floor is always safe
+            return tuple(self.storage.uncommitted_floors())
+        except Exception as exc:
             latest = self.checkpoints.latest(self.application)
-            fallback = latest.log_floors if latest is not None else tuple(
-                LogFloor(t, p, 0) for t, p in self._changelog_partitions())
+            if latest is None:
+                raise
             logger.warning("application %s: cannot read the changelog end offsets (%s); "
                            "recording the previous log floors instead", self.application, exc)
-            return fallback
-
-    def _read_floors(self) -> tuple[LogFloor, ...]:
-        topic = self.storage.topic.name  # type: ignore[attr-defined]
-        offsets = self.storage.uncommitted_floor()  # type: ignore[attr-defined]
-        return tuple(LogFloor(topic, p, o) for p, o in sorted(offsets.items()))
-
-    def _changelog_partitions(self) -> list[tuple[str, int]]:
-        topic = getattr(self.storage, "topic", None)
-        if topic is None:
-            return []
-        return [(topic.name, p) for p in range(topic.partitions)]
+            return latest.log_floors
 
     def retained(self) -> list[CompletedCheckpoint]:
         """Checkpoints retention keeps (newest last)."""
@@ -168,17 +157,17 @@ class CheckpointCoordinator:
         if report.discarded_checkpoints:
             logger.info("application %s: discarded checkpoints %s and %d snapshot chunks",
                         self.application, report.discarded_checkpoints, report.deleted_chunks)
-        collect = getattr(self.storage, "collect_garbage", None)
-        if self.changelog_gc and collect is not None:
-            report.changelog_log_start = dict(collect(self._still_needed).deleted_below)
+        if self.changelog_gc:
+            result = self.storage.collect_garbage(self._still_needed)
+            if result is not None:
+                report.changelog_log_start = dict(result.deleted_below)
 
-    def _still_needed(self) -> tuple[list[KafkaChangelogHandle], list[LogFloor]]:
+    def _still_needed(self) -> tuple[list[ChangelogHandle], list[LogFloor]]:
         """What no application sharing the checkpoint topic may lose: the changelog
         handles of every stored checkpoint and every application's log floors. The
         storage asks only after reading its high watermarks (so nothing written later
         is missed)."""
-        handles = [h for cp in self.checkpoints.all_checkpoints() for h in _changelog_handles(cp)
-                   if isinstance(h, KafkaChangelogHandle)]
+        handles = [h for cp in self.checkpoints.all_checkpoints() for h in _changelog_handles(cp)]
         return handles, self.checkpoints.log_floors()
 
     # -- restore -------------------------------------------------------------------------
@@ -194,12 +183,17 @@ class CheckpointCoordinator:
         operator_id: str,
         key_group_range: KeyGroupRange,
         checkpoint: CompletedCheckpoint | None,
-        read_context: object | None = None,
+        reader: StateChangelogReader[Any] | object | None = None,
         materialization: MaterializationConfig | None = None,
         local_recovery: LocalRecoveryStore | None = None,
     ) -> ChangelogKeyedStateBackend:
         """A keyed backend for ``key_group_range`` with the operator's state at ``checkpoint``
-        (whatever parallelism wrote it), or an empty one when ``checkpoint`` is None."""
+        (whatever parallelism wrote it), or an empty one when ``checkpoint`` is None.
+
+        ``reader`` reads the changelog (default: a reader of the coordinator's storage).
+        Anything else passed there (a client config, as before 0.2) is ignored: the
+        storage knows how to read its handles.
+        """
         handles: list[KeyedStateHandle] = []
         if checkpoint is not None:
             handles = [s.keyed for s in checkpoint.subtasks_of(operator_id)
@@ -210,9 +204,10 @@ class CheckpointCoordinator:
             return ChangelogKeyedStateBackend(
                 self.storage, self.snapshots, operator_id, key_group_range,
                 self.max_parallelism, materialization, local_recovery=local_recovery)
-        return ChangelogKeyedStateBackend.restore(
+        return restore_backend(
             self.storage, self.snapshots, operator_id, key_group_range, self.max_parallelism,
-            handles, read_context, materialization, local_recovery)
+            handles, reader if isinstance(reader, StateChangelogReader) else None,
+            materialization, local_recovery)
 
     def guard_first_writes(self) -> None:
         """Before the application's first checkpoint, record where it starts writing.
@@ -221,11 +216,11 @@ class CheckpointCoordinator:
         commits a checkpoint (whose log floors take over). Nothing happens once the
         application has a checkpoint or when the storage keeps no offsets.
         """
-        if getattr(self.storage, "uncommitted_floor", None) is None or (
-            self.checkpoints.checkpoint_ids(self.application)
-        ):
+        if self.checkpoints.checkpoint_ids(self.application):
             return
-        self.checkpoints.guard(self.application, self._read_floors())
+        floors = self.storage.uncommitted_floors()
+        if floors:
+            self.checkpoints.guard(self.application, floors)
 
     def restore_operator_state(
         self, operator_id: str, subtask_index: int, parallelism: int,

@@ -8,12 +8,11 @@ of unchanged ones) and truncates the log, so restore costs O(state + tail).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -452,53 +451,23 @@ class ChangelogKeyedStateBackend:
 
     # -- restore -----------------------------------------------------------------------------
 
-    @classmethod
-    def restore(
-        cls,
-        storage: StateChangelogStorage[Any],
-        snapshot_store: SnapshotStore,
-        operator_id: str,
-        key_group_range: KeyGroupRange,
-        max_parallelism: int,
-        handles: Sequence[KeyedStateHandle],
-        read_context: object | None = None,
-        materialization: MaterializationConfig | None = None,
-        local_recovery: LocalRecoveryStore | None = None,
-    ) -> ChangelogKeyedStateBackend:
-        """A backend for ``key_group_range`` with the state of ``handles`` (any old ranges).
+    def adopt_base(self, base: KeyedStateHandle, replayed: set[int]) -> None:
+        """Continue from ``base`` (restored into :attr:`table`): its snapshot and log are
+        this backend's base; ``replayed`` are the key groups its log changed, which the
+        next materialization must write (it drops the base log)."""
+        self._log_all_metas()
+        self.materialization_id = base.materialization_id
+        self.snapshot_handle = base.snapshot
+        self._base_changelog = tuple(base.changelog)
+        self._changed = set(replayed)
+        self._handed_out_upto = base.materialization_id  # a checkpoint refers to it
+        self._hold_base()
 
-        Reads each handle's snapshot chunks, then replays its changelog in order.
-        Restoring exactly one handle of the same range adopts its base (no rewrite);
-        otherwise (rescaling) the restored state is materialized at once under a new
-        backend id, so later checkpoints need nothing of the old ones.
-        """
-        narrowed = [n for h in handles if (n := h.intersection(key_group_range)) is not None]
-        # Adopt only an untouched base: one old subtask with exactly this range (the
-        # other old subtasks' ranges do not overlap it).
-        adopt = len(narrowed) == 1 and narrowed[0].key_group_range == key_group_range and any(
-            h.key_group_range == key_group_range for h in handles)
-        backend = cls(storage, snapshot_store, operator_id, key_group_range, max_parallelism,
-                      materialization, narrowed[0].backend_id if adopt else None,
-                      local_recovery)
-        replayed: set[int] = set()
-        for handle in narrowed:
-            replayed |= load_keyed_state(backend.table, handle, key_group_range,
-                                         snapshot_store, read_context, local_recovery)
-        backend._log_all_metas()
-        if adopt:
-            base = narrowed[0]
-            backend.materialization_id = base.materialization_id
-            backend.snapshot_handle = base.snapshot
-            backend._base_changelog = tuple(base.changelog)
-            # What the base log changed is not in the base snapshot: the next
-            # materialization must write it (it drops the base log).
-            backend._changed = replayed
-            backend._handed_out_upto = base.materialization_id  # a checkpoint refers to it
-            backend._hold_base()
-        else:
-            backend._changed = set(backend.table.groups)
-            backend.materialize_now()
-        return backend
+    def materialize_restored(self) -> None:
+        """Make the state restored into :attr:`table` this backend's own base, at once."""
+        self._log_all_metas()
+        self._changed = set(self.table.groups)
+        self.materialize_now()
 
     def close(self) -> None:
         """Stop the timer and the writer; unpersisted changes are dropped, and snapshot
@@ -522,48 +491,3 @@ class ChangelogKeyedStateBackend:
             except OSError as exc:
                 logger.warning("task-local files of backend %s at close: %s",
                                self.backend_id, exc)
-
-
-def load_keyed_state(
-    table: StateTable,
-    handle: KeyedStateHandle,
-    key_group_range: KeyGroupRange,
-    snapshot_store: SnapshotStore,
-    read_context: object | None = None,
-    local: LocalRecoveryStore | None = None,
-) -> set[int]:
-    """Snapshot chunks first, then the changelog in order, into ``table``.
-
-    Valid task-local copies are used first; anything else comes from the stores.
-    Returns the key groups the changelog changed.
-    """
-    snapshot = handle.snapshot
-    if snapshot is not None and local is not None:
-        remote = set()
-        for key_group in snapshot.key_groups:
-            if key_group_range.contains(key_group):
-                data = local.get_key_group(snapshot.backend_id, snapshot.chunks_of(key_group))
-                if data is None:
-                    remote.add(key_group)
-                else:
-                    table.load_group(key_group, data)
-        snapshot = dataclasses.replace(
-            snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in remote))
-    if snapshot is not None and snapshot.chunks:
-        for key_group, data in snapshot_store.read(snapshot, key_group_range):
-            table.load_group(key_group, data)
-    changed: set[int] = set()
-    for changelog in handle.changelog:
-        changes = local.get_changes(changelog) if local is not None else None
-        for change in changes if changes is not None else changelog.changes(read_context):
-            if change.is_meta:
-                table.register(StateMeta.from_bytes(change.payload))
-            elif key_group_range.contains(change.key_group):
-                table.apply(change.key_group, StateOp.from_bytes(change.payload))
-                changed.add(change.key_group)
-    return changed
-
-
-def union_of(ranges: Iterable[KeyGroupRange]) -> set[int]:
-    """All key groups of ``ranges``."""
-    return {kg for r in ranges for kg in r}

@@ -1,15 +1,17 @@
-"""User-facing keyed state objects, scoped to the backend's current key."""
+"""User-facing keyed state objects, scoped to the current key of a :class:`KeyContext`.
+
+State objects read the working copy and log every change through the context (the
+keyed backend is one); they know nothing else of it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
 from .ops import OpKind, StateOp
-
-if TYPE_CHECKING:
-    from .keyed_backend import ChangelogKeyedStateBackend
+from .table import StateTable
 
 V = TypeVar("V")
 K = TypeVar("K")
@@ -21,8 +23,25 @@ _LIST_ADD, _LIST_REPLACE = OpKind.LIST_ADD, OpKind.LIST_REPLACE
 _MAP_PUT, _MAP_REMOVE = OpKind.MAP_PUT, OpKind.MAP_REMOVE
 
 
+class KeyContext(Protocol):
+    """The current key, the working copy, and the change log a state object works on."""
+
+    @property
+    def table(self) -> StateTable:
+        """The working copy (read)."""
+        ...
+
+    def current(self) -> tuple[int, bytes]:
+        """(key group, key) of the current key."""
+        ...
+
+    def mutate(self, key_group: int, op: StateOp) -> None:
+        """Apply ``op`` to the working copy and log it."""
+        ...
+
+
 class _KeyedState:
-    def __init__(self, backend: ChangelogKeyedStateBackend, descriptor: StateDescriptor) -> None:
+    def __init__(self, backend: KeyContext, descriptor: StateDescriptor) -> None:
         self._backend = backend
         self._descriptor = descriptor
         self._name = descriptor.name
@@ -89,7 +108,7 @@ class ListState(_KeyedState, Generic[V]):
 class MapState(_KeyedState, Generic[K, V]):
     """A map per key."""
 
-    def __init__(self, backend: ChangelogKeyedStateBackend, descriptor: StateDescriptor) -> None:
+    def __init__(self, backend: KeyContext, descriptor: StateDescriptor) -> None:
         super().__init__(backend, descriptor)
         assert descriptor.map_key_serializer is not None
         self._keys = descriptor.map_key_serializer

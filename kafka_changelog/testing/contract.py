@@ -43,11 +43,16 @@ class ChangelogStorageContract:
     def storage(self) -> Iterator[StateChangelogStorage[Any]]:
         raise NotImplementedError("a contract subclass must provide the storage fixture")
 
+    @pytest.fixture(autouse=True)
+    def _remember_storage(self, storage: StateChangelogStorage[Any]) -> None:
+        self._storage = storage
+
     # -- hooks ---------------------------------------------------------------------
 
     def read(self, handle: ChangelogHandle) -> list[StateChange]:
-        """All changes of ``handle`` in order (override to pass a read context)."""
-        return list(handle.changes())
+        """All changes of ``handle`` in order, through the storage's reader."""
+        with self._storage.reader() as reader:
+            return list(reader.read(handle))
 
     def persist(
         self, writer: StateChangelogWriter[Any], from_sqn: SequenceNumber, checkpoint_id: int = 1

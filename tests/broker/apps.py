@@ -6,11 +6,11 @@ import random
 from typing import Any
 
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from tests.state.state_helpers import (
     MAX_P,
     apply_event,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from kafka_changelog.kafka import KafkaChangelogConfig
+from kafka_changelog import StateChange
+from kafka_changelog.handle import ChangelogHandle
+from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogReader
 
 
 def storage_config(cluster: Any, **overrides: Any) -> KafkaChangelogConfig:
@@ -20,3 +22,10 @@ def storage_config(cluster: Any, **overrides: Any) -> KafkaChangelogConfig:
     }
     fields.update(overrides)
     return KafkaChangelogConfig(**fields)
+
+
+def changes_of(handle: ChangelogHandle | None, config: KafkaChangelogConfig) -> list[StateChange]:
+    """The changes of a Kafka handle, read with a reader of ``config``'s cluster."""
+    assert handle is not None
+    with KafkaChangelogReader(config) as reader:
+        return list(reader.read(handle))

@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kafka_changelog.errors import TopicConfigError
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.state.checkpoint import (
@@ -19,11 +20,7 @@ from kafka_changelog.state.checkpoint import (
     OperatorStateHandle,
     SubtaskState,
 )
-from kafka_changelog.state.checkpoint_store import (
-    CheckpointStoreConfig,
-    KafkaCheckpointStore,
-    checkpoint_key,
-)
+from kafka_changelog.state.checkpoint_store import checkpoint_key
 from kafka_changelog.state.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,

@@ -13,10 +13,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka import KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.state.snapshot import ChunkRef
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore
 from tests.broker.apps import App
 
 pytestmark = pytest.mark.broker

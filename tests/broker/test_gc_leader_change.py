@@ -16,7 +16,7 @@ from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage
 from kafka_changelog.kafka.gc import GarbageCollectionResult
 from kafka_changelog.testing.broker import LocalKafkaCluster
 
-from .kafka_helpers import storage_config
+from .kafka_helpers import changes_of, storage_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.three_nodes]
 
@@ -67,7 +67,7 @@ def test_gc_survives_a_leader_kill_and_keeps_what_is_retained(
                 assert all(result.deleted_below[p] <= needed[p] for p in needed), result
             # Once leadership settled the collection did its job.
             assert results[-1].deleted_below == needed
-            assert list(retained.changes(config)) == expected
+            assert changes_of(retained, config) == expected
     finally:
         if victim is not None:
             kafka_cluster_3.restart_node(victim)

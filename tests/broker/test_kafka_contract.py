@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog import ChangelogHandle, StateChange
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.testing.contract import ChangelogStorageContract
 
@@ -31,6 +30,3 @@ class TestKafkaStorageContract(ChangelogStorageContract):
         )
         with KafkaChangelogStorage(self.config) as storage:
             yield storage
-
-    def read(self, handle: ChangelogHandle) -> list[StateChange]:
-        return list(handle.changes(self.config))

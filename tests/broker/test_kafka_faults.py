@@ -11,7 +11,7 @@ from kafka_changelog import BackpressureTimeoutError, KeyGroupRange, PersistErro
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.testing.broker import LocalKafkaCluster
 
-from .kafka_helpers import storage_config
+from .kafka_helpers import changes_of, storage_config
 
 pytestmark = pytest.mark.broker
 
@@ -44,7 +44,7 @@ def test_persist_fails_with_the_cause_and_a_later_persist_retries(
         finally:
             pausable_cluster.resume_node(0)
         handle = writer.persist(writer.initial_sequence_number(), 3).result(60).job_owned
-        assert [c.payload for c in handle.changes(config)] == [b"before", b"during"]
+        assert [c.payload for c in changes_of(handle, config)] == [b"before", b"during"]
 
 
 def test_appends_block_then_time_out_with_bounded_memory(
@@ -75,4 +75,4 @@ def test_appends_block_then_time_out_with_bounded_memory(
             pausable_cluster.resume_node(0)
         handle = writer.persist(writer.initial_sequence_number(), 1).result(60).job_owned
         # Nothing appended is lost, including the change whose append timed out.
-        assert [c.payload for c in handle.changes(config)] == appended
+        assert [c.payload for c in changes_of(handle, config)] == appended

@@ -9,7 +9,7 @@ import pytest
 from kafka_changelog import ChangelogTruncatedError, KeyGroupRange, SequenceNumber, StateChange
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage, KafkaChangelogWriter
 
-from .kafka_helpers import storage_config
+from .kafka_helpers import changes_of, storage_config
 
 pytestmark = pytest.mark.broker
 
@@ -27,7 +27,7 @@ def persist_set(
 
 
 def payloads(handle: KafkaChangelogHandle, config: Any) -> list[bytes]:
-    return [c.payload for c in handle.changes(config)]
+    return [c.payload for c in changes_of(handle, config)]
 
 
 def test_gc_deletes_exactly_what_nobody_needs(kafka_cluster: Any) -> None:
@@ -58,7 +58,7 @@ def test_gc_deletes_exactly_what_nobody_needs(kafka_cluster: Any) -> None:
 
         two.truncate(two.next_sequence_number())  # now only checkpoint 3 (one/2 at 4) holds
         assert storage.collect_garbage().deleted_below == {0: 4, 1: 4}
-        assert list(sets["one"][2][1].changes(config)) == [
+        assert changes_of(sets["one"][2][1], config) == [
             StateChange(kg, b"one2-%d" % kg) for kg in range(4)]
         with pytest.raises(ChangelogTruncatedError):
             payloads(sets["two"][1][1], config)  # offset 3: gone

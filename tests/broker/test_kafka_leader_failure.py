@@ -11,7 +11,7 @@ import pytest
 from kafka_changelog import KeyGroupRange, StateChange
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage
 
-from .kafka_helpers import storage_config
+from .kafka_helpers import changes_of, storage_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.three_nodes]
 
@@ -52,4 +52,4 @@ def test_completed_persists_restore_exactly_after_leader_kill(kafka_cluster_3: A
         assert killed is not None
         kafka_cluster_3.restart_node(killed)
         for checkpoint, handle, count in completed:
-            assert list(handle.changes(config)) == expected[:count], f"checkpoint {checkpoint}"
+            assert changes_of(handle, config) == expected[:count], f"checkpoint {checkpoint}"

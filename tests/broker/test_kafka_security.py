@@ -10,10 +10,11 @@ import pytest
 
 from kafka_changelog import KafkaAccessError, KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.transactional_commit import TransactionalCommitter
 from kafka_changelog.testing.pytest_plugin import SECURE_USERS
+from tests.broker.kafka_helpers import changes_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.security]
 
@@ -69,7 +70,7 @@ def test_missing_write_acl_fails_the_persist_with_the_topic_named(
         # Granting WRITE makes the retried persist go through.
         secure_kafka_cluster.grant("alice", "TOPIC", topic, ["WRITE"])
         handle = writer.persist(writer.initial_sequence_number(), 2).result(30).job_owned
-        assert [c.payload for c in handle.changes(config)] == [b"x"]
+        assert [c.payload for c in changes_of(handle, config)] == [b"x"]
 
 
 def test_missing_read_acl_fails_the_restore_with_the_topic_named(
@@ -84,7 +85,7 @@ def test_missing_read_acl_fails_the_restore_with_the_topic_named(
         handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
     started = time.monotonic()
     with pytest.raises(KafkaAccessError) as caught:
-        list(handle.changes(config))
+        changes_of(handle, config)
     assert time.monotonic() - started < 15
     assert f"{topic}[" in str(caught.value)
     assert "AUTHORIZATION_FAILED" in str(caught.value)

@@ -21,10 +21,10 @@ from kafka_changelog import (
 )
 from kafka_changelog.errors import ChangelogError, RecordDecodeError, TopicConfigError
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage, PartitionRange
-from kafka_changelog.kafka.partitioning import key_groups_of_partition, partition_for_key_group
 from kafka_changelog.kafka.record_format import encode_value
+from kafka_changelog.keygroups import key_groups_of_partition, partition_for_key_group
 
-from .kafka_helpers import storage_config
+from .kafka_helpers import changes_of, storage_config
 
 pytestmark = pytest.mark.broker
 
@@ -72,7 +72,7 @@ def test_many_changes_share_few_records_and_persist_never_resends(kafka_cluster:
         assert high_watermarks(storage) == marks
         assert isinstance(first, KafkaChangelogHandle) and isinstance(again, KafkaChangelogHandle)
         assert again.ranges == first.ranges
-        changes = list(again.changes(config))
+        changes = changes_of(again, config)
         assert [c.payload for c in changes] == [b"%06d" % i for i in range(5000)]
 
 
@@ -87,7 +87,7 @@ def test_records_are_split_below_the_size_bound(kafka_cluster: Any) -> None:
         handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
         marks = high_watermarks(storage)
         assert marks[0] >= 10  # ~4 changes of 1 KB per 4 KB record
-        assert [c.payload for c in handle.changes(config)] == payloads
+        assert [c.payload for c in changes_of(handle, config)] == payloads
 
 
 def test_preemptive_persistence_produces_before_the_checkpoint(kafka_cluster: Any) -> None:
@@ -104,7 +104,7 @@ def test_preemptive_persistence_produces_before_the_checkpoint(kafka_cluster: An
         writer.append(1, b"last")
         handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
         assert high_watermarks(storage)[0] == before_persist + 1
-        assert [c.payload for c in handle.changes(config)] == [b"p" * 1000] * 30 + [b"last"]
+        assert [c.payload for c in changes_of(handle, config)] == [b"p" * 1000] * 30 + [b"last"]
 
 
 def test_key_groups_map_to_partitions_in_contiguous_blocks() -> None:
@@ -130,7 +130,7 @@ def test_rescaled_reader_reads_only_overlapping_partitions(kafka_cluster: Any) -
     assert isinstance(narrowed, KafkaChangelogHandle)
     # Key groups 40..50 live in partition 1; meta lives with key group 0 in partition 0.
     assert sorted(r.partition for r in narrowed.ranges) == [0, 1]
-    assert list(narrowed.changes(config)) == [StateChange.meta(b"meta")] + [
+    assert changes_of(narrowed, config) == [StateChange.meta(b"meta")] + [
         StateChange(kg, b"kg%d" % kg) for kg in range(40, 51)]
 
 
@@ -165,7 +165,7 @@ def test_truncated_log_is_an_error_never_a_shorter_state(kafka_cluster: Any) -> 
         for future in deleted.values():
             future.result(30)
         with pytest.raises(ChangelogTruncatedError) as caught:
-            list(handle.changes(config))
+            changes_of(handle, config)
     assert (caught.value.topic, caught.value.partition) == (config.topic, 0)
     assert (caught.value.needed_offset, caught.value.log_start_offset) == (0, 1)
     assert f"{config.topic}[0]" in str(caught.value)
@@ -198,7 +198,7 @@ def test_bad_records_are_named_by_offset(
         "log-x", config.topic, KeyGroupRange.of(0, 127),
         [PartitionRange(0, offset, offset + 1, KeyGroupRange.of(0, 127), len(value))], 0, 0)
     with pytest.raises(RecordDecodeError) as caught:
-        list(handle.changes(config))
+        changes_of(handle, config)
     assert caught.value.offset == offset
     assert f"{config.topic}[0]@{offset}" in str(caught.value)
     assert message in str(caught.value)
@@ -237,7 +237,7 @@ def test_kcat_replays_records_that_decode_with_the_schema_file_alone(
             decoded += [(c["sequence_number"], c["index"], c["key_group"], c["payload"])
                         for c in record["changes"]]
     restored = [StateChange(kg, payload) for _, _, kg, payload in sorted(decoded)]
-    assert restored == list(handle.changes(config))
+    assert restored == changes_of(handle, config)
     assert restored[0] == StateChange.meta(b"\x00meta")
     assert len(restored) == 21
     assert all(cmd.startswith("kcat -C -b ") for cmd in handle.kcat_commands(
@@ -270,4 +270,4 @@ def test_a_range_past_the_log_end_says_records_were_lost(
     with pytest.raises(ChangelogError, match=(
             rf"^changelog {config.topic}\[0\] ends at offset 1 but log log-y needs records up "
             rf"to offset {end - 1}: records were lost")):
-        list(handle.changes(config))
+        changes_of(handle, config)

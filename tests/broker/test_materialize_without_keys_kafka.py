@@ -21,4 +21,4 @@ def job(kafka_cluster: Any) -> Iterator[Job]:
 
 
 def test_a_subtask_without_keys_still_materializes_on_kafka(job: Job) -> None:
-    checkpoints_without_keys(job.storage, job.snapshots, job.changelog)
+    checkpoints_without_keys(job.storage, job.snapshots)

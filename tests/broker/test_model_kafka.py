@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.testing.broker import LocalKafkaCluster
 from tests.state.model_machine import CheckpointMachine, Environment, FailingSnapshots, fresh_totals
 
@@ -74,7 +74,7 @@ def kafka_environment() -> Environment:
         snapshots.close()
         checkpoints.close()
 
-    return Environment(coordinator, wrapped, changelog, close)
+    return Environment(coordinator, wrapped, close)
 
 
 class KafkaMachine(CheckpointMachine):

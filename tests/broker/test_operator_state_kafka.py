@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.operator_state import OperatorStateBackend
 from kafka_changelog.state.serializers import JSON

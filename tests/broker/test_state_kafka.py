@@ -13,11 +13,11 @@ from confluent_kafka.admin import AdminClient
 
 from kafka_changelog import ChangelogTruncatedError, KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.errors import SnapshotMissingError
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from tests.state.state_helpers import (
     MAX_P,
     apply_event,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from kafka_changelog.kafka import KafkaChangelogStorage
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.testing.broker import LocalKafkaCluster
 
 from .kafka_helpers import storage_config

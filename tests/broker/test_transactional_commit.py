@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, OperatorStateHandle, SubtaskState
-from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.errors import CheckpointOrderError
-from kafka_changelog.state.transactional_commit import (
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.transactional_commit import (
     OutputRecord,
     TransactionalCommitter,
     TransactionFencedError,
 )
+from kafka_changelog.state.checkpoint import CompletedCheckpoint, OperatorStateHandle, SubtaskState
+from kafka_changelog.state.errors import CheckpointOrderError
 
 pytestmark = pytest.mark.broker
 
@@ -98,8 +98,8 @@ def test_a_failing_step_aborts_its_outputs(kafka_cluster: Any, make_topic: Any) 
 
 CRASHING_CHILD = textwrap.dedent("""
     import os, signal, sys
-    from kafka_changelog.state.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-    from kafka_changelog.state.transactional_commit import OutputRecord, TransactionalCommitter
+    from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+    from kafka_changelog.kafka.transactional_commit import OutputRecord, TransactionalCommitter
     from tests.broker.test_transactional_commit import checkpoint, outputs
     bootstrap, topic, out, tid = sys.argv[1:5]
     store = KafkaCheckpointStore(CheckpointStoreConfig(bootstrap_servers=bootstrap, topic=topic))

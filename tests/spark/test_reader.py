@@ -29,8 +29,8 @@ from kafka_changelog import (
     RecordDecodeError,
 )
 from kafka_changelog.kafka import KafkaChangelogConfig
-from kafka_changelog.kafka.partitioning import partition_for_key_group
 from kafka_changelog.kafka.record_format import EncodedRecord, decode_record, encode_record
+from kafka_changelog.keygroups import partition_for_key_group
 from kafka_changelog.state.checkpoint import SubtaskState
 from kafka_changelog.state.ops import OpKind, StateOp
 from kafka_changelog.state.serializers import INT64, JSON
@@ -44,6 +44,7 @@ from spark_integration.datasource import (
 from spark_integration.planning import parse_options, plan_changes, plan_read
 from spark_integration.rows import CHANGES_SCHEMA, META_OP, STATE_SCHEMA
 from spark_integration.scan import OffsetSlice, SliceReader
+from tests.broker.kafka_helpers import changes_of
 from tests.broker.test_state_kafka import USERS, Job
 from tests.state.state_helpers import MAX_P, apply_event
 
@@ -150,7 +151,7 @@ def expected_changes(job: Job, checkpoint_id: int | None) -> Counter[tuple[Any, 
     for subtask in checkpoint.subtasks_of("op"):
         assert subtask.keyed is not None
         for handle in subtask.keyed.changelog:
-            for change in handle.changes(job.changelog):
+            for change in changes_of(handle, job.changelog):
                 found[(subtask.subtask_index, change.key_group, change.payload)] += 1
     return found
 

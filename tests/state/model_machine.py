@@ -54,7 +54,6 @@ class Environment:
 
     coordinator: CheckpointCoordinator
     snapshots: FailingSnapshots
-    read_context: object | None
     close: Callable[[], None]
 
 
@@ -85,8 +84,9 @@ class CheckpointMachine(RuleBasedStateMachine):
         checkpoint = coordinator.checkpoint()
         self.parallelism = parallelism
         self.backends = [
-            coordinator.restore_keyed(OPERATOR, r, checkpoint, self.env.read_context,
-                                      MaterializationConfig(None, 0, max_failures_allowed=5))
+            coordinator.restore_keyed(
+                OPERATOR, r, checkpoint,
+                materialization=MaterializationConfig(None, 0, max_failures_allowed=5))
             for r in ranges(parallelism)
         ]
         for backend in self.backends:

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange
+from kafka_changelog.reader import StateChangelogReader
 from kafka_changelog.state.checkpoint import KeyedStateHandle
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
+from kafka_changelog.state.restore import restore_backend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore, SnapshotStore
 
 from .state_helpers import MAX_P, apply_event, expected_for, model_apply, read_user
@@ -35,9 +37,9 @@ def storage() -> Iterator[InMemoryChangelogStorage]:
         yield storage
 
 
-def data_changes(handle: KeyedStateHandle, read_context: object | None) -> int:
+def data_changes(handle: KeyedStateHandle, reader: StateChangelogReader[Any]) -> int:
     """Changes of the handle's changelog tail that are not registrations."""
-    return sum(not c.is_meta for h in handle.changelog for c in h.changes(read_context))
+    return sum(not c.is_meta for h in handle.changelog for c in reader.read(h))
 
 
 def checkpoint_without_keys(backend: ChangelogKeyedStateBackend, checkpoint_id: int
@@ -58,23 +60,22 @@ def checkpoint_without_keys(backend: ChangelogKeyedStateBackend, checkpoint_id: 
 
 
 def assert_materialized_and_bounded(
-    handles: list[KeyedStateHandle], read_context: object | None, before: int
+    handles: list[KeyedStateHandle], reader: StateChangelogReader[Any], before: int
 ) -> None:
     """The first keyless checkpoint still has the tail; from the second on it is gone."""
-    assert data_changes(handles[0], read_context) > 0
+    assert data_changes(handles[0], reader) > 0
     materialized = handles[1].materialization_id
     assert materialized > before and materialized > 0
     for handle in handles[1:]:
         assert handle.snapshot is not None
         assert handle.materialization_id == materialized  # nothing changed: not redone
         assert len(handle.changelog) == 1
-        changes = list(handle.changelog[0].changes(read_context))
+        changes = list(reader.read(handle.changelog[0]))
         assert len(changes) == REGISTERED_STATES and all(c.is_meta for c in changes)
 
 
 def checkpoints_without_keys(
-    storage: Any, store: SnapshotStore, read_context: object | None = None
-) -> None:
+    storage: Any, store: SnapshotStore) -> None:
     """Keys for three checkpoints, then none for 30; the tail must be materialized away."""
     rng = random.Random(17)
     model: dict[bytes, Any] = {}
@@ -94,10 +95,11 @@ def checkpoints_without_keys(
     for _ in range(30):
         checkpoint_id += 1
         handles.append(checkpoint_without_keys(backend, checkpoint_id))
-    assert_materialized_and_bounded(handles, read_context, handle.materialization_id)
+    with storage.reader() as reader:
+        assert_materialized_and_bounded(handles, reader, handle.materialization_id)
     backend.close()
-    restored = ChangelogKeyedStateBackend.restore(
-        storage, store, "op", ALL, MAX_P, [handles[-1]], read_context)
+    restored = restore_backend(
+        storage, store, "op", ALL, MAX_P, [handles[-1]])
     assert {u: read_user(restored, u) for u in USERS} == expected_for(model, USERS)
     restored.close()
 
@@ -120,13 +122,13 @@ def test_a_restored_subtask_that_only_snapshots_materializes_its_adopted_log(
         model_apply(model, user, page, amount)
     base = first.snapshot(1).result(10)
     first.close()
-    assert base.snapshot is None and data_changes(base, None) > 0
-    restored = ChangelogKeyedStateBackend.restore(
+    assert base.snapshot is None and data_changes(base, storage.reader()) > 0
+    restored = restore_backend(
         storage, store, "op", ALL, MAX_P, [base], materialization=FAST)
     assert restored.backend_id == base.backend_id  # adopted: nothing written at restore
     handles = [checkpoint_without_keys(restored, i) for i in range(2, 32)]
-    assert_materialized_and_bounded(handles, None, base.materialization_id)
+    assert_materialized_and_bounded(handles, storage.reader(), base.materialization_id)
     restored.close()
-    again = ChangelogKeyedStateBackend.restore(storage, store, "op", ALL, MAX_P, [handles[-1]])
+    again = restore_backend(storage, store, "op", ALL, MAX_P, [handles[-1]])
     assert {u: read_user(again, u) for u in USERS} == expected_for(model, USERS)
     again.close()

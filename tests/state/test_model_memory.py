@@ -20,7 +20,7 @@ def memory_environment() -> Environment:
     coordinator = CheckpointCoordinator(
         "model-app", InMemoryCheckpointStore(retain=2), snapshots,  # type: ignore[arg-type]
         storage)
-    return Environment(coordinator, snapshots, None, storage.close)
+    return Environment(coordinator, snapshots, storage.close)
 
 
 class MemoryMachine(CheckpointMachine):

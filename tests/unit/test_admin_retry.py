@@ -23,7 +23,7 @@ from kafka_changelog.kafka.admin_retry import (
     backoff_delays,
     retry_call,
 )
-from kafka_changelog.kafka.errors import is_retriable
+from kafka_changelog.kafka.error_text import is_retriable
 
 
 def failing(code: int, **flags: bool) -> KafkaException:

@@ -53,4 +53,5 @@ def test_preemptive_persistence_hands_changes_over_before_persist() -> None:
         writer.append(0, b"tail")
         result = writer.persist(writer.initial_sequence_number(), 1).result()
         assert result.job_owned is not None
-        assert [c.payload for c in result.job_owned.changes()] == [b"x" * 10] * 10 + [b"tail"]
+        assert [c.payload for c in storage.reader().read(result.job_owned)] == \
+            [b"x" * 10] * 10 + [b"tail"]

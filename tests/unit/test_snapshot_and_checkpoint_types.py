@@ -37,11 +37,7 @@ from kafka_changelog.state.errors import (
     SnapshotMissingError,
 )
 from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle, chunk_key
-from kafka_changelog.state.snapshot_store import (
-    InMemorySnapshotStore,
-    StoredRecord,
-    split_chunks,
-)
+from kafka_changelog.state.snapshot_store import InMemorySnapshotStore, StoredRecord, split_chunks
 
 R = KeyGroupRange.of
 

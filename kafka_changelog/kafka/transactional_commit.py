@@ -23,10 +23,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..errors import KafkaAccessError
-from ..kafka.errors import describe, is_access_error
-from .checkpoint import CompletedCheckpoint
+from ..state.checkpoint import CompletedCheckpoint
+from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
-from .errors import CheckpointStoreError
+from .error_text import describe, is_access_error
 
 
 class TransactionAbortedError(CheckpointStoreError):

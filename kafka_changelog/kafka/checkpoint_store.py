@@ -1,0 +1,234 @@
+"""The checkpoint store in a compacted, single-partition Kafka topic.
+
+The records and the view built from them are ``kafka_changelog.state.checkpoint_store``'s
+(layout in ``docs/snapshots-and-checkpoints.md``); this module reads and writes them.
+:class:`KafkaCheckpointView` only reads (the Spark reader and the command line use it);
+:class:`KafkaCheckpointStore` also creates the topic and writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError
+
+from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
+from ..gc_types import LogFloor
+from ..state.checkpoint import CompletedCheckpoint
+from ..state.checkpoint_store import (
+    DEFAULT_RETAIN,
+    MAX_CHECKPOINT_RECORD_BYTES,
+    PARTITION,
+    CheckpointStore,
+    check_retain,
+)
+from ..state.errors import CheckpointStoreError
+from .access import connect_admin
+from .client_settings import KafkaClientSettings
+from .consume import consume_range, end_of_partition
+from .error_text import describe, is_access_error
+from .offsets import watermarks
+from .producer import AckedProducer
+from .topics import TopicInfo, check_infinite_retention, ensure_topic
+
+
+@dataclass(frozen=True)
+class CheckpointStoreConfig(KafkaClientSettings):
+    """How :class:`KafkaCheckpointStore` connects, its topic and its retention.
+
+    Client settings work as in :class:`~kafka_changelog.kafka.KafkaChangelogConfig`;
+    ``topic_overrides`` are extra topic configs used when creating the topic.
+    """
+
+    #: Kafka bootstrap servers, ``host:port[,host:port]``.
+    bootstrap_servers: str
+    #: Checkpoint topic (one partition, ``cleanup.policy=compact``); created if missing.
+    topic: str = "kafka-changelog-checkpoints"
+    #: Checkpoints kept per application (at least 2).
+    retain: int = DEFAULT_RETAIN
+    #: Replication factor to create the topic with (None: the broker's default).
+    replication_factor: int | None = None
+    #: Seconds for admin operations, connecting and reading the topic.
+    request_timeout_s: float = 30.0
+    #: Extra librdkafka settings for every client.
+    client_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for the producer only.
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for the consumer only.
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for the admin client only.
+    admin_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra topic configs when creating the topic.
+    topic_overrides: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._check_bootstrap_servers()
+        check_retain(self.retain)
+
+    def producer(self) -> dict[str, Any]:
+        """Producer settings (``acks=all`` and idempotence enforced)."""
+        return self._producer_settings(0, "lz4", 120_000, MAX_CHECKPOINT_RECORD_BYTES)
+
+    def consumer(self) -> dict[str, Any]:
+        """Settings of the consumer that reads the topic."""
+        return self._reader_settings("kafka-changelog-state-reader")
+
+    def topic_configs(self) -> dict[str, str]:
+        """Configs the topic is created with."""
+        return {
+            "cleanup.policy": "compact",
+            "max.message.bytes": str(MAX_CHECKPOINT_RECORD_BYTES + 64 * 1024),
+            **self.topic_overrides,
+        }
+
+
+def validate_checkpoint_topic(info: TopicInfo, config: CheckpointStoreConfig) -> None:
+    """Refuse a checkpoint topic that is not compacted or not single-partition."""
+    check_infinite_retention(info, "checkpoint topic")
+    if info.partitions != 1:
+        raise TopicConfigError(
+            f"checkpoint topic {info.name} has {info.partitions} partitions; expected exactly "
+            "1 (one ordered log: a checkpoint record before its latest pointer)"
+        )
+    wanted = config.replication_factor
+    if wanted is not None and info.replication_factor < wanted:
+        raise TopicConfigError(
+            f"checkpoint topic {info.name} has replication factor {info.replication_factor}; "
+            f"expected at least {wanted}"
+        )
+
+
+class KafkaCheckpointView(CheckpointStore):
+    """A read-only view of a checkpoint topic: what the store wrote, as the store sees it.
+
+    Needs READ and DESCRIBE on the topic only: it creates no topic and no producer.
+    Its view is read from the topic, from the log start up to the high watermark on
+    first use, then from where it stopped before every operation, so commits of
+    other instances are seen too. Writing raises :class:`CheckpointStoreError`.
+    """
+
+    PARTITION = PARTITION
+
+    def __init__(self, config: CheckpointStoreConfig) -> None:
+        super().__init__(config.retain)
+        self.config = config
+        self.topic = config.topic
+        self._consumer = Consumer(config.consumer())
+        self._position: int | None = None
+        self._closed = False
+
+    def _read_only(self, doing: str) -> CheckpointStoreError:
+        return CheckpointStoreError(
+            f"cannot {doing}: checkpoint topic {self.topic} is open read-only")
+
+    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
+        raise self._read_only(f"commit checkpoint {checkpoint.checkpoint_id}")
+
+    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
+        raise self._read_only(f"discard checkpoint {checkpoint_id}")
+
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        raise self._read_only(f"guard application {application!r}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChangelogError(f"checkpoint store of topic {self.topic} is closed")
+
+    # -- reading the view --------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        self._check_open()
+        timeout = self.config.request_timeout_s
+        low, high = watermarks(self._consumer, self.topic, self.PARTITION, timeout)
+        if self._position is None or self._position < low:
+            # First read, or the log was truncated under us: rebuild from the log start.
+            self._checkpoints.clear()
+            self._pointers.clear()
+            self._guards.clear()
+            self._position = low
+        where = f"checkpoint topic {self.topic}[{self.PARTITION}]"
+        for message in consume_range(self._consumer, self.topic, self.PARTITION,
+                                     self._position, high, timeout, self._on_read_error):
+            offset = message.offset() or 0
+            self.apply_record(message.key(), message.value(), f"{where}@{offset}")
+            self._position = offset + 1
+        # Compaction leaves gaps up to the end: the view is at the high watermark.
+        self._position = max(self._position, high)
+
+    def _on_read_error(self, error: KafkaError, position: int) -> int:
+        if end_of_partition(error) or error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            return position  # the log's end; a group lookup readers do not need
+        cls = KafkaAccessError if is_access_error(error) else CheckpointStoreError
+        raise cls(f"reading checkpoint topic {self.topic}[{self.PARTITION}] at offset "
+                  f"{position} failed: {describe(error)}")
+
+    def close(self) -> None:
+        """Close the consumer (idempotent)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._consumer.close()
+
+
+class KafkaCheckpointStore(KafkaCheckpointView):
+    """Checkpoints in a compacted single-partition Kafka topic (created or validated).
+
+    The view is :class:`KafkaCheckpointView`'s; writes go through an idempotent
+    producer and block until acknowledged.
+    """
+
+    def __init__(self, config: CheckpointStoreConfig) -> None:
+        admin, _ = connect_admin(config.admin(), config.request_timeout_s)
+        info = ensure_topic(admin, config.topic, 1, config.replication_factor,
+                            config.topic_configs(), config.request_timeout_s,
+                            "checkpoint topic")
+        validate_checkpoint_topic(info, config)
+        super().__init__(config)
+        #: The topic as found (or created).
+        self.topic_info = info
+        self._producer = AckedProducer(config.producer(), config.topic, CheckpointStoreError,
+                                       config.request_timeout_s)
+        try:
+            with self._lock:
+                self._refresh()
+        except BaseException:
+            self.close()
+            raise
+
+    def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
+        self._check_open()
+        self._written(self._producer.produce_all(
+            self.commit_records(checkpoint),
+            f"checkpoint {checkpoint.checkpoint_id} of application {checkpoint.application!r}"))
+
+    def _persist_discard(self, application: str, checkpoint_id: int) -> None:
+        self._check_open()
+        self._written(self._producer.produce_all(
+            self.discard_records(application, checkpoint_id),
+            f"tombstone of checkpoint {checkpoint_id} of application {application!r}"))
+
+    def _persist_guard(self, application: str, guard_id: str,
+                       floors: tuple[LogFloor, ...]) -> None:
+        self._check_open()
+        self._written(self._producer.produce_all(
+            self.guard_records(application, guard_id, floors),
+            f"changelog guard of application {application!r}"))
+
+    def _written(self, offsets: list[int]) -> None:
+        # The caller applies its own records to the view; skip re-reading them unless
+        # another writer's records came first (then the next refresh reads them all).
+        if offsets and offsets[0] == self._position and offsets == list(
+            range(offsets[0], offsets[0] + len(offsets))
+        ):
+            self._position = offsets[-1] + 1
+
+    def close(self) -> None:
+        """Release the producer and consumer (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._producer.close(self.config.request_timeout_s)
+            self._consumer.close()

@@ -1,0 +1,73 @@
+"""The one loop that reads a range of offsets of one partition.
+
+The changelog reader and the checkpoint store read ranges ``[start, end)`` of a
+partition with an assigned consumer (no group, no commits). Offsets may have gaps
+(transaction markers, compaction): a range is done when the position reaches its
+end. What an error means is the caller's (``on_error``): it returns the position to
+go on from, or raises.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from ..errors import ChangelogError
+
+#: Messages fetched per consume call at most.
+BATCH = 1000
+
+#: ``on_error(error, position) -> position``: what a consumer error means to the caller.
+ErrorHandler = Callable[[KafkaError, int], int]
+
+
+def end_of_partition(error: KafkaError) -> bool:
+    """True for the event that says the consumer reached the end of the log."""
+    return error.code() == KafkaError._PARTITION_EOF
+
+
+def consume_range(
+    consumer: Consumer, topic: str, partition: int, start: int, end: int, timeout_s: float,
+    on_error: ErrorHandler,
+) -> Iterator[Message]:
+    """The messages of ``topic[partition]`` at offsets ``start <= offset < end``, in order.
+
+    Waits up to ``timeout_s`` for each next message (a stalled broker is an error
+    naming the position). A partition-end event moves the position to the log end;
+    every other error goes to ``on_error``. The consumer is unassigned afterwards.
+    """
+    if end <= start:
+        return
+    consumer.assign([TopicPartition(topic, partition, start)])
+    position = start
+    deadline = time.monotonic() + timeout_s
+    try:
+        while position < end:
+            # Ask for no more than the range holds, so a full batch returns at once.
+            messages = consumer.consume(min(BATCH, end - position), timeout=0.5)
+            if not messages:
+                if time.monotonic() > deadline:
+                    raise ChangelogError(
+                        f"timed out reading {topic}[{partition}] at offset {position} "
+                        f"(range ends at {end})")
+                continue
+            deadline = time.monotonic() + timeout_s
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if end_of_partition(error):
+                        position = max(position, message.offset() or 0)
+                    position = on_error(error, position)
+                    continue
+                offset = message.offset() or 0
+                if offset < position:
+                    continue  # prefetched before the assignment
+                if offset >= end:
+                    position = offset
+                    break
+                position = offset + 1
+                yield message
+    finally:
+        consumer.unassign()

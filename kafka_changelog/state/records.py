@@ -1,0 +1,35 @@
+"""Records as the stores write and read them, independent of any client library."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+
+class OutRecord(NamedTuple):
+    """A record to produce: ``value=None`` is a tombstone."""
+
+    partition: int
+    key: bytes
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+class StoredRecord(NamedTuple):
+    """A record as found at an offset: key, value (None: tombstone) and headers."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+class RecordSource(ABC):
+    """Fetches single records of one topic by (partition, offset)."""
+
+    @abstractmethod
+    def fetch(self, partition: int, offset: int) -> StoredRecord | str:
+        """The record at ``offset``, or a description of what is there instead."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the source holds."""
