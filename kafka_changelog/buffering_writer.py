@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Generic, TypeVar
 
-from .change import StateChange
+from .change import StateChange, new_unchecked
 from .change_set import ChangeSet
 from .errors import (
     KeyGroupOutOfRangeError,
@@ -32,8 +32,6 @@ from .writer import SnapshotResult, StateChangelogWriter
 H = TypeVar("H")
 L = TypeVar("L")
 
-#: ``tuple.__new__``: builds a StateChange from checked parts without re-checking them.
-_new_change = tuple.__new__
 
 
 class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
@@ -108,7 +106,7 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             raise WriterClosedError(self._log_id, "append")
         if type(payload) is not bytes:
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
-        self._active.append(_new_change(StateChange, (key_group, payload)))
+        self._active.append(new_unchecked(StateChange, (key_group, payload)))
         self._active_bytes += len(payload)
         if self._threshold is not None and (
             self._active_bytes + self._pending_bytes >= self._threshold

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kafka_changelog.change import META_KEY_GROUP
+from kafka_changelog.change import META_KEY_GROUP, new_unchecked
 from kafka_changelog.kafka.handle import PartitionRange
 from kafka_changelog.kafka.reader import KafkaChangelogReader
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotView
@@ -73,8 +73,6 @@ class ScannedChange(NamedTuple):
     payload: bytes
 
 
-#: ``tuple.__new__``: builds a ScannedChange from decoded, already valid parts.
-_new_scanned = tuple.__new__
 
 
 class SliceReader(KafkaChangelogReader):
@@ -103,7 +101,7 @@ class SliceReader(KafkaChangelogReader):
                 if first_sqn <= sqn <= last_sqn and (
                     key_group == META_KEY_GROUP or lowest <= key_group <= highest
                 ):
-                    yield _new_scanned(ScannedChange, (
+                    yield new_unchecked(ScannedChange, (
                         offset, sqn, c["index"], key_group, c["payload"]))
 
 def _range_of(piece: OffsetSlice) -> KeyGroupRange:

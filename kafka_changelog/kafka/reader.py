@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError
 
-from ..change import META_KEY_GROUP, StateChange
+from ..change import META_KEY_GROUP, StateChange, new_unchecked
 from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
 from ..reader import StateChangelogReader, wrong_handle
 from .config import KafkaChangelogConfig
@@ -16,9 +16,6 @@ from .error_text import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
 from .offsets import watermarks
 from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
-
-#: ``tuple.__new__``: builds a StateChange from decoded, already valid parts.
-_new_change = tuple.__new__
 
 
 class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
@@ -50,7 +47,7 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         for sqn, position, key_group, payload in collected:
             if (sqn, position) != previous:
                 previous = (sqn, position)
-                yield _new_change(StateChange, (key_group, payload))
+                yield new_unchecked(StateChange, (key_group, payload))
 
     def _read_range(
         self,

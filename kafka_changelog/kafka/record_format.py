@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import fastavro
 
@@ -34,19 +34,6 @@ CHANGE_OVERHEAD_BYTES = 30
 
 #: (sequence number, index in its change set, key group, payload): a change on the wire.
 RawChange = tuple[int, int, int, bytes]
-
-
-class LoggedChange(NamedTuple):
-    """A change as stored: its change set, its position there, key group and payload."""
-
-    sequence_number: int
-    position: int
-    key_group: int
-    payload: bytes
-
-    @property
-    def is_meta(self) -> bool:
-        return self.key_group == META_KEY_GROUP
 
 
 @dataclass(frozen=True)
@@ -141,17 +128,8 @@ def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None
     raise UnknownSchemaError(f"record has no {HEADER_SCHEMA} header")
 
 
-def decode_record(value: bytes) -> tuple[str, list[LoggedChange]]:
-    """The log id and changes of a record value; raises ``ValueError`` if malformed."""
-    log_id, changes = decode_record_fields(value)
-    return log_id, [
-        LoggedChange(c["sequence_number"], c["index"], c["key_group"], c["payload"])
-        for c in changes
-    ]
-
-
 def decode_record_fields(value: bytes) -> tuple[str, list[dict[str, Any]]]:
-    """Like :func:`decode_record` with the changes as Avro field dicts (the restore path)."""
+    """The log id and changes (Avro field dicts) of a record value; ``ValueError`` if malformed."""
     buffer = io.BytesIO(value)
     try:
         record = fastavro.schemaless_reader(buffer, load_schema(SCHEMA_NAME), None)

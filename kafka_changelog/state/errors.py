@@ -133,3 +133,15 @@ class CheckpointOrderError(CheckpointStoreError, ValueError):
 
 class CheckpointFormatError(CheckpointStoreError, ValueError):
     """Serialised checkpoint bytes (or a checkpoint-topic record) could not be decoded."""
+
+
+class StateMismatchError(ChangelogError, ValueError):
+    """A state was registered (or restored) with another kind or serializer."""
+
+
+class NoCurrentKeyError(ChangelogError, RuntimeError):
+    """Keyed state was used before ``set_current_key``."""
+
+
+class MaterializationFailedError(ChangelogError):
+    """Materialization failed more often in a row than allowed."""

@@ -13,8 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import Any
 
 from ..change import StateChange
@@ -25,8 +24,9 @@ from ..storage import StateChangelogStorage
 from ..writer import SnapshotResult, StateChangelogWriter
 from .checkpoint import KeyedStateHandle
 from .descriptors import StateDescriptor, StateKind
-from .errors_state import MaterializationFailedError, NoCurrentKeyError
+from .errors import NoCurrentKeyError
 from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
+from .materialization import MaterializationManager, MaterializationStats
 from .materializer import MaterializationConfig, PeriodicMaterializer
 from .ops import StateMeta, StateOp
 from .snapshot import ChunkRef, SnapshotHandle
@@ -49,24 +49,6 @@ _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.REDUCING: ReducingState,
     StateKind.AGGREGATING: AggregatingState,
 }
-
-
-@dataclass
-class _InFlight:
-    future: Future[SnapshotHandle]
-    materialization_id: int
-    upto: SequenceNumber
-    changed: set[int]
-    journal_cut: int
-
-
-@dataclass(frozen=True)
-class MaterializationStats:
-    """Counters of a backend's materializations."""
-
-    completed: int
-    failed_in_a_row: int
-    skipped: int
 
 
 class ChangelogKeyedStateBackend:
@@ -100,8 +82,8 @@ class ChangelogKeyedStateBackend:
         self._writer: StateChangelogWriter[Any] = storage.create_writer(
             operator_id, key_group_range)
         self.backend_id = backend_id or f"{operator_id}-{uuid.uuid4().hex[:12]}"
-        self._config = materialization or MaterializationConfig(interval_s=None)
-        self._timer = PeriodicMaterializer(self._config)
+        self._materialization = MaterializationManager(
+            materialization or MaterializationConfig(interval_s=None), self.backend_id)
         self._descriptors: dict[str, StateDescriptor] = {}
         self._current: tuple[int, bytes] | None = None
         # The materialized base: snapshot, where the log continues, and (after a restore
@@ -115,12 +97,6 @@ class ChangelogKeyedStateBackend:
         # nobody's and the backend tombstones them itself.
         self._handed_out_upto = 0
         self._changed: set[int] = set()
-        self._in_flight: _InFlight | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kafka-changelog-materialize")
-        self._failures_in_a_row = 0
-        self._failure: MaterializationFailedError | None = None
-        self._completed = 0
-        self._skipped = 0
         self._checkpoints: dict[int, tuple[SequenceNumber, SequenceNumber]] = {}
         self._lock = threading.Lock()
         # Local recovery keeps a journal of what was logged since the materialization:
@@ -222,8 +198,7 @@ class ChangelogKeyedStateBackend:
         applied at a later snapshot), so its checkpoints' changelog tail stays bounded.
         """
         self.poll_materialization()
-        if self._failure is not None:
-            raise self._failure
+        self._materialization.check()
         self._act_on_timer()
         upto = self._materialized_upto
         persisted = self._writer.persist(upto, checkpoint_id)
@@ -302,27 +277,27 @@ class ChangelogKeyedStateBackend:
 
     def _act_on_timer(self) -> None:
         # The timer only marks materialization as due; the operator thread starts it.
-        if self._timer.due.is_set():
-            self._timer.due.clear()
+        if self._materialization.take_due():
             self.materialize()
 
     @property
     def materializer(self) -> PeriodicMaterializer:
         """The materialization timer (its ``due`` event is set when one is due)."""
-        return self._timer
+        return self._materialization.timer
 
     @property
     def materialization_in_flight(self) -> Future[SnapshotHandle] | None:
         """The materialization started but not yet applied (None when there is none)."""
-        return self._in_flight.future if self._in_flight is not None else None
+        running = self._materialization.running
+        return running.future if running is not None else None
 
     def materialize(self) -> Future[SnapshotHandle] | None:
         """Start a materialization; None when one is in flight or nothing changed."""
         self.poll_materialization()
-        if self._in_flight is not None:
+        if self._materialization.running is not None:
             return None
         if not self._changed:
-            self._skipped += 1
+            self._materialization.skipped()
             return None
         upto = self._writer.next_sequence_number()
         journal_cut = len(self._journal)
@@ -342,9 +317,9 @@ class ChangelogKeyedStateBackend:
             self._local.retain(self._local_owner, MATERIALIZING, {
                 self._local.snapshot_file(self.backend_id, kg, materialization_id)
                 for kg in states}, replace=True)
-        future = self._executor.submit(
-            self._write_snapshot, materialization_id, states, reused, upto.value)
-        self._in_flight = _InFlight(future, materialization_id, upto, changed, journal_cut)
+        future = self._materialization.start(
+            materialization_id, upto, changed, journal_cut,
+            lambda: self._write_snapshot(materialization_id, states, reused, upto.value))
         self._changed = set()
         return future
 
@@ -366,9 +341,7 @@ class ChangelogKeyedStateBackend:
 
     def materialize_now(self, timeout: float = 120.0) -> SnapshotHandle | None:
         """Materialize and wait until the result is applied (tests, shutdown, restore)."""
-        future = self.materialize()
-        if future is None and self._in_flight is not None:
-            future = self._in_flight.future
+        future = self.materialize() or self.materialization_in_flight
         if future is None:
             return self.snapshot_handle
         future.exception(timeout)
@@ -379,26 +352,16 @@ class ChangelogKeyedStateBackend:
 
     def poll_materialization(self) -> None:
         """Apply a finished materialization (operator thread only)."""
-        flight = self._in_flight
-        if flight is None or not flight.future.done():
+        flight = self._materialization.finished()
+        if flight is None:
             return
-        self._in_flight = None
         error = flight.future.exception()
         if self._local is not None:
             # Failed: its files are garbage. Applied: the base hold below keeps them.
             self._local.release(self._local_owner, MATERIALIZING, delete=error is not None)
         if error is not None:
             self._changed |= flight.changed  # not materialized: still to do
-            self._failures_in_a_row += 1
-            if self._failures_in_a_row > self._config.max_failures_allowed:
-                self._failure = MaterializationFailedError(
-                    f"materialization of backend {self.backend_id} failed "
-                    f"{self._failures_in_a_row} times in a row (max_failures_allowed="
-                    f"{self._config.max_failures_allowed}): {error}")
-                self._failure.__cause__ = error
             return
-        self._failures_in_a_row = 0
-        self._completed += 1
         self._drop_unused_chunks(self.snapshot_handle, flight.future.result())
         self.snapshot_handle = flight.future.result()
         self.materialization_id = flight.materialization_id
@@ -424,7 +387,7 @@ class ChangelogKeyedStateBackend:
         unused = [c for c in previous.chunks if c.materialization_id > self._handed_out_upto
                   and c.record_key(self.backend_id) not in kept]
         if unused:
-            self._executor.submit(self._delete_chunks, unused)
+            self._materialization.in_background(self._delete_chunks, unused)
 
     def _delete_chunks(self, chunks: list[ChunkRef]) -> None:
         try:
@@ -442,7 +405,7 @@ class ChangelogKeyedStateBackend:
     @property
     def materialization_stats(self) -> MaterializationStats:
         """Completed, consecutive failed and skipped materializations."""
-        return MaterializationStats(self._completed, self._failures_in_a_row, self._skipped)
+        return self._materialization.stats
 
     @property
     def writer(self) -> StateChangelogWriter[Any]:
@@ -476,14 +439,13 @@ class ChangelogKeyedStateBackend:
         Task-local copies of this backend's checkpoints stay (a restart on this directory
         uses them); local files it wrote that none of its checkpoints uses are deleted.
         """
-        self._timer.stop()
-        flight = self._in_flight
-        if flight is not None:
-            flight.future.exception()  # wait: its chunks must not outlive an unused result
+        running = self.materialization_in_flight
+        if running is not None:
+            running.exception()  # wait: its chunks must not outlive an unused result
             self.poll_materialization()
         # Chunks written since the last handed-out materialization are in no checkpoint.
         self._drop_unused_chunks(self.snapshot_handle, None)
-        self._executor.shutdown(wait=True)
+        self._materialization.close()
         self._writer.close()
         if self._local is not None:
             try:

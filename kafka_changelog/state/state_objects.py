@@ -10,17 +10,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
-from .ops import OpKind, StateOp
+from .ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind, StateOp
 from .table import StateTable
 
 V = TypeVar("V")
 K = TypeVar("K")
 
-# Every mutation names its kind: a module constant is cheaper than ``OpKind.SET`` (an
-# attribute lookup through the enum class on each call).
-_SET, _DELETE = OpKind.SET, OpKind.DELETE
-_LIST_ADD, _LIST_REPLACE = OpKind.LIST_ADD, OpKind.LIST_REPLACE
-_MAP_PUT, _MAP_REMOVE = OpKind.MAP_PUT, OpKind.MAP_REMOVE
 
 
 class KeyContext(Protocol):
@@ -66,7 +61,7 @@ class _KeyedState:
     def clear(self) -> None:
         """Remove the current key's entry."""
         if self._entry() is not None:
-            self._log(_DELETE)
+            self._log(DELETE)
 
 
 class ValueState(_KeyedState, Generic[V]):
@@ -79,7 +74,7 @@ class ValueState(_KeyedState, Generic[V]):
 
     def update(self, value: V) -> None:
         """Set the current key's value."""
-        self._log(_SET, value=self._values.serialize(value))
+        self._log(SET, value=self._values.serialize(value))
 
 
 class ListState(_KeyedState, Generic[V]):
@@ -92,17 +87,17 @@ class ListState(_KeyedState, Generic[V]):
 
     def add(self, value: V) -> None:
         """Append one value."""
-        self._log(_LIST_ADD, values=(self._values.serialize(value),))
+        self._log(LIST_ADD, values=(self._values.serialize(value),))
 
     def add_all(self, values: Iterable[V]) -> None:
         """Append several values."""
         encoded = tuple(map(self._values.serialize, values))
         if encoded:
-            self._log(_LIST_ADD, values=encoded)
+            self._log(LIST_ADD, values=encoded)
 
     def update(self, values: Iterable[V]) -> None:
         """Replace the list."""
-        self._log(_LIST_REPLACE, values=tuple(map(self._values.serialize, values)))
+        self._log(LIST_REPLACE, values=tuple(map(self._values.serialize, values)))
 
 
 class MapState(_KeyedState, Generic[K, V]):
@@ -124,14 +119,14 @@ class MapState(_KeyedState, Generic[K, V]):
 
     def put(self, map_key: K, value: V) -> None:
         """Set the value under ``map_key``."""
-        self._log(_MAP_PUT, map_key=self._keys.serialize(map_key),
+        self._log(MAP_PUT, map_key=self._keys.serialize(map_key),
                   value=self._values.serialize(value))
 
     def remove(self, map_key: K) -> None:
         """Remove ``map_key`` (no-op if absent)."""
         encoded = self._keys.serialize(map_key)
         if encoded in self._map():
-            self._log(_MAP_REMOVE, map_key=encoded)
+            self._log(MAP_REMOVE, map_key=encoded)
 
     def contains(self, map_key: K) -> bool:
         """True if ``map_key`` is present."""
@@ -166,7 +161,7 @@ class ReducingState(_KeyedState, Generic[V]):
         assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
         current = self.get()
         folded = value if current is None else descriptor.reduce(current, value)
-        self._log(_SET, value=self._values.serialize(folded))
+        self._log(SET, value=self._values.serialize(folded))
 
 
 class AggregatingState(_KeyedState, Generic[V]):
@@ -184,4 +179,4 @@ class AggregatingState(_KeyedState, Generic[V]):
         assert descriptor.create is not None and descriptor.add is not None
         current = self.get()
         accumulator = descriptor.add(descriptor.create() if current is None else current, value)
-        self._log(_SET, value=self._values.serialize(accumulator))
+        self._log(SET, value=self._values.serialize(accumulator))

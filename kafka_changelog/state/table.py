@@ -12,16 +12,21 @@ from typing import Any
 
 from ..serialization import decode, encode
 from .descriptors import StateKind
-from .errors_state import StateMismatchError
-from .ops import OpKind, StateMeta, StateOp
+from .errors import StateMismatchError
+from .ops import (
+    DELETE,
+    LIST_ADD,
+    LIST_REPLACE,
+    MAP_PUT,
+    MAP_REMOVE,
+    SET,
+    StateMeta,
+    StateOp,
+)
 
 #: Entry of a value/reducing/aggregating state, of a list state, of a map state.
 Entry = bytes | list[bytes] | dict[bytes, bytes]
 
-# ``apply`` compares kinds per op: module constants, not an enum-class lookup each time.
-_SET, _DELETE = OpKind.SET, OpKind.DELETE
-_LIST_ADD, _LIST_REPLACE = OpKind.LIST_ADD, OpKind.LIST_REPLACE
-_MAP_PUT, _MAP_REMOVE = OpKind.MAP_PUT, OpKind.MAP_REMOVE
 
 
 class StateTable:
@@ -59,31 +64,31 @@ class StateTable:
         if table is None:
             table = group[state] = {}
         kind, key = op.op, op.key
-        if kind is _SET:
+        if kind is SET:
             assert op.value is not None
             table[key] = op.value
-        elif kind is _DELETE:
+        elif kind is DELETE:
             table.pop(key, None)
-        elif kind is _LIST_ADD:
+        elif kind is LIST_ADD:
             entry = table.get(key)
             if entry is None:
                 entry = table[key] = []
             assert isinstance(entry, list) and op.values is not None
             entry.extend(op.values)
-        elif kind is _LIST_REPLACE:
+        elif kind is LIST_REPLACE:
             values = op.values
             assert values is not None
             if values:
                 table[key] = list(values)
             else:
                 table.pop(key, None)
-        elif kind is _MAP_PUT:
+        elif kind is MAP_PUT:
             entry = table.get(key)
             if entry is None:
                 entry = table[key] = {}
             assert isinstance(entry, dict) and op.map_key is not None and op.value is not None
             entry[op.map_key] = op.value
-        elif kind is _MAP_REMOVE:
+        elif kind is MAP_REMOVE:
             current = table.get(key)
             if isinstance(current, dict):
                 assert op.map_key is not None

@@ -29,7 +29,7 @@ from kafka_changelog import (
     RecordDecodeError,
 )
 from kafka_changelog.kafka import KafkaChangelogConfig
-from kafka_changelog.kafka.record_format import EncodedRecord, decode_record, encode_record
+from kafka_changelog.kafka.record_format import EncodedRecord, encode_record
 from kafka_changelog.keygroups import partition_for_key_group
 from kafka_changelog.state.checkpoint import SubtaskState
 from kafka_changelog.state.ops import OpKind, StateOp
@@ -46,6 +46,7 @@ from spark_integration.rows import CHANGES_SCHEMA, META_OP, STATE_SCHEMA
 from spark_integration.scan import OffsetSlice, SliceReader
 from tests.broker.kafka_helpers import changes_of
 from tests.broker.test_state_kafka import USERS, Job
+from tests.record_helpers import decode_record
 from tests.state.state_helpers import MAX_P, apply_event
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

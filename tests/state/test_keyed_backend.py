@@ -17,7 +17,7 @@ from kafka_changelog import (
     SequenceNumberOutOfRangeError,
 )
 from kafka_changelog.state.descriptors import list_state, value_state
-from kafka_changelog.state.errors_state import (
+from kafka_changelog.state.errors import (
     MaterializationFailedError,
     NoCurrentKeyError,
     StateMismatchError,

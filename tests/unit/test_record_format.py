@@ -12,14 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafka_changelog.kafka.record_format import (
-    LoggedChange,
     UnknownSchemaError,
     check_schema_header,
-    decode_record,
     encode_record,
     encode_value,
     split_into_records,
 )
+from tests.record_helpers import LoggedChange, decode_record
 
 SCHEMA = fastavro.parse_schema(json.loads(
     (Path(__file__).resolve().parents[2] / "schemas" / "change_batch.avsc").read_text()))
