@@ -17,8 +17,6 @@ from .errors import (
     KeyGroupOutOfRangeError,
     PersistError,
     RecordDecodeError,
-    SequenceNumberOutOfRangeError,
-    SequenceNumberOverflowError,
     StorageLoadError,
     TopicConfigError,
     UnknownStorageError,
@@ -33,7 +31,12 @@ from .keygroups import (
 )
 from .memory import InMemoryChangelogHandle, InMemoryChangelogStorage, InMemoryChangelogWriter
 from .registry import ChangelogRegistry
-from .sequence import MAX_SEQUENCE_NUMBER, SequenceNumber
+from .sequence import (
+    MAX_SEQUENCE_NUMBER,
+    SequenceNumber,
+    SequenceNumberOutOfRangeError,
+    SequenceNumberOverflowError,
+)
 from .storage import StateChangelogStorage, available_storages, load_storage
 from .writer import SnapshotResult, StateChangelogWriter
 

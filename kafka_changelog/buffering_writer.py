@@ -9,6 +9,7 @@ reuse of earlier uploads, retry after failure and ownership tracking live here.
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
@@ -21,13 +22,14 @@ from .change_set import ChangeSet
 from .errors import (
     KeyGroupOutOfRangeError,
     PersistError,
-    SequenceNumberOutOfRangeError,
     WriterClosedError,
 )
 from .keygroups import KeyGroupRange
 from .registry import WRITER_HOLD, ChangelogRegistry, checkpoint_hold
-from .sequence import SequenceNumber
+from .sequence import SequenceNumber, SequenceNumberOutOfRangeError
 from .writer import SnapshotResult, StateChangelogWriter
+
+logger = logging.getLogger(__name__)
 
 H = TypeVar("H")
 L = TypeVar("L")
@@ -187,6 +189,8 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
     def _persist_preemptively(self) -> None:
         with self._lock:
             self._rollover()
+            logger.debug("log %s: persisting %d bytes preemptively", self._log_id,
+                         self._pending_bytes)
             self._start_upload(list(self._pending))
 
     def _rollover(self) -> None:
@@ -232,6 +236,8 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             if error is not None:
                 if wanted:
                     # Not durable: hand the set back so a later persist retries it.
+                    logger.warning("log %s: change set %s not durable, sent again by the next "
+                                   "persist: %s", self._log_id, sqn, error)
                     del self._uploads[sqn]
                     self._pending[sqn] = change_set
                     self._pending_bytes += change_set.size_bytes

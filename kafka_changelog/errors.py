@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .keygroups import KeyGroupRange
-    from .sequence import SequenceNumber
 
 
 class ChangelogError(Exception):
@@ -37,29 +36,6 @@ class WriterClosedError(ChangelogError, RuntimeError):
         self.log_id = log_id
         self.operation = operation
         super().__init__(f"cannot {operation}: changelog writer {log_id} is closed")
-
-
-class SequenceNumberOutOfRangeError(ChangelogError, ValueError):
-    """A sequence number lies outside what the writer can persist or truncate."""
-
-    def __init__(
-        self,
-        requested: SequenceNumber,
-        lowest: SequenceNumber,
-        highest: SequenceNumber,
-        operation: str = "persist",
-    ) -> None:
-        self.requested = requested
-        self.lowest = lowest
-        self.highest = highest
-        super().__init__(
-            f"cannot {operation} from sequence number {requested}: the writer holds "
-            f"sequence numbers {lowest} (inclusive, truncation point) to {highest} (inclusive)"
-        )
-
-
-class SequenceNumberOverflowError(ChangelogError, OverflowError):
-    """A sequence number would pass its maximum value."""
 
 
 class PersistError(ChangelogError):

@@ -4,7 +4,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import SequenceNumberOverflowError
+from .errors import ChangelogError
+
+
+class SequenceNumberOutOfRangeError(ChangelogError, ValueError):
+    """A sequence number lies outside what the writer can persist or truncate."""
+
+    def __init__(
+        self,
+        requested: SequenceNumber,
+        lowest: SequenceNumber,
+        highest: SequenceNumber,
+        operation: str = "persist",
+    ) -> None:
+        self.requested = requested
+        self.lowest = lowest
+        self.highest = highest
+        super().__init__(
+            f"cannot {operation} from sequence number {requested}: the writer holds "
+            f"sequence numbers {lowest} (inclusive, truncation point) to {highest} (inclusive)"
+        )
+
+
+class SequenceNumberOverflowError(ChangelogError, OverflowError):
+    """A sequence number would pass its maximum value."""
+
 
 #: Largest sequence number; the Avro and Kafka header encodings use signed 64 bit.
 MAX_SEQUENCE_NUMBER = 2**63 - 1

@@ -1,17 +1,37 @@
-"""The Kafka changelog storage (registered as ``kafka``)."""
+"""Everything of kafka-changelog that talks to Kafka: the changelog storage (registered
+as ``kafka``), the snapshot and checkpoint stores, the transactional committer, garbage
+collection, and the client plumbing they share."""
 
+from .checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore, KafkaCheckpointView
 from .config import KafkaChangelogConfig
 from .handle import KafkaChangelogHandle, PartitionRange
 from .reader import KafkaChangelogReader
+from .snapshot_store import KafkaSnapshotStore, KafkaSnapshotView, SnapshotStoreConfig
 from .storage import KafkaChangelogStorage
+from .transactional_commit import (
+    OutputRecord,
+    TransactionAbortedError,
+    TransactionalCommitter,
+    TransactionFencedError,
+)
 from .writer import KafkaChangelogWriter, KafkaLocation
 
 __all__ = [
+    "CheckpointStoreConfig",
     "KafkaChangelogConfig",
     "KafkaChangelogHandle",
     "KafkaChangelogReader",
     "KafkaChangelogStorage",
     "KafkaChangelogWriter",
+    "KafkaCheckpointStore",
+    "KafkaCheckpointView",
     "KafkaLocation",
+    "KafkaSnapshotStore",
+    "KafkaSnapshotView",
+    "OutputRecord",
     "PartitionRange",
+    "SnapshotStoreConfig",
+    "TransactionAbortedError",
+    "TransactionFencedError",
+    "TransactionalCommitter",
 ]

@@ -12,6 +12,7 @@ until each one is acknowledged.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ from ..state.records import OutRecord
 from .config import KafkaChangelogConfig
 from .error_text import delivery_error, describe, is_access_error
 from .record_format import EncodedRecord
+
+logger = logging.getLogger(__name__)
 
 #: Delivery errors that only say "the producer hit a fatal error".
 _FATAL_FALLOUT = {KafkaError._FATAL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
@@ -153,6 +156,8 @@ class SharedProducer:
             self._cond.notify_all()
 
     def _replace_producer(self) -> None:
+        logger.warning("the changelog producer had a fatal error (%s); replaced by a new one",
+                       self._fatal)
         with self._cond:
             old = self._producer
             self._producer = Producer(

@@ -8,6 +8,7 @@ and checkpoint topics (``kafka_changelog.state``); each owner validates the
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from confluent_kafka.admin import (
 from ..errors import TopicConfigError
 from .admin_retry import NotReady, admin_futures, retry_call
 from .config import KafkaChangelogConfig
+
+logger = logging.getLogger(__name__)
 
 #: Retention settings that must be -1 on a topic whose records only deletion by
 #: the library may remove (the broker would otherwise drop records still needed).
@@ -71,6 +74,8 @@ def ensure_topic(
             config=dict(configs),
         )
         # A retry after a timed-out creation may find the topic created: that is success.
+        logger.info("creating %s %s (%d partitions, replication factor %s, %s)", purpose, name,
+                    partitions, replication_factor or "broker default", configs)
         admin_futures(
             f"create {purpose} {name} (CreateTopics)",
             lambda budget: admin.create_topics([new_topic], request_timeout=budget),

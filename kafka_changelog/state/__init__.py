@@ -1,1 +1,83 @@
-"""Keyed and operator state over the changelog, materialization, checkpoints and restore."""
+"""Keyed and operator state over the changelog: materialization, checkpoints, restore.
+
+Everything here is storage-independent (no Kafka client): the Kafka snapshot and
+checkpoint stores live in :mod:`kafka_changelog.kafka`. The names an application
+needs are importable from this package.
+"""
+
+from .checkpoint import CompletedCheckpoint, KeyedStateHandle, OperatorStateHandle, SubtaskState
+from .checkpoint_store import CheckpointStore, InMemoryCheckpointStore
+from .coordinator import CheckpointCoordinator, GarbageReport
+from .descriptors import (
+    StateDescriptor,
+    StateKind,
+    aggregating_state,
+    list_state,
+    map_state,
+    reducing_state,
+    value_state,
+)
+from .errors import (
+    CheckpointFormatError,
+    CheckpointNotFoundError,
+    CheckpointOrderError,
+    CheckpointStoreError,
+    MaterializationFailedError,
+    NoCurrentKeyError,
+    SnapshotCorruptError,
+    SnapshotMissingError,
+    SnapshotWriteError,
+    StateMismatchError,
+)
+from .keyed_backend import ChangelogKeyedStateBackend
+from .local_recovery import LocalRecoveryStore
+from .materialization import MaterializationStats
+from .materializer import MaterializationConfig
+from .operator_state import OperatorStateBackend
+from .restore import load_keyed_state, restore_backend
+from .serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
+from .snapshot_store import InMemorySnapshotStore, SnapshotStore
+
+__all__ = [
+    "BYTES",
+    "FLOAT64",
+    "INT64",
+    "JSON",
+    "UTF8",
+    "AvroSerializer",
+    "ChangelogKeyedStateBackend",
+    "CheckpointCoordinator",
+    "CheckpointFormatError",
+    "CheckpointNotFoundError",
+    "CheckpointOrderError",
+    "CheckpointStore",
+    "CheckpointStoreError",
+    "CompletedCheckpoint",
+    "GarbageReport",
+    "InMemoryCheckpointStore",
+    "InMemorySnapshotStore",
+    "KeyedStateHandle",
+    "LocalRecoveryStore",
+    "MaterializationConfig",
+    "MaterializationFailedError",
+    "MaterializationStats",
+    "NoCurrentKeyError",
+    "OperatorStateBackend",
+    "OperatorStateHandle",
+    "Serializer",
+    "SnapshotCorruptError",
+    "SnapshotMissingError",
+    "SnapshotStore",
+    "SnapshotWriteError",
+    "StateDescriptor",
+    "StateKind",
+    "StateMismatchError",
+    "SubtaskState",
+    "aggregating_state",
+    "list_state",
+    "load_keyed_state",
+    "map_state",
+    "reducing_state",
+    "restore_backend",
+    "value_state",
+]

@@ -18,13 +18,12 @@ from ..change import StateChange
 from ..errors import (
     HandleFormatError,
     KeyGroupOutOfRangeError,
-    SequenceNumberOutOfRangeError,
     WriterClosedError,
 )
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange
 from ..registry import WRITER_HOLD, checkpoint_hold
-from ..sequence import SequenceNumber
+from ..sequence import SequenceNumber, SequenceNumberOutOfRangeError
 from ..storage import StateChangelogStorage
 from ..writer import StateChangelogWriter
 

@@ -1,7 +1,10 @@
 """pytest fixtures that start and stop real Kafka brokers.
 
-Registered as a ``pytest11`` plugin, so any test in a project that installs
-``kafka-changelog`` can request:
+An opt-in pytest plugin (it is not loaded into every project that installs
+``kafka-changelog``): enable it with ``pytest -p kafka_changelog.testing.pytest_plugin``,
+``addopts`` in the pytest configuration, or ``pytest_plugins =
+["kafka_changelog.testing.pytest_plugin"]`` in a root ``conftest.py``. Tests can then
+request:
 
 ``kafka_cluster`` (session)
     A single-node cluster (:class:`~kafka_changelog.testing.cluster.KafkaCluster`):

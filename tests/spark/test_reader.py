@@ -44,8 +44,8 @@ from spark_integration.datasource import (
 from spark_integration.planning import parse_options, plan_changes, plan_read
 from spark_integration.rows import CHANGES_SCHEMA, META_OP, STATE_SCHEMA
 from spark_integration.scan import OffsetSlice, SliceReader
-from tests.broker.kafka_helpers import changes_of
-from tests.broker.test_state_kafka import USERS, Job
+from tests.kafka.kafka_helpers import changes_of
+from tests.kafka.test_state_kafka import USERS, Job
 from tests.record_helpers import decode_record
 from tests.state.state_helpers import MAX_P, apply_event
 

@@ -19,7 +19,7 @@ from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.operator_state import OperatorStateBackend
 from kafka_changelog.state.serializers import JSON
-from tests.broker.test_state_kafka import USERS, Job
+from tests.kafka.test_state_kafka import USERS, Job
 from tests.state.state_helpers import (
     MAX_P,
     apply_event,

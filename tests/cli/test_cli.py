@@ -14,8 +14,7 @@ import pytest
 
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage
-
-from .kafka_helpers import storage_config
+from tests.kafka.kafka_helpers import storage_config
 
 pytestmark = pytest.mark.broker
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker.test_state_kafka import Job
+from tests.kafka.test_state_kafka import Job
 from tests.state.test_materialize_without_keys import checkpoints_without_keys
 
 pytestmark = pytest.mark.broker

@@ -20,8 +20,8 @@ from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.local_recovery import LocalKeyedStateHandle, LocalRecoveryStore
 from kafka_changelog.writer import SnapshotResult
-from tests.broker.test_local_recovery import ALL, restore
-from tests.broker.test_state_kafka import USERS, Job
+from tests.kafka.test_local_recovery import ALL, restore
+from tests.kafka.test_state_kafka import USERS, Job
 from tests.state.state_helpers import MAX_P, apply_event, expected_for, model_apply
 
 pytestmark = pytest.mark.broker

@@ -14,7 +14,7 @@ from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaC
 from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.testing.pytest_plugin import SECURE_USERS
-from tests.broker.kafka_helpers import changes_of
+from tests.kafka.kafka_helpers import changes_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.security]
 

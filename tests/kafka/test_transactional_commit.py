@@ -100,7 +100,7 @@ CRASHING_CHILD = textwrap.dedent("""
     import os, signal, sys
     from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
     from kafka_changelog.kafka.transactional_commit import OutputRecord, TransactionalCommitter
-    from tests.broker.test_transactional_commit import checkpoint, outputs
+    from tests.kafka.test_transactional_commit import checkpoint, outputs
     bootstrap, topic, out, tid = sys.argv[1:5]
     store = KafkaCheckpointStore(CheckpointStoreConfig(bootstrap_servers=bootstrap, topic=topic))
     committer = TransactionalCommitter(store, tid)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker.apps import App
+from tests.kafka.apps import App
 
 pytestmark = pytest.mark.broker
 

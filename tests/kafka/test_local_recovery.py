@@ -15,7 +15,7 @@ from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.errors import SnapshotMissingError
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.local_recovery import LocalRecoveryStore
-from tests.broker.test_state_kafka import USERS, Job
+from tests.kafka.test_state_kafka import USERS, Job
 from tests.state.state_helpers import MAX_P, apply_event, expected_for, model_apply, read_user
 
 pytestmark = pytest.mark.broker

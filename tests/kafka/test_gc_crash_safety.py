@@ -17,7 +17,7 @@ from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.snapshot import ChunkRef
-from tests.broker.apps import App
+from tests.kafka.apps import App
 
 pytestmark = pytest.mark.broker
 

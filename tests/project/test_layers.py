@@ -1,0 +1,112 @@
+"""The four layers import only downward, ``state`` knows no Kafka client, and no module
+imports another that imports it back (docs/ARCHITECTURE.md draws the layers).
+
+core (``kafka_changelog/*.py``, ``memory/``) < state (``kafka_changelog/state/``) <
+kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The command line,
+the demo and the test harness are applications of the library beside spark: they may
+use every layer below, never spark (whose demo may use them to start a local broker).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = {"core": 0, "state": 1, "kafka": 2, "tools": 3, "spark": 3}
+# Sideways reaches that are refused (the harness and the command line never import spark).
+FORBIDDEN = {("tools", "spark")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "spark_integration":
+        return "spark"
+    if len(parts) == 1:
+        return "core"
+    second = parts[1]
+    if second in ("state", "kafka"):
+        return second
+    if second in ("testing", "cli", "demo"):
+        return "tools"
+    return "core"  # kafka_changelog.<module> and kafka_changelog.memory
+
+
+def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
+    """(line, imported module) of a file: absolute names, relative ones resolved."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: list[tuple[int, str]] = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+    return found
+
+
+def library_files() -> list[Path]:
+    return sorted(p for package in ("kafka_changelog", "spark_integration")
+                  for p in (ROOT / package).rglob("*.py"))
+
+
+def test_layers_import_only_downward() -> None:
+    wrong = []
+    for path in library_files():
+        mine = layer_of(module_name(path))
+        for line, target in imports_of(path, top_level_only=False):
+            if not target.startswith(("kafka_changelog", "spark_integration")):
+                continue
+            theirs = layer_of(target)
+            if LAYERS[theirs] > LAYERS[mine] or (mine, theirs) in FORBIDDEN:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} "
+                             f"({theirs})")
+    assert wrong == []
+
+
+def test_state_imports_no_kafka_client() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for path in (ROOT / "kafka_changelog" / "state").rglob("*.py")
+             for line, target in imports_of(path, top_level_only=False)
+             if target.split(".")[0] == "confluent_kafka"]
+    assert wrong == []
+
+
+def test_no_import_cycles() -> None:
+    modules = {module_name(p): p for p in library_files()}
+    graph = {name: {t for _, t in imports_of(path, top_level_only=True) if t in modules}
+             for name, path in modules.items()}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            # A package's __init__ importing its own modules is how it hands names on.
+            if target.startswith(name + ".") or name.startswith(target + "."):
+                continue
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
