@@ -15,6 +15,7 @@ from typing import Any
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.access import connect_admin
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
+from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.config import KafkaChangelogConfig
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
@@ -110,29 +111,29 @@ class ReaderOptions:
         if self.checkpoint_id is not None and self.checkpoint_id < 0:
             raise ReaderOptionError(f"option checkpoint must be >= 0, got {self.checkpoint_id}")
 
+    def connection(self) -> KafkaConnection:
+        """How every client of the reader connects (security included)."""
+        return KafkaConnection(bootstrap_servers=self.bootstrap_servers,
+                               request_timeout_s=self.request_timeout_s,
+                               client_config=dict(self.client_config))
+
     def client_settings(self) -> dict[str, Any]:
         """librdkafka settings every client starts from (security included)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.client_config}
+        return self.connection().common()
 
     def changelog_config(self, max_parallelism: int = 128) -> KafkaChangelogConfig:
         """Config of changelog readers (consumer settings only are used)."""
-        return KafkaChangelogConfig(
-            bootstrap_servers=self.bootstrap_servers, topic=self.changelog_topic,
-            max_parallelism=max_parallelism, request_timeout_s=self.request_timeout_s,
-            client_config=dict(self.client_config))
+        return KafkaChangelogConfig.on(self.connection(), topic=self.changelog_topic,
+                                       max_parallelism=max_parallelism)
 
     def snapshot_config(self, max_parallelism: int = 128) -> SnapshotStoreConfig:
         """Config of snapshot chunk readers."""
-        return SnapshotStoreConfig(
-            bootstrap_servers=self.bootstrap_servers, topic=self.snapshot_topic,
-            max_parallelism=max_parallelism, request_timeout_s=self.request_timeout_s,
-            client_config=dict(self.client_config))
+        return SnapshotStoreConfig.on(self.connection(), topic=self.snapshot_topic,
+                                      max_parallelism=max_parallelism)
 
     def checkpoint_config(self) -> CheckpointStoreConfig:
         """Config of the checkpoint topic reader."""
-        return CheckpointStoreConfig(
-            bootstrap_servers=self.bootstrap_servers, topic=self.checkpoint_topic,
-            request_timeout_s=self.request_timeout_s, client_config=dict(self.client_config))
+        return CheckpointStoreConfig.on(self.connection(), topic=self.checkpoint_topic)
 
 
 def _int_option(options: Mapping[str, str], name: str, shown: str, default: int) -> int:

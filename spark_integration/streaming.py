@@ -38,6 +38,7 @@ from kafka_changelog import KeyGroupRange, key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
 from kafka_changelog.keys import NullKeyError
@@ -98,22 +99,27 @@ class StreamingStateConfig:
     #: Any librdkafka setting for every client (security included).
     client_config: dict[str, Any] = field(default_factory=dict)
 
+    def connection(self) -> KafkaConnection:
+        """How every client of the operator connects."""
+        return KafkaConnection(bootstrap_servers=self.bootstrap_servers,
+                               client_config=dict(self.client_config))
+
     def changelog(self) -> KafkaChangelogConfig:
-        return KafkaChangelogConfig(
-            bootstrap_servers=self.bootstrap_servers, topic=self.changelog_topic,
-            partitions=self.partitions, max_parallelism=self.max_parallelism,
-            client_config=dict(self.client_config))
+        """The changelog storage's config."""
+        return KafkaChangelogConfig.on(
+            self.connection(), topic=self.changelog_topic, partitions=self.partitions,
+            max_parallelism=self.max_parallelism)
 
     def snapshots(self) -> SnapshotStoreConfig:
-        return SnapshotStoreConfig(
-            bootstrap_servers=self.bootstrap_servers, topic=self.snapshot_topic,
-            partitions=self.partitions, max_parallelism=self.max_parallelism,
-            client_config=dict(self.client_config))
+        """The snapshot store's config."""
+        return SnapshotStoreConfig.on(
+            self.connection(), topic=self.snapshot_topic, partitions=self.partitions,
+            max_parallelism=self.max_parallelism)
 
     def checkpoints(self) -> CheckpointStoreConfig:
-        return CheckpointStoreConfig(
-            bootstrap_servers=self.bootstrap_servers, topic=self.checkpoint_topic,
-            retain=self.retain, client_config=dict(self.client_config))
+        """The checkpoint store's config."""
+        return CheckpointStoreConfig.on(self.connection(), topic=self.checkpoint_topic,
+                                        retain=self.retain)
 
 
 class StringKey(str):

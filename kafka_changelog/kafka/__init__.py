@@ -3,6 +3,7 @@ as ``kafka``), the snapshot and checkpoint stores, the transactional committer, 
 collection, and the client plumbing they share."""
 
 from .checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore, KafkaCheckpointView
+from .client_settings import KafkaConnection
 from .config import KafkaChangelogConfig
 from .handle import KafkaChangelogHandle, PartitionRange
 from .reader import KafkaChangelogReader
@@ -25,6 +26,7 @@ __all__ = [
     "KafkaChangelogWriter",
     "KafkaCheckpointStore",
     "KafkaCheckpointView",
+    "KafkaConnection",
     "KafkaLocation",
     "KafkaSnapshotStore",
     "KafkaSnapshotView",

@@ -25,7 +25,7 @@ from ..state.checkpoint_store import (
 )
 from ..state.errors import CheckpointStoreError
 from .access import connect_admin
-from .client_settings import KafkaClientSettings
+from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
 from .error_text import describe, is_access_error
 from .offsets import watermarks
@@ -34,31 +34,19 @@ from .topics import TopicInfo, check_infinite_retention, ensure_topic
 
 
 @dataclass(frozen=True)
-class CheckpointStoreConfig(KafkaClientSettings):
+class CheckpointStoreConfig(KafkaConnection):
     """How :class:`KafkaCheckpointStore` connects, its topic and its retention.
 
     Client settings work as in :class:`~kafka_changelog.kafka.KafkaChangelogConfig`;
     ``topic_overrides`` are extra topic configs used when creating the topic.
     """
 
-    #: Kafka bootstrap servers, ``host:port[,host:port]``.
-    bootstrap_servers: str
     #: Checkpoint topic (one partition, ``cleanup.policy=compact``); created if missing.
     topic: str = "kafka-changelog-checkpoints"
     #: Checkpoints kept per application (at least 2).
     retain: int = DEFAULT_RETAIN
     #: Replication factor to create the topic with (None: the broker's default).
     replication_factor: int | None = None
-    #: Seconds for admin operations, connecting and reading the topic.
-    request_timeout_s: float = 30.0
-    #: Extra librdkafka settings for every client.
-    client_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the producer only.
-    producer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the consumer only.
-    consumer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the admin client only.
-    admin_config: dict[str, Any] = field(default_factory=dict)
     #: Extra topic configs when creating the topic.
     topic_overrides: dict[str, str] = field(default_factory=dict)
 

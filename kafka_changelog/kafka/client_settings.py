@@ -1,34 +1,66 @@
-"""librdkafka settings of every client the library creates, shared by the Kafka configs.
+"""How the library connects to Kafka: one connection config every Kafka config extends.
 
-The configs (:class:`~kafka_changelog.kafka.KafkaChangelogConfig`, the snapshot and
-checkpoint store configs) each declare ``bootstrap_servers`` and the four pass-through
-dicts as documented fields; this mixin turns them into client settings the same way
-for all: ``client_config`` for every client, then per client kind the config's
-defaults, then ``producer_config``/``consumer_config``/``admin_config``. What
+:class:`KafkaConnection` holds the brokers, the request timeout and the four
+pass-through dicts of librdkafka settings (security included); the changelog, snapshot
+and checkpoint configs extend it with their topic's settings, so one connection
+(:meth:`KafkaConnection.connection`) builds all three. Client settings are made the
+same way for all: ``client_config`` for every client, then per client kind the
+config's defaults, then ``producer_config``/``consumer_config``/``admin_config``. What
 durability depends on (``acks=all``, idempotence) is applied last and cannot be
 overridden.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 #: Producer settings no pass-through dict may change.
 ENFORCED_PRODUCER_SETTINGS: dict[str, Any] = {"acks": "all", "enable.idempotence": True}
 
 
-class KafkaClientSettings:
-    """Builds client settings from a config's connection fields (a mixin of the configs)."""
+C = TypeVar("C", bound="KafkaConnection")
 
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """Where the brokers are and how every client talks to them.
+
+    Any librdkafka setting passes through: ``client_config`` to every client (security:
+    ``security.protocol``, ``sasl.mechanism``, ``sasl.username``, ``ssl.ca.location``,
+    ...), the others to one client kind.
+    """
+
+    #: Kafka bootstrap servers, ``host:port[,host:port]``.
     bootstrap_servers: str
-    client_config: dict[str, Any]
-    producer_config: dict[str, Any]
-    consumer_config: dict[str, Any]
-    admin_config: dict[str, Any]
+    #: Seconds for admin operations, connecting, and reading a record.
+    request_timeout_s: float = 30.0
+    #: Extra librdkafka settings for every client.
+    client_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for producers only.
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for consumers (readers) only.
+    consumer_config: dict[str, Any] = field(default_factory=dict)
+    #: Extra librdkafka settings for the admin client only.
+    admin_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._check_bootstrap_servers()
 
     def _check_bootstrap_servers(self) -> None:
         if not self.bootstrap_servers:
             raise ValueError("bootstrap_servers must name at least one broker")
+
+    def connection(self) -> KafkaConnection:
+        """The connection part of this config alone."""
+        return KafkaConnection(**{f.name: getattr(self, f.name)
+                                  for f in fields(KafkaConnection)})
+
+    @classmethod
+    def on(cls: type[C], connection: KafkaConnection, **settings: Any) -> C:
+        """This kind of config on ``connection``, with its own ``settings``."""
+        shared = {f.name: getattr(connection, f.name) for f in fields(KafkaConnection)}
+        return cls(**{**shared, **settings})
 
     def common(self) -> dict[str, Any]:
         """Settings shared by every client."""
@@ -71,3 +103,7 @@ class KafkaClientSettings:
             **defaults,
             **self.consumer_config,
         }
+
+
+#: The former name of :class:`KafkaConnection` (the configs' shared part).
+KafkaClientSettings = KafkaConnection

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .client_settings import KafkaClientSettings
+from .client_settings import KafkaConnection
 
 MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
-class KafkaChangelogConfig(KafkaClientSettings):
+class KafkaChangelogConfig(KafkaConnection):
     """How the Kafka storage connects, which topic it uses and how it batches.
 
     ``client_config`` passes any librdkafka setting (security included, e.g.
@@ -21,8 +21,6 @@ class KafkaChangelogConfig(KafkaClientSettings):
     (``acks=all``, idempotence) cannot be overridden.
     """
 
-    #: Kafka bootstrap servers, ``host:port[,host:port]``.
-    bootstrap_servers: str
     #: Changelog topic (``cleanup.policy=delete``); created if missing.
     topic: str = "kafka-changelog"
     #: Partitions to create the topic with; an existing topic must have at least this many.
@@ -54,16 +52,6 @@ class KafkaChangelogConfig(KafkaClientSettings):
     linger_ms: float = 1.0
     #: Producer ``delivery.timeout.ms``: a persist fails after this long without acks.
     delivery_timeout_ms: int = 120_000
-    #: Seconds to wait for admin operations and for the first metadata answer.
-    request_timeout_s: float = 30.0
-    #: Extra librdkafka settings for every client (security, timeouts, ...).
-    client_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the producer only.
-    producer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for consumers (readers) only.
-    consumer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the admin client only.
-    admin_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._check_bootstrap_servers()

@@ -20,7 +20,7 @@ from ..state.snapshot_store import (
     SnapshotStore,
 )
 from .access import connect_admin
-from .client_settings import KafkaClientSettings
+from .client_settings import KafkaConnection
 from .error_text import describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
@@ -28,7 +28,7 @@ from .topics import TopicInfo, check_infinite_retention, ensure_topic
 
 
 @dataclass(frozen=True)
-class SnapshotStoreConfig(KafkaClientSettings):
+class SnapshotStoreConfig(KafkaConnection):
     """How :class:`KafkaSnapshotStore` connects, and the topic it keeps chunks in.
 
     ``client_config`` passes librdkafka settings (security included) to every
@@ -37,8 +37,6 @@ class SnapshotStoreConfig(KafkaClientSettings):
     ``topic_overrides`` are extra topic configs used when creating the topic.
     """
 
-    #: Kafka bootstrap servers, ``host:port[,host:port]``.
-    bootstrap_servers: str
     #: Chunk topic (``cleanup.policy=compact,delete``, infinite retention); created if missing.
     topic: str = "kafka-changelog-snapshots"
     #: Partitions to create the topic with; an existing topic must have at least this many.
@@ -49,16 +47,6 @@ class SnapshotStoreConfig(KafkaClientSettings):
     max_parallelism: int = 128
     #: Largest chunk of state data in one record.
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
-    #: Seconds for admin operations, for connecting, and for one chunk to arrive when reading.
-    request_timeout_s: float = 30.0
-    #: Extra librdkafka settings for every client.
-    client_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the producer only.
-    producer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for consumers only.
-    consumer_config: dict[str, Any] = field(default_factory=dict)
-    #: Extra librdkafka settings for the admin client only.
-    admin_config: dict[str, Any] = field(default_factory=dict)
     #: Extra topic configs when creating the topic (e.g. fast compaction in tests).
     topic_overrides: dict[str, str] = field(default_factory=dict)
 
