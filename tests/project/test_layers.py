@@ -40,12 +40,19 @@ def layer_of(module: str) -> str:
 
 
 def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
-    """(line, imported module) of a file: absolute names, relative ones resolved."""
+    """(line, imported module) of a file: absolute names, relative ones resolved.
+
+    Imports inside a module ``__getattr__`` are left out: they are the deprecated aliases
+    of names that moved up a layer in 0.2 (listed in that module's ``_MOVED``), loaded
+    only when an old import path is used.
+    """
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    shims = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+             for n in ast.walk(f)}
+    nodes = [n for n in (tree.body if top_level_only else ast.walk(tree)) if id(n) not in shims]
     found: list[tuple[int, str]] = []
     for node in nodes:
         if isinstance(node, ast.Import):
