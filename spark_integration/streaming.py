@@ -42,11 +42,12 @@ from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
 from kafka_changelog.keys import NullKeyError
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
+from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
+from kafka_changelog.state.restore import restore_backend
 
 from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink
@@ -154,10 +155,16 @@ StatefulFunction = Callable[[Any, pd.DataFrame, KeyState], Any]
 
 
 class _Process:
-    """Kafka clients and cached backends of one Python process (driver or worker)."""
+    """Kafka clients and cached backends of one Python process.
 
-    resources: ClassVar[dict[tuple[str, ...], tuple[
-        KafkaChangelogStorage, KafkaSnapshotStore, CheckpointCoordinator]]] = {}
+    The driver holds a coordinator (the checkpoint store, commits, GC); a worker holds
+    only what its tasks write to: the changelog storage and the snapshot store. Workers
+    never open the checkpoint store: the driver hands each task its state handles.
+    """
+
+    storages: ClassVar[dict[tuple[str, ...], tuple[KafkaChangelogStorage,
+                                                   KafkaSnapshotStore]]] = {}
+    coordinators: ClassVar[dict[tuple[str, ...], CheckpointCoordinator]] = {}
     backends: ClassVar[dict[tuple[Any, ...], tuple[ChangelogKeyedStateBackend, int]]] = {}
     committers: ClassVar[dict[tuple[str, ...], TransactionalCommitter]] = {}
 
@@ -167,15 +174,25 @@ class _Process:
                 config.snapshot_topic, config.checkpoint_topic)
 
     @classmethod
-    def coordinator(cls, config: StreamingStateConfig) -> CheckpointCoordinator:
+    def stores(cls, config: StreamingStateConfig
+               ) -> tuple[KafkaChangelogStorage, KafkaSnapshotStore]:
+        """The changelog storage and snapshot store of ``config`` in this process."""
         key = cls._resource_key(config)
-        if key not in cls.resources:
-            storage = KafkaChangelogStorage(config.changelog())
-            snapshots = KafkaSnapshotStore(config.snapshots())
-            checkpoints = KafkaCheckpointStore(config.checkpoints())
-            cls.resources[key] = (storage, snapshots, CheckpointCoordinator(
-                config.application, checkpoints, snapshots, storage, config.max_parallelism))
-        return cls.resources[key][2]
+        if key not in cls.storages:
+            cls.storages[key] = (KafkaChangelogStorage(config.changelog()),
+                                 KafkaSnapshotStore(config.snapshots()))
+        return cls.storages[key]
+
+    @classmethod
+    def coordinator(cls, config: StreamingStateConfig) -> CheckpointCoordinator:
+        """The driver's coordinator of ``config``'s application."""
+        key = cls._resource_key(config)
+        if key not in cls.coordinators:
+            storage, snapshots = cls.stores(config)
+            cls.coordinators[key] = CheckpointCoordinator(
+                config.application, KafkaCheckpointStore(config.checkpoints()), snapshots,
+                storage, config.max_parallelism)
+        return cls.coordinators[key]
 
     @classmethod
     def committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink
@@ -198,10 +215,12 @@ class _Process:
         for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
                                                          config.application)]:
             cls.backends.pop(key)[0].close()
-        resources = cls.resources.pop(cls._resource_key(config), None)
-        if resources is not None:
-            storage, snapshots, coordinator = resources
+        coordinator = cls.coordinators.pop(cls._resource_key(config), None)
+        if coordinator is not None:
             coordinator.checkpoints.close()
+        stores = cls.storages.pop(cls._resource_key(config), None)
+        if stores is not None:
+            storage, snapshots = stores
             snapshots.close()
             storage.close()
 
@@ -323,6 +342,7 @@ class StatefulProcessor:
                         F.floor(F.col(KEY_GROUP_COLUMN) * p / max_p).cast("int"))
         )
         task = _SubtaskTask(config, self.fn, columns, self.order_by, plan.base,
+                            _assigned_handles(coordinator, config, plan.base),
                             plan.checkpoint_id, self.output_schema, batch_id)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -343,9 +363,7 @@ class StatefulProcessor:
             raise ChangelogError(
                 f"batch {batch_id}: expected state handles of subtasks 0..{p - 1}, got "
                 f"{sorted(handles[SUBTASK_COLUMN])}")
-        subtasks = [
-            CompletedCheckpoint.from_bytes(bytes(h)).subtasks[0] for h in handles[HANDLE_COLUMN]
-        ]
+        subtasks = [SubtaskState.from_bytes(bytes(h)) for h in handles[HANDLE_COLUMN]]
         partitions = {int(s): int(q) for s, q in
                       zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
         restores = {int(s): float(r) for s, r in
@@ -400,12 +418,16 @@ class _SubtaskTask:
 
     def __init__(self, config: StreamingStateConfig, fn: StatefulFunction,
                  key_columns: list[str], order_by: tuple[str, ...], base: int | None,
-                 checkpoint_id: int, output_schema: str, batch_id: int) -> None:
+                 handles: dict[int, list[KeyedStateHandle]], checkpoint_id: int,
+                 output_schema: str, batch_id: int) -> None:
         self.config = config
         self.fn = fn
         self.key_columns = key_columns
         self.order_by = order_by
         self.base = base
+        # Per subtask, the base checkpoint's handles overlapping its key groups (assigned
+        # by the driver, as Flink's JobManager assigns state).
+        self.handles = handles
         self.checkpoint_id = checkpoint_id
         self.batch_id = batch_id
         self.output_columns = [c.strip().split()[0].strip("`")
@@ -453,10 +475,8 @@ class _SubtaskTask:
                 outputs.extend(_as_records(produced))
         handle = backend.snapshot(self.checkpoint_id).result()
         _Process.backends[self._cache_key(subtask)] = (backend, self.checkpoint_id)
-        encoded = CompletedCheckpoint(
-            self.config.application, self.checkpoint_id, 0, self.config.max_parallelism,
-            (SubtaskState(self.config.operator_id, subtask, self.config.parallelism, handle,
-                          None),)).to_bytes()
+        encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
+                               handle, None).to_bytes()
         marker: dict[str, Any] = dict.fromkeys(self.output_columns)
         marker.update({HANDLE_COLUMN: encoded})
         records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
@@ -495,15 +515,37 @@ class _SubtaskTask:
                 return backend, -1.0
             backend.close()
         started = time.monotonic()
-        coordinator = _Process.coordinator(config)
-        checkpoint = (coordinator.checkpoints.get(config.application, self.base)
-                      if self.base is not None else None)
-        backend = coordinator.restore_keyed(
-            config.operator_id, key_groups, checkpoint, config.changelog(),
-            MaterializationConfig(interval_s=config.materialization_interval_s,
-                                  start_jitter_s=min(60.0, (config.materialization_interval_s
-                                                            or 0) / 10)))
+        storage, snapshots = _Process.stores(config)
+        materialization = MaterializationConfig(
+            interval_s=config.materialization_interval_s,
+            start_jitter_s=min(60.0, (config.materialization_interval_s or 0) / 10))
+        handles = self.handles.get(subtask, [])
+        if handles:
+            backend = restore_backend(storage, snapshots, config.operator_id, key_groups,
+                                      config.max_parallelism, handles,
+                                      materialization=materialization)
+        else:
+            backend = ChangelogKeyedStateBackend(storage, snapshots, config.operator_id,
+                                                 key_groups, config.max_parallelism,
+                                                 materialization)
         return backend, time.monotonic() - started
+
+
+def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingStateConfig,
+                      base: int | None) -> dict[int, list[KeyedStateHandle]]:
+    """Per subtask of ``config.parallelism``, the keyed state handles of checkpoint ``base``
+    that overlap its key groups (read once, on the driver)."""
+    if base is None:
+        return {}
+    checkpoint = coordinator.checkpoints.get(config.application, base)
+    old = [s.keyed for s in checkpoint.subtasks_of(config.operator_id) if s.keyed is not None]
+    assigned = {}
+    for subtask in range(config.parallelism):
+        key_groups = key_group_range_for_operator(config.max_parallelism, config.parallelism,
+                                                  subtask)
+        assigned[subtask] = [h for h in old
+                             if not h.key_group_range.intersection(key_groups).is_empty]
+    return assigned
 
 
 def _typed_like(outputs: pd.DataFrame, schema: Any) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from .errors import CheckpointFormatError
 from .snapshot import SnapshotHandle
 
 SCHEMA_NAME = "checkpoint"
+SUBTASK_SCHEMA_NAME = "subtask_state"
 #: Version 2 added ``log_floors`` and ``properties``; version 1 records still read.
 FORMAT_VERSION = 2
 _SCHEMA_OF_VERSION = {1: "checkpoint_v1", 2: SCHEMA_NAME}
@@ -88,6 +89,19 @@ class SubtaskState:
     parallelism: int
     keyed: KeyedStateHandle | None
     operator: OperatorStateHandle | None
+
+    def to_bytes(self) -> bytes:
+        """Serialise (Avro ``schemas/subtask_state.avsc``): what a task reports."""
+        return encode(SUBTASK_SCHEMA_NAME, _subtask_record(self))
+
+    @staticmethod
+    def from_bytes(data: bytes) -> SubtaskState:
+        """Inverse of :meth:`to_bytes`; :class:`CheckpointFormatError` on anything else."""
+        try:
+            return _subtask_from_record(decode(SUBTASK_SCHEMA_NAME, data))
+        except Exception as exc:
+            raise CheckpointFormatError(
+                f"not a serialised subtask state ({len(data)} bytes): {exc}") from exc
 
     def __post_init__(self) -> None:
         if not 0 <= self.subtask_index < self.parallelism:
