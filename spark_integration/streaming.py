@@ -25,6 +25,7 @@ id, as with any ``foreachBatch`` sink).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -52,6 +53,7 @@ from kafka_changelog.state.restore import restore_backend
 from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink
 from .keys import key_columns_of, key_sql
+from .metrics import SubtaskMetrics, log_batch
 from .subtask_partitioning import partition_by_subtask
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ SUBTASK_COLUMN = "__kc_subtask"
 KEY_COLUMN = "__kc_key"
 KEY_GROUP_COLUMN = "__kc_key_group"
 PARTITION_COLUMN = "__kc_partition"
-RESTORE_COLUMN = "__kc_restore_s"
+METRICS_COLUMN = "__kc_metrics"
 _INTERNAL_COLUMNS = [SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN]
 
 #: The points of a micro-batch a :data:`BatchListener` hears about, in order.
@@ -243,8 +245,8 @@ class BatchReport:
     sink_s: float = 0.0
     #: The Spark partition that ran each subtask (one each: subtasks run in parallel).
     subtask_partitions: dict[int, int] = field(default_factory=dict)
-    #: Seconds each subtask spent restoring its backend from Kafka (subtasks that reused
-    #: the backend cached in their Python worker are not listed).
+    #: Seconds each subtask spent restoring its backend from Kafka (subtasks that reattached
+    #: the backend their Python worker kept, or started empty, are not listed).
     restore_s: dict[int, float] = field(default_factory=dict)
     #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
     materializations: dict[int, int] = field(default_factory=dict)
@@ -252,6 +254,13 @@ class BatchReport:
     kind: str = "new"
     #: The Spark query that ran the batch ("" outside a streaming query).
     query_id: str = ""
+    #: What each subtask held and did (state rows and bytes, changes persisted,
+    #: materializations, reattached or restored).
+    subtask_metrics: dict[int, SubtaskMetrics] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (JSON-able), e.g. for a metrics system."""
+        return dataclasses.asdict(self)
 
 
 class StatefulProcessor:
@@ -353,7 +362,7 @@ class StatefulProcessor:
             # that gets it refuses it, naming the column.
             keyed, SUBTASK_COLUMN, p,
         ).mapInPandas(run_partition, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
-                                     f"{PARTITION_COLUMN} int, {RESTORE_COLUMN} double, "
+                                     f"{PARTITION_COLUMN} int, {METRICS_COLUMN} string, "
                                      f"{HANDLE_COLUMN} binary")
         tasks_started = time.monotonic()
         collected = result.toPandas()
@@ -366,14 +375,14 @@ class StatefulProcessor:
         subtasks = [SubtaskState.from_bytes(bytes(h)) for h in handles[HANDLE_COLUMN]]
         partitions = {int(s): int(q) for s, q in
                       zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
-        restores = {int(s): float(r) for s, r in
-                    zip(handles[SUBTASK_COLUMN], handles[RESTORE_COLUMN], strict=True) if r >= 0}
+        metrics = {m.subtask: m for m in map(SubtaskMetrics.from_json, handles[METRICS_COLUMN])}
+        restores = {s: m.restore_s for s, m in metrics.items() if m.state_source == "restored"}
         materializations = {
             s.subtask_index: (s.keyed.materialization_id
                               if s.keyed is not None and s.keyed.snapshot is not None else 0)
             for s in subtasks}
         outputs = _typed_like(collected[collected[HANDLE_COLUMN].isnull()].drop(
-            columns=[SUBTASK_COLUMN, PARTITION_COLUMN, RESTORE_COLUMN, HANDLE_COLUMN]
+            columns=[SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]
         ).reset_index(drop=True), result.schema)
         self._emit("before_commit", batch_id)
         commit_started = time.monotonic()
@@ -385,10 +394,12 @@ class StatefulProcessor:
         if sink is not None and not isinstance(sink, KafkaOutputSink):
             frame = batch_df.sparkSession.createDataFrame(outputs, self.output_schema)
             sink(frame, batch_id)
-        self.reports.append(BatchReport(
+        report = BatchReport(
             batch_id, plan.checkpoint_id, plan.base, plan.commit, len(outputs),
             time.monotonic() - started, task_s, commit_s, time.monotonic() - sink_started,
-            partitions, restores, materializations, plan.kind, query_id))
+            partitions, restores, materializations, plan.kind, query_id, metrics)
+        self.reports.append(report)
+        log_batch(report)
 
     def _commit(self, coordinator: CheckpointCoordinator,
                 committer: TransactionalCommitter | None, plan: BatchPlan,
@@ -455,13 +466,16 @@ class _SubtaskTask:
         frame = self(rows, subtask)
         frame[PARTITION_COLUMN] = subtask
         yield frame[[*self.output_columns, SUBTASK_COLUMN, PARTITION_COLUMN,
-                     RESTORE_COLUMN, HANDLE_COLUMN]]
+                     METRICS_COLUMN, HANDLE_COLUMN]]
 
     def __call__(self, rows: pd.DataFrame | None, subtask: int) -> pd.DataFrame:
         """One subtask's rows (None or empty: no input) -> its outputs and state handle."""
-        backend, restore_s = self._backend(subtask)
+        backend, restore_s, source = self._backend(subtask)
+        materialized_before = backend.materialization_stats
+        backend.take_logged()  # count this batch's changes only
         outputs: list[dict[str, Any]] = []
         state = KeyState(backend)
+        keys = 0
         if rows is not None and len(rows):
             self._check_keys(rows)
             data = rows.sort_values([KEY_COLUMN, *self.order_by], kind="stable")
@@ -473,7 +487,18 @@ class _SubtaskTask:
                 values = tuple(_natural(first[c]) for c in self.key_columns)
                 produced = self.fn(values[0] if single else values, group[user_columns], state)
                 outputs.extend(_as_records(produced))
+                keys += 1
         handle = backend.snapshot(self.checkpoint_id).result()
+        changes, change_bytes = backend.take_logged()
+        materialized = backend.materialization_stats
+        metrics = SubtaskMetrics(
+            subtask=subtask, rows_in=0 if rows is None else len(rows), keys=keys,
+            state_rows=backend.state_rows(), checkpoint_bytes=handle.state_size,
+            changes=changes, change_bytes=change_bytes,
+            materializations_started=materialized.started - materialized_before.started,
+            materializations_completed=materialized.completed - materialized_before.completed,
+            materialized_bytes=materialized.bytes_written - materialized_before.bytes_written,
+            state_source=source, restore_s=restore_s)
         _Process.backends[self._cache_key(subtask)] = (backend, self.checkpoint_id)
         encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
                                handle, None).to_bytes()
@@ -482,9 +507,8 @@ class _SubtaskTask:
         records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
         frame = pd.DataFrame(records, columns=[*self.output_columns, HANDLE_COLUMN])
         frame[SUBTASK_COLUMN] = subtask
-        # On the handle row only: seconds restoring, or -1 when the cached backend served.
-        frame[RESTORE_COLUMN] = [None] * len(outputs) + [restore_s]
-        return frame[[*self.output_columns, SUBTASK_COLUMN, RESTORE_COLUMN, HANDLE_COLUMN]]
+        frame[METRICS_COLUMN] = [None] * len(outputs) + [metrics.to_json()]  # handle row only
+        return frame[[*self.output_columns, SUBTASK_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]]
 
     def _check_keys(self, rows: pd.DataFrame) -> None:
         """Refuse rows whose key is null (Spark's null key bytes): never drop them."""
@@ -502,8 +526,9 @@ class _SubtaskTask:
         c = self.config
         return (c.bootstrap_servers, c.application, c.operator_id, c.parallelism, subtask)
 
-    def _backend(self, subtask: int) -> tuple[ChangelogKeyedStateBackend, float]:
-        """The subtask's backend at ``base`` and the seconds restoring it (-1: cached)."""
+    def _backend(self, subtask: int) -> tuple[ChangelogKeyedStateBackend, float, str]:
+        """The subtask's backend at ``base``, the seconds restoring it, and where its state
+        came from ("reattached", "restored" or "fresh")."""
         config = self.config
         key_groups: KeyGroupRange = key_group_range_for_operator(
             config.max_parallelism, config.parallelism, subtask)
@@ -512,7 +537,7 @@ class _SubtaskTask:
             backend, at = cached
             if at == self.base and self.base is not None:
                 backend.notify_checkpoint_complete(at)
-                return backend, -1.0
+                return backend, 0.0, "reattached"
             backend.close()
         started = time.monotonic()
         storage, snapshots = _Process.stores(config)
@@ -528,7 +553,8 @@ class _SubtaskTask:
             backend = ChangelogKeyedStateBackend(storage, snapshots, config.operator_id,
                                                  key_groups, config.max_parallelism,
                                                  materialization)
-        return backend, time.monotonic() - started
+            return backend, 0.0, "fresh"
+        return backend, time.monotonic() - started, "restored"
 
 
 def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingStateConfig,

@@ -97,6 +97,9 @@ class ChangelogKeyedStateBackend:
         # nobody's and the backend tombstones them itself.
         self._handed_out_upto = 0
         self._changed: set[int] = set()
+        # Changes logged (and their payload bytes) since the last take_logged().
+        self._logged_changes = 0
+        self._logged_bytes = 0
         self._checkpoints: dict[int, tuple[SequenceNumber, SequenceNumber]] = {}
         self._lock = threading.Lock()
         # Local recovery keeps a journal of what was logged since the materialization:
@@ -150,12 +153,16 @@ class ChangelogKeyedStateBackend:
         payload = op.to_bytes()
         self._writer.append(key_group, payload)
         self._changed.add(key_group)
+        self._logged_changes += 1
+        self._logged_bytes += len(payload)
         if self._local is not None:
             self._journal.append(StateChange(key_group, payload))
 
     def _append_meta(self, meta: StateMeta) -> None:
         payload = meta.to_bytes()
         self._writer.append_meta(payload)
+        self._logged_changes += 1
+        self._logged_bytes += len(payload)
         if self._local is not None:
             self._journal.append(StateChange.meta(payload))
 
@@ -406,6 +413,17 @@ class ChangelogKeyedStateBackend:
     def materialization_stats(self) -> MaterializationStats:
         """Completed, consecutive failed and skipped materializations."""
         return self._materialization.stats
+
+    def take_logged(self) -> tuple[int, int]:
+        """Changes logged and their payload bytes since the last call (metrics)."""
+        logged = (self._logged_changes, self._logged_bytes)
+        self._logged_changes = self._logged_bytes = 0
+        return logged
+
+    def state_rows(self) -> int:
+        """Entries in the working copy (a key of a state; list and map states count once)."""
+        return sum(len(entries) for states in self.table.groups.values()
+                   for entries in states.values())
 
     @property
     def writer(self) -> StateChangelogWriter[Any]:

@@ -47,6 +47,10 @@ class MaterializationStats:
     completed: int
     failed_in_a_row: int
     skipped: int
+    #: Started, in all.
+    started: int = 0
+    #: Bytes of the chunks the materializations wrote (reused chunks not counted).
+    bytes_written: int = 0
 
 
 class MaterializationManager:
@@ -62,6 +66,8 @@ class MaterializationManager:
         self._failure: MaterializationFailedError | None = None
         self._completed = 0
         self._skipped = 0
+        self._started = 0
+        self._bytes_written = 0
 
     def take_due(self) -> bool:
         """Whether the timer marked a materialization as due (the mark is taken)."""
@@ -80,6 +86,7 @@ class MaterializationManager:
         assert self.running is None, "one materialization at a time"
         logger.info("%s: materialization %d of %d key groups started", self._owner,
                     materialization_id, len(changed))
+        self._started += 1
         future = self._executor.submit(write)
         self.running = MaterializationRun(future, materialization_id, upto, changed,
                                           journal_cut, time.monotonic())
@@ -99,8 +106,12 @@ class MaterializationManager:
         if error is None:
             self._failures_in_a_row = 0
             self._completed += 1
-            logger.info("%s: materialization %d done in %.3f s (%d chunks)", self._owner,
-                        run.materialization_id, seconds, len(run.future.result().chunks))
+            written = [c for c in run.future.result().chunks
+                       if c.materialization_id == run.materialization_id]
+            self._bytes_written += sum(c.size for c in written)
+            logger.info("%s: materialization %d done in %.3f s (%d chunks written, %d bytes)",
+                        self._owner, run.materialization_id, seconds, len(written),
+                        sum(c.size for c in written))
             return run
         self._failures_in_a_row += 1
         logger.warning("%s: materialization %d failed after %.3f s (%d in a row, %d allowed): "
@@ -126,7 +137,8 @@ class MaterializationManager:
     @property
     def stats(self) -> MaterializationStats:
         """Completed, consecutive failed and skipped materializations."""
-        return MaterializationStats(self._completed, self._failures_in_a_row, self._skipped)
+        return MaterializationStats(self._completed, self._failures_in_a_row, self._skipped,
+                                    self._started, self._bytes_written)
 
     def close(self) -> None:
         """Stop the timer and wait for background work."""

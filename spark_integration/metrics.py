@@ -1,0 +1,116 @@
+"""State metrics of each micro-batch, where Spark users look for them.
+
+Every subtask reports :class:`SubtaskMetrics` with its state handle; the driver keeps
+them in the batch's :class:`~spark_integration.streaming.BatchReport`, logs a summary at
+INFO, and :class:`StateMetricsListener` hands each report to a function of yours when
+Spark reports the batch's progress (a ``StreamingQueryListener``), next to Spark's own
+``StreamingQueryProgress``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+if TYPE_CHECKING:
+    from .streaming import BatchReport, StatefulProcessor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SubtaskMetrics:
+    """What one subtask held and did in one micro-batch."""
+
+    subtask: int
+    #: Input rows and distinct keys of the batch given to the subtask.
+    rows_in: int
+    keys: int
+    #: Entries in the working copy after the batch (a key of a state; a list or map counts
+    #: once).
+    state_rows: int
+    #: Bytes the subtask's checkpoint refers to: snapshot chunks plus changelog since.
+    checkpoint_bytes: int
+    #: State changes logged in this batch, and their payload bytes (what the checkpoint's
+    #: persist made durable, registrations included).
+    changes: int
+    change_bytes: int
+    #: Materializations started and completed in this batch, and the bytes they wrote.
+    materializations_started: int
+    materializations_completed: int
+    materialized_bytes: int
+    #: How the subtask got its state: "reattached" (the backend its Python worker kept,
+    #: exactly at the base checkpoint), "restored" (from Kafka) or "fresh" (no state yet).
+    state_source: str
+    #: Seconds restoring (0 when reattached or fresh).
+    restore_s: float
+
+    def to_json(self) -> str:
+        """One JSON object (what a task sends to the driver)."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> SubtaskMetrics:
+        """Inverse of :meth:`to_json`."""
+        return SubtaskMetrics(**json.loads(text))
+
+
+def log_batch(report: BatchReport) -> None:
+    """One INFO line per batch with the state metrics summed over subtasks."""
+    metrics = report.subtask_metrics.values()
+    sources = sorted({m.state_source for m in metrics})
+    logger.info(
+        "batch %d (checkpoint %d, %s%s): %d rows in, %d keys, state rows %d, checkpoint "
+        "bytes %d, changes %d (%d bytes), materializations %d started / %d done (%d bytes), "
+        "state %s, restore %.3f s, commit %.3f s, tasks %.3f s, batch %.3f s",
+        report.batch_id, report.checkpoint_id, report.kind,
+        "" if report.committed else ", re-run: not committed again",
+        sum(m.rows_in for m in metrics), sum(m.keys for m in metrics),
+        sum(m.state_rows for m in metrics), sum(m.checkpoint_bytes for m in metrics),
+        sum(m.changes for m in metrics), sum(m.change_bytes for m in metrics),
+        sum(m.materializations_started for m in metrics),
+        sum(m.materializations_completed for m in metrics),
+        sum(m.materialized_bytes for m in metrics), "/".join(sources) or "-",
+        max((m.restore_s for m in metrics), default=0.0), report.commit_s, report.task_s,
+        report.seconds)
+
+
+class StateMetricsListener(StreamingQueryListener):
+    """A ``StreamingQueryListener`` that passes each batch's state report on.
+
+    ``spark.streams.addListener(StateMetricsListener(processor, on_batch))`` calls
+    ``on_batch(report, progress)`` when Spark reports a batch's progress: ``report`` is
+    the :class:`~spark_integration.streaming.BatchReport` of the processor for that
+    batch and query, ``progress`` Spark's ``StreamingQueryProgress`` (rows per second,
+    durations, Spark's own ``stateOperators``). Batches the processor did not run (other
+    queries) are passed over.
+    """
+
+    def __init__(self, processor: StatefulProcessor,
+                 on_batch: Callable[[BatchReport, Any], None]) -> None:
+        super().__init__()
+        self._processor = processor
+        self._on_batch = on_batch
+
+    def onQueryStarted(self, event: Any) -> None:
+        """Nothing to report yet."""
+
+    def onQueryProgress(self, event: Any) -> None:
+        """Hand the batch's report on, if this processor ran the batch."""
+        progress = event.progress
+        query_id, batch_id = str(progress.id), progress.batchId
+        for report in reversed(self._processor.reports):
+            if report.batch_id == batch_id and report.query_id == query_id:
+                self._on_batch(report, progress)
+                return
+
+    def onQueryIdle(self, event: Any) -> None:
+        """Nothing to report."""
+
+    def onQueryTerminated(self, event: Any) -> None:
+        """Nothing to report."""
