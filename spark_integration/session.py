@@ -69,6 +69,10 @@ def spark_session(
     everything else (a ``spark.jars`` in it is kept, the connector's are added).
     """
     python = ensure_worker_python()
+    address = driver_address_config(master)
+    if address:
+        # Read when the JVM starts: Spark then binds nothing to the host's other addresses.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     config: dict[str, Any] = {
@@ -80,7 +84,7 @@ def spark_session(
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # Executors of a cluster on this machine run this interpreter (this project's).
         "spark.pyspark.python": python,
-        **driver_address_config(master),
+        **address,
     }
     extra = dict(extra_config or {})
     if kafka_connector:
