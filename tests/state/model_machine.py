@@ -124,6 +124,15 @@ class CheckpointMachine(RuleBasedStateMachine):
         self.committed = copy.deepcopy(self.model)
 
     @rule()
+    def materialize_all_then_checkpoint(self) -> None:
+        # A checkpoint whose every subtask has a fresh snapshot: once subsumed, its
+        # chunks are garbage for the coordinator (unlike those of materializations no
+        # checkpoint saw, which the backend drops itself).
+        for backend in self.backends:
+            backend.materialize_now()
+        self.checkpoint()
+
+    @rule()
     def aborted_checkpoint(self) -> None:
         checkpoint_id = self.next_checkpoint
         self.next_checkpoint += 1
