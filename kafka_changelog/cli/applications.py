@@ -130,8 +130,8 @@ def show_ranges(ranges: list[dict[str, Any]]) -> str:
 
 
 def _materializations(ids: list[int]) -> str:
-    if not ids:
-        return "-"
+    if not any(ids):
+        return "none"  # id 0: no materialization yet, the changelog holds everything
     return str(ids[0]) if len(ids) == 1 else f"{ids[0]}..{ids[-1]} ({len(ids)} ids)"
 
 
@@ -153,7 +153,8 @@ def _applications(args: argparse.Namespace) -> int:
             app["application"],
             latest if latest is not None else pending,
             app["time"], age(app["timestamp_ms"], now) if latest is not None else None,
-            ", ".join(f"{o['operator']} (p={o['parallelism']})" for o in app["operators"]),
+            ", ".join(f"{o['operator']} (p={o['parallelism']})" for o in app["operators"])
+            or None,
             app["max_parallelism"], _ids(app["checkpoint_ids"]),
         ])
     print(table(["APPLICATION", "LATEST", "TIME", "AGE", "OPERATORS", "MAX_P",
