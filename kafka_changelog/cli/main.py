@@ -12,7 +12,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from confluent_kafka import KafkaError, KafkaException
+
 from ..errors import ChangelogError
+from ..kafka.errors import describe
 from . import applications, broker, handles, reset, state, verify
 from .options import add_connection_options, add_json_option, add_topic_options
 
@@ -60,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return result
     except ChangelogError as exc:
         print(f"kafka-changelog: error: {exc}", file=sys.stderr)
+        return 2
+    except KafkaException as exc:  # a client call the library did not wrap
+        error = exc.args[0] if exc.args else None
+        shown = describe(error) if isinstance(error, KafkaError) else str(exc)
+        print(f"kafka-changelog: error: Kafka: {shown}", file=sys.stderr)
         return 2
 
 

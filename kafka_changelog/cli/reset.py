@@ -19,13 +19,17 @@ it only shows what it would delete.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import OffsetSpec
 
+from ..errors import ChangelogError, KafkaAccessError
 from ..kafka import KafkaChangelogHandle, KafkaChangelogStorage
 from ..kafka.access import connect_admin
+from ..kafka.errors import describe, is_access_error
 from ..kafka.gc import list_offsets
 from ..state.checkpoint import CompletedCheckpoint, LogFloor
 from ..state.checkpoint_store import checkpoint_key, guard_key, latest_key
@@ -124,19 +128,31 @@ def looks_alive(plan: ResetPlan, alive_within_s: float, now: int) -> str | None:
             "stop it first, or pass --force")
 
 
+def _produce(settings: dict[str, Any], topic: str, records: list[OutRecord], what: str,
+             error_type: Callable[[str], ChangelogError], timeout_s: float) -> None:
+    producer = AckedProducer(settings, topic, error_type, timeout_s)
+    try:
+        producer.produce_all(records, what)
+    except KafkaException as exc:
+        # A fatal producer error (no ACL for an idempotent producer) escapes from the
+        # producer's poll as a KafkaException: name it like any other refusal.
+        error = exc.args[0]
+        cls = KafkaAccessError if is_access_error(error) else CliError
+        raise cls(f"producing {what} to {topic} failed: {describe(error)}") from exc
+    finally:
+        producer.close(timeout_s)
+
+
 def _tombstones(connected: Connection, plan: ResetPlan) -> None:
+    timeout = connected.request_timeout_s
     by_topic: dict[str, list[OutRecord]] = {}
     for topic, partition, key in plan.chunks:
         by_topic.setdefault(topic, []).append(OutRecord(partition, key.encode(), None, []))
     for topic, records in sorted(by_topic.items()):
         progress(f"reset: tombstoning {len(records)} snapshot chunks in {topic}")
-        producer = AckedProducer(connected.snapshot_config(topic, 128).producer(), topic,
-                                 SnapshotWriteError, connected.request_timeout_s)
-        try:
-            producer.produce_all(records, f"{len(records)} chunk tombstones of application "
-                                          f"{plan.application!r}")
-        finally:
-            producer.close(connected.request_timeout_s)
+        _produce(connected.snapshot_config(topic, 128).producer(), topic, records,
+                 f"{len(records)} chunk tombstones of application {plan.application!r}",
+                 SnapshotWriteError, timeout)
     # The pointer first: until the last checkpoint tombstone, the latest is still the
     # newest checkpoint left, so a crash in between leaves a consistent view.
     app, topic = plan.application, plan.checkpoint_topic
@@ -144,13 +160,9 @@ def _tombstones(connected: Connection, plan: ResetPlan) -> None:
         guard_key(app, g) for g in plan.guard_ids]
     progress(f"reset: tombstoning {len(plan.checkpoint_ids)} checkpoints, the latest pointer "
              f"and {len(plan.guard_ids)} guards of {app!r} in {topic}")
-    producer = AckedProducer(connected.checkpoint_config(topic).producer(), topic,
-                             CheckpointStoreError, connected.request_timeout_s)
-    try:
-        producer.produce_all([OutRecord(0, k.encode(), None, []) for k in keys],
-                             f"tombstones of application {app!r}")
-    finally:
-        producer.close(connected.request_timeout_s)
+    _produce(connected.checkpoint_config(topic).producer(), topic,
+             [OutRecord(0, k.encode(), None, []) for k in keys],
+             f"tombstones of application {app!r}", CheckpointStoreError, timeout)
 
 
 def _collect(connected: Connection, plan: ResetPlan) -> None:
