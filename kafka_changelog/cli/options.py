@@ -52,18 +52,35 @@ def add_connection_options(parser: argparse.ArgumentParser, *, nested: bool) -> 
 
 
 def add_topic_options(parser: argparse.ArgumentParser, *, nested: bool) -> None:
-    """``--changelog-topic``, ``--snapshot-topic`` and ``--checkpoint-topic``."""
-    for name, default, text in [
-        ("--checkpoint-topic", DEFAULT_CHECKPOINT_TOPIC, "where applications and their "
-         "checkpoints are found"),
-        ("--changelog-topic", DEFAULT_CHANGELOG_TOPIC, "the applications' changelog topic: "
-         "reset collects garbage there (and in every topic the checkpoints name); verify notes "
-         "handles elsewhere"),
-        ("--snapshot-topic", DEFAULT_SNAPSHOT_TOPIC, "the applications' snapshot topic: verify "
-         "notes chunks elsewhere (data is always read where the checkpoints say)"),
-    ]:
-        parser.add_argument(name, help=f"{text} (default {default})",
-                            default=argparse.SUPPRESS if nested else default)
+    """``--checkpoint-topic``, ``--changelog-topic`` and ``--snapshot-topic``.
+
+    The data topics default to None (read them with :func:`changelog_topic` and
+    :func:`snapshot_topic`), so ``reset`` can tell a topic the user named from the default.
+    """
+    parser.add_argument("--checkpoint-topic",
+                        help="where applications and their checkpoints are found (default "
+                             f"{DEFAULT_CHECKPOINT_TOPIC})",
+                        default=argparse.SUPPRESS if nested else DEFAULT_CHECKPOINT_TOPIC)
+    parser.add_argument("--changelog-topic",
+                        help="the applications' changelog topic (default "
+                             f"{DEFAULT_CHANGELOG_TOPIC}): verify notes handles elsewhere; "
+                             "reset collects garbage in it too when it is given",
+                        default=argparse.SUPPRESS if nested else None)
+    parser.add_argument("--snapshot-topic",
+                        help="the applications' snapshot topic (default "
+                             f"{DEFAULT_SNAPSHOT_TOPIC}): verify notes chunks elsewhere (data "
+                             "is always read where the checkpoints say)",
+                        default=argparse.SUPPRESS if nested else None)
+
+
+def changelog_topic(args: argparse.Namespace) -> str:
+    """``--changelog-topic``, or the library's default."""
+    return getattr(args, "changelog_topic", None) or DEFAULT_CHANGELOG_TOPIC
+
+
+def snapshot_topic(args: argparse.Namespace) -> str:
+    """``--snapshot-topic``, or the library's default."""
+    return getattr(args, "snapshot_topic", None) or DEFAULT_SNAPSHOT_TOPIC
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

@@ -92,8 +92,14 @@ def _handles(checkpoints: list[CompletedCheckpoint]) -> list[KafkaChangelogHandl
             for h in s.keyed.changelog if isinstance(h, KafkaChangelogHandle)]
 
 
-def plan_reset(view: CheckpointTopicView, application: str, changelog_topic: str) -> ResetPlan:
-    """What resetting ``application`` deletes, from the checkpoint topic as it is now."""
+def plan_reset(view: CheckpointTopicView, application: str,
+               changelog_topic: str | None = None) -> ResetPlan:
+    """What resetting ``application`` deletes, from the checkpoint topic as it is now.
+
+    Garbage is collected in the changelog topics its checkpoints name, and in
+    ``changelog_topic`` if given: never in a topic nobody named, which applications
+    with another checkpoint topic might use (their needs are not visible here).
+    """
     known = view.known_applications()
     if application not in known:
         raise CliError(
@@ -112,7 +118,8 @@ def plan_reset(view: CheckpointTopicView, application: str, changelog_topic: str
         last_activity_ms=max(times) if times else None,
         chunks=sorted(own_chunks - other_chunks),
         shared_chunks=len(own_chunks & other_chunks),
-        changelog_topics=sorted({h.topic for h in _handles(mine)} | {changelog_topic}))
+        changelog_topics=sorted({h.topic for h in _handles(mine)}
+                                | ({changelog_topic} if changelog_topic else set())))
 
 
 def looks_alive(plan: ResetPlan, alive_within_s: float, now: int) -> str | None:
@@ -214,7 +221,8 @@ def _print_plan(plan: ResetPlan, done: bool) -> None:
     print(f"  {verb} snapshot chunks: {chunks or 'none'} (kept {plan.shared_chunks} that other "
           "applications use)")
     if not done:
-        print(f"  would collect changelog garbage in: {', '.join(plan.changelog_topics)}")
+        print("  would collect changelog garbage in: "
+              f"{', '.join(plan.changelog_topics) or 'none (no checkpoint names a topic)'}")
     for gc in plan.collected:
         moved = ", ".join(f"[{p}] {gc['log_start_before'][p]} -> {o}"
                           for p, o in gc["log_start_after"].items())
@@ -224,7 +232,7 @@ def _print_plan(plan: ResetPlan, done: bool) -> None:
 def _run(args: argparse.Namespace) -> int:
     connected = connection(args)
     with open_view(connected, args.checkpoint_topic) as view:
-        plan = plan_reset(view, args.application, args.changelog_topic)
+        plan = plan_reset(view, args.application, getattr(args, "changelog_topic", None))
     alive = looks_alive(plan, args.alive_within, now_ms())
     refusal = None if args.force else alive
     if refusal is None and not args.yes:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..keygroups import KeyGroupRange, key_group_for_key
 from .keyarg import encode_cli_key
-from .options import CliError, connection
+from .options import CliError, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, table, when
 from .readonly import check_operator, open_view, select_checkpoint
 from .restore import StateLoader
@@ -34,8 +34,8 @@ def _run(args: argparse.Namespace) -> int:
             f"no subtask of operator {args.operator!r} in checkpoint "
             f"{checkpoint.checkpoint_id} of application {args.application!r} has keyed state "
             f"for key group {key_group}")
-    with StateLoader(connected, checkpoint, args.changelog_topic,
-                     args.snapshot_topic) as loader:
+    with StateLoader(connected, checkpoint, changelog_topic(args),
+                     snapshot_topic(args)) as loader:
         state = loader.load(args.operator, KeyGroupRange(key_group, key_group))
     states: list[dict[str, Any]] = []
     shown: list[list[Any]] = []

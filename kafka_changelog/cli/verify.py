@@ -17,7 +17,7 @@ from ..errors import ChangelogError, KafkaAccessError
 from ..kafka.handle import KafkaChangelogHandle
 from ..state.checkpoint import CompletedCheckpoint, SubtaskState
 from ..state.table import StateTable
-from .options import Connection, connection
+from .options import Connection, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, size, table, when
 from .readonly import existing_topics, open_view, select_checkpoint
 from .restore import StateLoader
@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
     connected = connection(args)
     with open_view(connected, args.checkpoint_topic) as view:
         checkpoint = select_checkpoint(view, args.application, args.checkpoint)
-    report = verify(connected, checkpoint, args.changelog_topic, args.snapshot_topic)
+    report = verify(connected, checkpoint, changelog_topic(args), snapshot_topic(args))
     problems = report.all_problems
     if args.json:
         print_json({"application": checkpoint.application,

@@ -178,6 +178,10 @@ def test_reset_without_yes_or_of_a_live_application_deletes_nothing(shared: Shar
     plan = json.loads(dry.stdout)
     assert (plan["reset"], plan["checkpoint_ids"], plan["changelog_gc"]) == (False, [1, 2], [])
     assert plan["refused"] == "dry run: nothing deleted; pass --yes to reset"
+    # Garbage is collected where the checkpoints say, never in a default topic nobody named.
+    unnamed = cli("-b", shared.cluster.bootstrap_servers, "--checkpoint-topic",
+                  topics.checkpoint, "reset", "alpha", "--json")
+    assert json.loads(unnamed.stdout)["changelog_topics"] == [topics.changelog]
     shown = cli(*shared.args("reset", "alpha"))
     assert shown.stdout.splitlines() == [
         f"application alpha (checkpoint topic {topics.checkpoint}):",

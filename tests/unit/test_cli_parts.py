@@ -9,7 +9,12 @@ import pytest
 
 from kafka_changelog.cli.keyarg import encode_cli_key, split_types
 from kafka_changelog.cli.main import build_parser
-from kafka_changelog.cli.options import CliError, connection
+from kafka_changelog.cli.options import (
+    CliError,
+    changelog_topic,
+    connection,
+    snapshot_topic,
+)
 from kafka_changelog.cli.output import age, size, table
 from kafka_changelog.cli.values import Raw, decode_entry, to_json, to_text
 from kafka_changelog.keys import KeyTypeError, encode_key
@@ -100,10 +105,13 @@ def test_shared_options_go_before_or_after_the_command(
     after = parser.parse_args(["verify", "app", "-b", "h:1", "-X", "a=b",
                                "--checkpoint-topic", "cp"])
     for args in (before, after):
-        assert (args.bootstrap_servers, args.X, args.checkpoint_topic, args.changelog_topic,
-                args.snapshot_topic, args.timeout) == (
+        assert (args.bootstrap_servers, args.X, args.checkpoint_topic, changelog_topic(args),
+                snapshot_topic(args), args.timeout) == (
             "h:1", ["a=b"], "cp", "kafka-changelog", "kafka-changelog-snapshots", 30.0)
         assert connection(args).settings() == {"bootstrap.servers": "h:1", "a": "b"}
+    named = parser.parse_args(["reset", "app", "--changelog-topic", "log"])
+    assert (named.changelog_topic, changelog_topic(named)) == ("log", "log")
+    assert parser.parse_args(["reset", "app"]).changelog_topic is None  # not named: no GC
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     with pytest.raises(CliError, match="no broker: pass --bootstrap-servers or set "
                                        "KAFKA_BOOTSTRAP_SERVERS"):
