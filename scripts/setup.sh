@@ -2,7 +2,8 @@
 # Installs everything the project needs on a fresh Debian machine; safe to run again.
 #   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing
 #   - a virtualenv in .venv with the project and its extras (spark, test, dev)
-#   - the Apache Kafka broker jars from Maven Central, in ~/.cache/kafka-changelog
+#   - the Apache Kafka broker jars and Spark's Kafka connector (format("kafka")) from Maven
+#     Central, in ~/.cache/kafka-changelog
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +40,6 @@ fi
 
 log "resolving the Kafka broker jars (Maven Central, cached)"
 .venv/bin/python -m kafka_changelog.testing.jars
+log "resolving Spark's Kafka connector jars (Maven Central, cached)"
+.venv/bin/python -m spark_integration.connector >/dev/null
 log "ready"

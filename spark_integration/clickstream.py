@@ -2,10 +2,11 @@
 
 Used by the main job (``python -m spark_integration.demo``) and the crash tests. The
 input is a Kafka topic of JSON events keyed by user; a Structured Streaming query
-reads it (``format("kafka-topic")``) and keeps, per user, the number of events, the
-running total spent, a count per event kind and the last five pages, writing each
-batch's updated totals to an output topic, exactly once (in the Kafka transaction
-that commits the batch's checkpoint).
+reads it with Spark's Kafka connector (``format("kafka")``) and keeps, per user, the
+number of events, the running total spent, a count per event kind and the last five
+pages, writing each batch's updated totals to an output topic, exactly once (in the
+Kafka transaction that commits the batch's checkpoint). It runs in ``local[n]`` or on
+a cluster (``--master spark://host:port``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from kafka_changelog.state.descriptors import list_state, map_state, reducing_st
 from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
 
 from .kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
-from .streaming import BatchListener, KeyState, StreamingStateConfig, stateful_foreach_batch
+from .streaming import (
+    BatchListener,
+    KeyState,
+    StatefulFunction,
+    StreamingStateConfig,
+    stateful_foreach_batch,
+)
 
 EVENTS = value_state("events", INT64)
 SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
@@ -155,38 +162,54 @@ def output_problems(rows: list[tuple[int, str, int, float]],
     return problems
 
 
+def kafka_input(spark: Any, bootstrap_servers: str, topic: str, max_per_batch: int) -> Any:
+    """The clickstream as a streaming DataFrame ``user, seq, kind, page, amount``, read
+    with Spark's Kafka connector from the beginning of ``topic``, at most
+    ``max_per_batch`` records per micro-batch. Input must never be skipped (the state
+    would silently miss events), hence ``failOnDataLoss``."""
+    from pyspark.sql import functions as F
+
+    raw = (spark.readStream.format("kafka")
+           .option("kafka.bootstrap.servers", bootstrap_servers)
+           .option("subscribe", topic)
+           .option("startingOffsets", "earliest")
+           .option("failOnDataLoss", "true")
+           .option("maxOffsetsPerTrigger", str(max_per_batch))
+           .load())
+    parsed = raw.select(F.col("key").cast("string").alias("user"),
+                        F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
+    return parsed.select("user", "e.seq", "e.kind", "e.page", "e.amount")
+
+
 def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topic: str,
               output_topic: str, checkpoint_dir: str, expected_events: int,
               max_per_batch: int = 2000, timeout_s: float = 600.0,
-              progress: bool = True, listener: BatchListener | None = None) -> dict[str, Any]:
-    """Run the streaming query until ``expected_events`` were processed; returns a summary."""
-    from pyspark.sql import functions as F
+              progress: bool = True, listener: BatchListener | None = None,
+              fn: StatefulFunction = update_user, master: str | None = None,
+              spark_config: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run the streaming query until ``expected_events`` were processed; returns a summary.
 
-    from .kafka_source import KafkaTopicSource
-    from .session import local_session
+    ``master``: ``local[n]`` (default: ``local[max(2, parallelism)]``) or a cluster's
+    URL; ``spark_config``: extra session settings (e.g. a cluster's executor settings).
+    """
+    from .session import spark_session
 
     ensure_topic(settings, output_topic)
-    spark = local_session("clickstream", parallelism=max(2, config.parallelism))
-    spark.dataSource.register(KafkaTopicSource)
+    parallelism = max(2, config.parallelism)
+    spark = spark_session(master or f"local[{parallelism}]", "clickstream", parallelism,
+                          spark_config)
     # Each batch's outputs are committed in the Kafka transaction of its checkpoint.
-    processor = stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
+    processor = stateful_foreach_batch(config, fn, "user", OUTPUT_SCHEMA,
                                        sink=KafkaOutputSink(output_topic, key_column="user"),
                                        order_by=["seq"], listener=listener)
-    source = spark.readStream.format("kafka-topic").option("subscribe", input_topic) \
-        .option("maxOffsetsPerTrigger", str(max_per_batch))
-    for key, value in settings.items():
-        source = source.option(f"kafka.{key}", str(value))
-    parsed = source.load().select(
-        F.col("key").cast("string").alias("user"),
-        F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
-    stream = parsed.select("user", "e.seq", "e.kind", "e.page", "e.amount")
+    stream = kafka_input(spark, settings["bootstrap.servers"], input_topic, max_per_batch)
     query = (stream.writeStream.foreachBatch(processor)
              .option("checkpointLocation", checkpoint_dir)
              .trigger(processingTime="500 milliseconds").start())
     started = time.monotonic()
     try:
         while True:
-            done = _processed_offsets(spark, query)
+            done = _processed_offsets(query)
             if progress:
                 print(f"\r[job] batches {len(processor.reports)}, events read "
                       f"{done}/{expected_events}", end="", flush=True)
@@ -217,18 +240,26 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             "seconds": time.monotonic() - started}
 
 
-def _processed_offsets(spark: Any, query: Any) -> int:
+def _processed_offsets(query: Any) -> int:
+    """Records the query has read: the sum of its source's end offsets
+    (``{"topic": {"partition": offset}}``; the input topic starts at offset 0)."""
     progress = query.lastProgress
     if not progress or not progress.get("sources"):
         return 0
     end = progress["sources"][0].get("endOffset")
     if isinstance(end, str):
         end = json.loads(end)
-    return sum(int(v) for v in (end or {}).values())
+    return sum(int(offset) for partitions in (end or {}).values()
+               for offset in partitions.values())
 
 
-def main(argv: list[str] | None = None, listener: BatchListener | None = None) -> int:
-    """Run the query in this process (the demo runs it as a child it can kill -9)."""
+def main(argv: list[str] | None = None, listener: BatchListener | None = None,
+         fn: StatefulFunction = update_user) -> int:
+    """Run the query in this process (the demo runs it as a child it can kill -9).
+
+    ``listener`` hears the driver's batch events and ``fn`` replaces the stateful
+    function (crash tests inject faults through both).
+    """
     parser = argparse.ArgumentParser(description="the clickstream streaming query")
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--application", default="clickstream")
@@ -240,7 +271,13 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None) -
     parser.add_argument("--max-per-batch", type=int, default=2000)
     parser.add_argument("--materialization-interval", type=float, default=5.0)
     parser.add_argument("--topic-prefix", default="clickstream")
+    parser.add_argument("--master", default=None,
+                        help="Spark master: local[n] (default local[max(2, parallelism)]) or "
+                             "spark://host:port")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     args = parser.parse_args(argv)
+    spark_config = dict(item.split("=", 1) for item in args.spark_conf)
     settings = {"bootstrap.servers": args.bootstrap_servers}
     config = StreamingStateConfig(
         application=args.application, operator_id="user-sessions",
@@ -251,7 +288,8 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None) -
         partitions=8, materialization_interval_s=args.materialization_interval)
     summary = run_query(config, settings, args.input_topic, args.output_topic,
                         args.checkpoint_dir, args.expected_events, args.max_per_batch,
-                        listener=listener)
+                        listener=listener, fn=fn, master=args.master,
+                        spark_config=spark_config)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -1,10 +1,12 @@
 """Spark sessions for kafka-changelog: the right Python on the workers, the Kafka connector.
 
-Spark starts Python workers with ``PYSPARK_PYTHON`` (else ``python3`` from PATH), which
-on most machines is not the interpreter that has this project and pyarrow installed:
-the workers then crash on a missing import. :func:`local_session` points it at this
-interpreter before it starts a local session, unless the user set it: on a cluster
-the workers' Python is the cluster's business (``spark.pyspark.python``).
+Spark starts Python workers with ``PYSPARK_PYTHON`` (else ``python3`` from PATH),
+which on most machines is not the interpreter that has this project and pyarrow
+installed: the workers then crash on a missing import. :func:`spark_session` points
+it at this interpreter (for a local session, and for the executors of a cluster on
+the same machine, through ``spark.pyspark.python``) unless the user set it, and adds
+the jars of Spark's Kafka connector (:mod:`spark_integration.connector`) to
+``spark.jars``, so ``format("kafka")`` works in every session it builds.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from __future__ import annotations
 import os
 import sys
 from typing import Any
+from urllib.parse import urlsplit
+
+from .connector import ensure_connector_jars
+from .connector import spark_version as spark_version
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def ensure_worker_python() -> str:
@@ -22,11 +30,72 @@ def ensure_worker_python() -> str:
     return os.environ["PYSPARK_PYTHON"]
 
 
-def spark_version() -> str:
-    """The installed PySpark's version."""
-    import pyspark
+def connector_config(existing_jars: str | None = None) -> dict[str, str]:
+    """``spark.jars`` with the Kafka connector's jars (after ``existing_jars``, if any)."""
+    jars = [str(path) for path in ensure_connector_jars()]
+    if existing_jars:
+        jars = [*existing_jars.split(","), *jars]
+    return {"spark.jars": ",".join(jars)}
 
-    return str(pyspark.__version__)
+
+def driver_address_config(master: str) -> dict[str, str]:
+    """Loopback driver settings when ``master`` is a standalone master on this machine.
+
+    Executors connect back to the driver at ``spark.driver.host``; Spark's default
+    (the host name's address) may not be reachable where only loopback is, and a
+    master on 127.0.0.1 implies executors on this machine.
+    """
+    if master.startswith("local"):
+        return {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    host = urlsplit(master.split(",")[0]).hostname or ""
+    if host in LOOPBACK_HOSTS:
+        return {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    return {}
+
+
+def spark_session(
+    master: str = "local[2]",
+    app_name: str = "kafka-changelog",
+    parallelism: int = 2,
+    extra_config: dict[str, Any] | None = None,
+    *,
+    kafka_connector: bool = True,
+) -> Any:
+    """A SparkSession on ``master`` set up for this project.
+
+    ``master`` is ``local[n]`` or a cluster (``spark://host:port``). ``parallelism``
+    sets ``spark.sql.shuffle.partitions``. With ``kafka_connector`` (default) the
+    session can read and write ``format("kafka")``. ``extra_config`` wins over
+    everything else (a ``spark.jars`` in it is kept, the connector's are added).
+    """
+    python = ensure_worker_python()
+    address = driver_address_config(master)
+    if address:
+        # Read when the JVM starts: Spark then binds nothing to the host's other addresses.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    config: dict[str, Any] = {
+        "spark.sql.shuffle.partitions": str(parallelism),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.driver.memory": "1g",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        # Executors of a cluster on this machine run this interpreter (this project's).
+        "spark.pyspark.python": python,
+        **address,
+    }
+    extra = dict(extra_config or {})
+    if kafka_connector:
+        config |= connector_config(extra.pop("spark.jars", None))
+    config |= extra
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in config.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def local_session(
@@ -35,20 +104,4 @@ def local_session(
     extra_config: dict[str, Any] | None = None,
 ) -> Any:
     """A ``local[parallelism]`` SparkSession set up for this project (small, quiet, fast)."""
-    ensure_worker_python()
-    from pyspark.sql import SparkSession
-
-    builder = (
-        SparkSession.builder.master(f"local[{parallelism}]")
-        .appName(app_name)
-        .config("spark.sql.shuffle.partitions", str(parallelism))
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-    )
-    for key, value in (extra_config or {}).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return spark_session(f"local[{parallelism}]", app_name, parallelism, extra_config)

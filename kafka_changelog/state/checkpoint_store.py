@@ -20,6 +20,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -84,6 +85,16 @@ def check_retain(retain: int) -> None:
 _Store = TypeVar("_Store", bound="CheckpointStore")
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A changelog guard: where an application started writing before its first checkpoint."""
+
+    guard_id: str
+    #: When it was written (epoch ms; None if not known).
+    timestamp_ms: int | None
+    floors: tuple[LogFloor, ...]
+
+
 class CheckpointStore(ABC):
     """Completed checkpoints per application (see the module docstring).
 
@@ -98,6 +109,7 @@ class CheckpointStore(ABC):
         self._checkpoints: dict[str, dict[int, CompletedCheckpoint]] = {}
         self._pointers: dict[str, int] = {}
         self._guards: dict[str, dict[str, tuple[LogFloor, ...]]] = {}
+        self._guard_times: dict[tuple[str, str], int] = {}
 
     # -- the operations ------------------------------------------------------------------
 
@@ -210,6 +222,28 @@ class CheckpointStore(ABC):
                     for guard in self._guards.get(application, {}).values():
                         floors.extend(guard)
             return floors
+
+    def guards(self, application: str) -> list[Guard]:
+        """The application's guards (before its first checkpoint, or left by a crash)."""
+        with self._lock:
+            self._refresh()
+            return [Guard(g, self._guard_times.get((application, g)), floors)
+                    for g, floors in sorted(self._guards.get(application, {}).items())]
+
+    def known_applications(self) -> list[str]:
+        """Every application with a checkpoint, a latest pointer or a guard, sorted."""
+        with self._lock:
+            self._refresh()
+            found = {a for a, stored in self._checkpoints.items() if stored}
+            found |= set(self._pointers)
+            found |= {a for a, guards in self._guards.items() if guards}
+            return sorted(found)
+
+    def has_pointer(self, application: str) -> bool:
+        """Whether the store holds a latest pointer of ``application``."""
+        with self._lock:
+            self._refresh()
+            return application in self._pointers
 
     def discard(self, application: str, checkpoint_id: int) -> None:
         """Remove a subsumed checkpoint for good (blocking); nothing happens if it is gone.
@@ -347,6 +381,7 @@ class CheckpointStore(ABC):
                 f"cannot decode the changelog guard at {where}: {exc}") from exc
         self._guards.setdefault(application, {})[guard_id] = tuple(
             LogFloor(f["topic"], f["partition"], f["offset"]) for f in record["floors"])
+        self._guard_times[(application, guard_id)] = int(record["timestamp_ms"])
 
     # -- what implementations provide ------------------------------------------------------
 

@@ -13,6 +13,7 @@ Nodes are addressed by *index* (0 .. nodes-1); node index ``i`` has Kafka
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -38,7 +39,7 @@ from kafka_changelog.testing.config import (
 from kafka_changelog.testing.errors import BrokerStartError, KafkaHarnessError
 from kafka_changelog.testing.jars import KAFKA_VERSION, ensure_kafka_jars
 from kafka_changelog.testing.jvm import find_java, format_command, new_cluster_id, server_command
-from kafka_changelog.testing.net import LOOPBACK, free_ports
+from kafka_changelog.testing.net import LOOPBACK, free_ports, port_open
 from kafka_changelog.testing.probe import (
     ProbeTimeout,
     produce_round_trip,
@@ -55,6 +56,9 @@ KEEP_DIR_ENV = "KAFKA_CHANGELOG_KEEP_CLUSTER_DIR"
 """Set to 1 to keep a cluster's directory (data and logs) after ``stop()``, for debugging."""
 
 LOG_TAIL_LINES = 40
+
+#: File in a kept data directory recording what must stay the same across restarts.
+LAYOUT_FILE = "cluster.json"
 
 
 @dataclass
@@ -101,9 +105,17 @@ class LocalKafkaCluster:
             the cluster answers metadata and acknowledges an ``acks=all`` produce.
         kafka_version: which Kafka release's jars to run.
         heap: JVM ``-Xmx`` of each node.
+        client_port: the client port of node 0 (node ``i`` listens on
+            ``client_port + i``); None picks free ports.
+        data_dir: a directory that keeps the nodes' data and logs across
+            ``stop()`` and the next ``start()`` (formatted on first use, reused
+            afterwards with the same controller ports); None: a temporary one.
+        advertised_host: the host name clients are told (default: the loopback
+            address the listeners bind, 127.0.0.1).
 
-    ``stop()`` kills the nodes and deletes all their data; it also runs when
-    ``start()`` fails, and at interpreter exit for clusters never stopped.
+    ``stop()`` kills the nodes and deletes all their data (unless ``data_dir``
+    keeps it); it also runs when ``start()`` fails, and at interpreter exit for
+    clusters never stopped. :meth:`shutdown` stops the nodes gracefully first.
     """
 
     def __init__(
@@ -115,15 +127,23 @@ class LocalKafkaCluster:
         *,
         kafka_version: str = KAFKA_VERSION,
         heap: str = "512m",
+        client_port: int | None = None,
+        data_dir: Path | str | None = None,
+        advertised_host: str | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, not {nodes}")
+        if client_port is not None and not 0 < client_port <= 65536 - nodes:
+            raise ValueError(f"client port {client_port} leaves no room for {nodes} node(s)")
         self.node_count = nodes
         self.security = security
         self.broker_overrides = dict(broker_overrides or {})
         self.startup_timeout = startup_timeout
         self.kafka_version = kafka_version
         self.heap = heap
+        self.client_port = client_port
+        self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
+        self.advertised_host = advertised_host
         self._spec: ClusterSpec | None = None
         self._nodes: list[_Node] = []
         self._root: Path | None = None
@@ -174,8 +194,24 @@ class LocalKafkaCluster:
             raise
         return self
 
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Stop every node gracefully at once (SIGTERM; SIGKILL after ``timeout``), then
+        :meth:`stop`. A kept ``data_dir`` then needs no log recovery at the next start."""
+        running = [n.process for n in self._nodes if n.process is not None]
+        for proc in running:
+            if process.signal_group(proc, signal.SIGTERM):
+                process.signal_group(proc, signal.SIGCONT)  # a paused JVM cannot handle it
+        deadline = time.monotonic() + timeout
+        for proc in running:
+            # Nodes stop in parallel; each waits for what is left of the common deadline.
+            process.terminate(proc, max(0.1, deadline - time.monotonic()))
+        for node in self._nodes:
+            node.process, node.paused = None, False
+        self.stop()
+
     def stop(self) -> None:
-        """Kill every node and delete the cluster's directory. Idempotent."""
+        """Kill every node and delete the cluster's directory (a kept ``data_dir`` stays).
+        Idempotent."""
         admin, self._admin = self._admin, None
         del admin  # release librdkafka threads before the brokers vanish
         for node in self._nodes:
@@ -184,6 +220,8 @@ class LocalKafkaCluster:
         self._nodes = []
         self._spec = None
         root, self._root = self._root, None
+        if root is not None and root == self.data_dir:
+            return  # kept for the next start
         if root is not None:
             process.untrack_directory(root)
             if os.environ.get(KEEP_DIR_ENV) == "1":
@@ -406,35 +444,96 @@ class LocalKafkaCluster:
 
     def _prepare_directories(self) -> None:
         """Create the cluster dir, pick ports and write every node's server.properties."""
-        self._root = root = make_cluster_root()
-        process.track_directory(root)
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._root = root = self.data_dir
+        else:
+            self._root = root = make_cluster_root()
+            process.track_directory(root)
         self._log_config = root / "log4j2.properties"
         self._log_config.write_text(
             resources.files("kafka_changelog.testing").joinpath("log4j2.properties").read_text("utf-8"),
             "utf-8",
         )
-        ports = free_ports(2 * self.node_count, LOOPBACK)
+        client_ports, controller_ports = self._pick_ports()
         specs = tuple(
             NodeSpec(
                 node_id=i + 1,
-                client_port=ports[2 * i],
-                controller_port=ports[2 * i + 1],
+                client_port=client_ports[i],
+                controller_port=controller_ports[i],
                 log_dir=str(root / f"node-{i + 1}" / "data"),
+                advertised_host=self.advertised_host,
             )
             for i in range(self.node_count)
         )
         self._spec = ClusterSpec(specs, self.security, self.broker_overrides)
         for i, spec in enumerate(specs):
             node = _Node(i, spec, root / f"node-{spec.node_id}")
-            Path(spec.log_dir).mkdir(parents=True)
+            Path(spec.log_dir).mkdir(parents=True, exist_ok=self.data_dir is not None)
             node.properties_file.write_text(
                 render_properties(broker_properties(spec, self._spec)), "latin-1"
             )
             self._nodes.append(node)
 
+    def _pick_ports(self) -> tuple[list[int], list[int]]:
+        """Client and controller ports of every node.
+
+        Client ports are fixed (``client_port``) or free ones. Controller ports are
+        free ones, except in a kept ``data_dir`` that was formatted before: the
+        controller quorum remembers its endpoints, so they are reused from there.
+        """
+        count = self.node_count
+        if self.client_port is not None:
+            clients = [self.client_port + i for i in range(count)]
+            taken = [p for p in clients if port_open(LOOPBACK, p)]
+            if taken:
+                raise BrokerStartError(
+                    f"port {taken[0]} on {LOOPBACK} is in use (another Kafka?); pick another "
+                    "client port")
+        else:
+            clients = []
+        layout = self._read_layout()
+        if layout is not None:
+            controllers = [int(p) for p in layout["controller_ports"]]
+        else:
+            picked = [p for p in free_ports(3 * count, LOOPBACK) if p not in clients]
+            controllers = picked[:count]
+            if not clients:
+                clients = picked[count:2 * count]
+            self._write_layout({"nodes": count, "controller_ports": controllers})
+        return clients, controllers
+
+    def _read_layout(self) -> dict[str, Any] | None:
+        """What a kept ``data_dir`` was formatted with (None: not formatted there yet)."""
+        if self.data_dir is None:
+            return None
+        path = self.data_dir / LAYOUT_FILE
+        if not path.exists():
+            return None
+        layout: dict[str, Any] = json.loads(path.read_text("utf-8"))
+        if layout.get("nodes") != self.node_count:
+            raise KafkaHarnessError(
+                f"data directory {self.data_dir} holds a cluster of {layout.get('nodes')} "
+                f"node(s), not {self.node_count}; use another directory or the same node count")
+        return layout
+
+    def _write_layout(self, layout: dict[str, Any]) -> None:
+        if self.data_dir is not None:
+            (self.data_dir / LAYOUT_FILE).write_text(json.dumps(layout) + "\n", "utf-8")
+
     def _format_storage(self, deadline: float) -> None:
-        """Run ``StorageTool format`` for all nodes at once (same cluster id) and check them."""
+        """Run ``StorageTool format`` for all nodes at once (same cluster id) and check them.
+
+        Nodes of a kept ``data_dir`` that are formatted already are left as they are.
+        """
         spec = self._cluster_spec()
+        formatted = [(Path(n.spec.log_dir) / "meta.properties").exists() for n in self._nodes]
+        if all(formatted):
+            return
+        if any(formatted):
+            raise KafkaHarnessError(
+                f"data directory {self.data_dir} has nodes with and without Kafka data "
+                f"(formatted: {formatted}); use a fresh directory")
         cluster_id = new_cluster_id()
         scram = self.security.scram_format_arguments() if self.security else []
         running = []

@@ -1,8 +1,7 @@
-"""``kafka-changelog``: look at handles and topics from the shell.
+"""Commands on handle files and topics: ``inspect``, ``dump``, ``kcat``, ``topics``.
 
 Handles are given as a file (raw bytes or base64 text), as base64 on the
-command line, or as ``-`` for standard input. Client settings use kcat's
-``-X key=value`` (repeatable); ``KAFKA_BOOTSTRAP_SERVERS`` is the default broker.
+command line, or as ``-`` for standard input.
 """
 
 from __future__ import annotations
@@ -12,19 +11,18 @@ import base64
 import binascii
 import contextlib
 import json
-import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ChangelogError
-from .handle import ChangelogHandle
-from .kafka import KafkaChangelogConfig, KafkaChangelogHandle, KafkaChangelogReader
-from .kafka.access import connect_admin
-from .kafka.topics import describe_topic
-from .memory import InMemoryChangelogReader
-from .reader import StateChangelogReader
+from ..errors import ChangelogError
+from ..handle import ChangelogHandle
+from ..kafka import KafkaChangelogConfig, KafkaChangelogHandle, KafkaChangelogReader
+from ..kafka.access import connect_admin
+from ..kafka.topics import describe_topic
+from ..memory import InMemoryChangelogReader
+from ..reader import StateChangelogReader
+from .options import DEFAULT_CHANGELOG_TOPIC, bootstrap_servers, connection
 
 
 def load_handle(argument: str) -> ChangelogHandle:
@@ -73,22 +71,9 @@ def describe_handle(handle: ChangelogHandle) -> dict[str, Any]:
     return summary
 
 
-def _client_settings(args: argparse.Namespace) -> dict[str, Any]:
-    settings: dict[str, Any] = {}
-    for item in args.X or ():
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ChangelogError(f"-X expects key=value, got {item!r}")
-        settings[key] = value
-    return settings
-
-
-def _config(args: argparse.Namespace, **fields: Any) -> KafkaChangelogConfig:
-    servers = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not servers:
-        raise ChangelogError("no broker: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
-    return KafkaChangelogConfig(
-        bootstrap_servers=servers, client_config=_client_settings(args), **fields)
+def _config(args: argparse.Namespace, topic: str = DEFAULT_CHANGELOG_TOPIC,
+            **fields: Any) -> KafkaChangelogConfig:
+    return connection(args).changelog_config(topic, **fields)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -119,7 +104,7 @@ def _kcat(args: argparse.Namespace) -> int:
     handle = load_handle(args.handle)
     if not isinstance(handle, KafkaChangelogHandle):
         raise ChangelogError(f"a {handle.kind} handle has no Kafka records to replay")
-    servers = args.bootstrap_servers or os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "BROKER")
+    servers = bootstrap_servers(args) or "BROKER"
     for command in handle.kcat_commands(servers):
         print(command)
     return 0
@@ -145,41 +130,21 @@ def _topics(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests)."""
-    parser = argparse.ArgumentParser(
-        prog="kafka-changelog", description="Inspect changelog handles and topics.")
-    parser.add_argument("-b", "--bootstrap-servers", help="Kafka brokers (default: "
-                        "$KAFKA_BOOTSTRAP_SERVERS)")
-    parser.add_argument("-X", action="append", metavar="KEY=VALUE",
-                        help="librdkafka setting, e.g. -X security.protocol=SASL_SSL")
-    commands = parser.add_subparsers(dest="command", required=True)
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+             shared: list[argparse.ArgumentParser]) -> None:
+    """Add ``inspect``, ``dump``, ``kcat`` and ``topics`` (``shared``: parent parsers
+    with the connection options)."""
     for name, func, text in [
         ("inspect", _inspect, "show a handle's ranges, sizes and key groups"),
         ("dump", _dump, "print a handle's decoded changes as JSON lines"),
         ("kcat", _kcat, "print kcat commands that replay a handle's records"),
     ]:
-        sub = commands.add_parser(name, help=text)
+        sub = commands.add_parser(name, help=text, description=text, parents=shared)
         sub.add_argument("handle", help="handle file, base64 text, or - for stdin")
         sub.set_defaults(func=func)
-    topics = commands.add_parser("topics", help="show and validate a changelog topic")
-    topics.add_argument("--topic", default="kafka-changelog")
+    text = "show and validate a changelog topic"
+    topics = commands.add_parser("topics", help=text, description=text, parents=shared)
+    topics.add_argument("--topic", default=DEFAULT_CHANGELOG_TOPIC)
     topics.add_argument("--partitions", type=int, help="minimum partitions expected")
     topics.add_argument("--replication-factor", type=int, help="minimum replication expected")
     topics.set_defaults(func=_topics)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kafka-changelog`` console script."""
-    args = build_parser().parse_args(argv)
-    try:
-        result: int = args.func(args)
-        return result
-    except ChangelogError as exc:
-        print(f"kafka-changelog: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

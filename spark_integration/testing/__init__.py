@@ -1,0 +1,1 @@
+"""Real Spark for tests and demos: a local standalone cluster (:mod:`.standalone`)."""
