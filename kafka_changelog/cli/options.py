@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import ChangelogError
 from ..kafka import KafkaChangelogConfig
-from ..state.checkpoint_store import CheckpointStoreConfig
-from ..state.snapshot_store import SnapshotStoreConfig
+from ..kafka.checkpoint_store import CheckpointStoreConfig
+from ..kafka.snapshot_store import SnapshotStoreConfig
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 

@@ -117,3 +117,30 @@ def test_no_import_cycles() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+def test_the_library_uses_no_deprecated_alias() -> None:
+    """Old import paths of names that moved up a layer are for users' code only."""
+    moved = {}
+    for path in (ROOT / "kafka_changelog" / "state").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if (isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets)):
+                moved[module_name(path)] = {c.value for c in ast.walk(node.value)
+                                            if isinstance(c, ast.Constant)}
+    wrong = []
+    for path in library_files():
+        package = module_name(path).split(".")
+        if path.name != "__init__.py":
+            package = package[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = node.module or ""
+            if node.level:
+                target = ".".join([*package[: len(package) - node.level + 1], target])
+            used = {alias.name for alias in node.names} & moved.get(target, set())
+            if used:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {target} {sorted(used)}")
+    assert moved and wrong == []
