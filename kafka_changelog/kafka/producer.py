@@ -258,7 +258,7 @@ class AckedProducer:
                     producer.poll(0.05)  # librdkafka's queue is full: let deliveries drain it
                 except KafkaException as exc:
                     raise self._failure(record.partition, what, exc.args[0]) from exc
-            producer.poll(0)
+            self._poll(producer, 0, records[index].partition, what)
         waited = 0
         deadline = time.monotonic() + self._timeout_s + float(
             self._settings.get("delivery.timeout.ms", 300_000)) / 1000
@@ -271,11 +271,19 @@ class AckedProducer:
                     f"{len(records) - waited} of {len(records)} {what} to {self._topic} were "
                     "neither acknowledged nor failed in time: is the broker reachable?"
                 )
-            producer.poll(0.05)
+            self._poll(producer, 0.05, records[0].partition, what)
         if failures:
             index, error = min(failures, key=lambda f: f[0])
             raise self._failure(records[index].partition, what, error)
         return [o for o in offsets if o is not None]
+
+    def _poll(self, producer: Producer, timeout_s: float, partition: int, what: str) -> None:
+        # A fatal error (e.g. no ACL for an idempotent producer id) surfaces from poll as a
+        # KafkaException: name it like a failed delivery, never let it escape raw.
+        try:
+            producer.poll(timeout_s)
+        except KafkaException as exc:
+            raise self._failure(partition, what, exc.args[0]) from exc
 
     def _failure(self, partition: int, what: str, error: KafkaError) -> ChangelogError:
         message = f"producing {what} to {self._topic}[{partition}] failed: {describe(error)}"
