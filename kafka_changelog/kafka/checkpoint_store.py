@@ -30,7 +30,7 @@ from .consume import consume_range, end_of_partition
 from .error_text import describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
-from .topics import TopicInfo, check_infinite_retention, ensure_topic
+from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,7 @@ def validate_checkpoint_topic(info: TopicInfo, config: CheckpointStoreConfig) ->
             f"checkpoint topic {info.name} has {info.partitions} partitions; expected exactly "
             "1 (one ordered log: a checkpoint record before its latest pointer)"
         )
-    wanted = config.replication_factor
-    if wanted is not None and info.replication_factor < wanted:
-        raise TopicConfigError(
-            f"checkpoint topic {info.name} has replication factor {info.replication_factor}; "
-            f"expected at least {wanted}"
-        )
+    check_size(info, "checkpoint topic", 1, config.replication_factor)
 
 
 class KafkaCheckpointView(CheckpointStore):

@@ -24,7 +24,7 @@ from .client_settings import KafkaConnection
 from .error_text import describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
-from .topics import TopicInfo, check_infinite_retention, ensure_topic
+from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,7 @@ class SnapshotStoreConfig(KafkaConnection):
 def validate_snapshot_topic(info: TopicInfo, config: SnapshotStoreConfig) -> None:
     """Refuse a chunk topic that could lose live chunks or cannot hold them (expected vs found)."""
     check_infinite_retention(info, "snapshot topic")
-    if info.partitions < config.partitions:
-        raise TopicConfigError(
-            f"snapshot topic {info.name} has {info.partitions} partitions; expected at "
-            f"least {config.partitions}"
-        )
-    wanted = config.replication_factor
-    if wanted is not None and info.replication_factor < wanted:
-        raise TopicConfigError(
-            f"snapshot topic {info.name} has replication factor {info.replication_factor}; "
-            f"expected at least {wanted}"
-        )
+    check_size(info, "snapshot topic", config.partitions, config.replication_factor)
     limit = info.configs.get("max.message.bytes")
     if limit is not None and int(limit) < config.max_record_bytes:
         raise TopicConfigError(

@@ -171,17 +171,7 @@ def validate(info: TopicInfo, config: KafkaChangelogConfig) -> None:
             "Compaction keeps only the newest record per key (the log id), which would "
             "drop persisted changes, and DeleteRecords is refused on compacted topics."
         )
-    if info.partitions < config.partitions:
-        raise TopicConfigError(
-            f"changelog topic {info.name} has {info.partitions} partitions; expected at "
-            f"least {config.partitions}"
-        )
-    wanted = config.replication_factor
-    if wanted is not None and info.replication_factor < wanted:
-        raise TopicConfigError(
-            f"changelog topic {info.name} has replication factor {info.replication_factor}; "
-            f"expected at least {wanted}"
-        )
+    check_size(info, "changelog topic", config.partitions, config.replication_factor)
     for key in INFINITE_RETENTION:
         found = info.configs.get(key)
         if found != "-1":
@@ -217,3 +207,16 @@ def check_infinite_retention(info: TopicInfo, purpose: str) -> None:
                     f"expected {key}=-1, or records still referred to would be deleted "
                     "by retention"
                 )
+
+
+def check_size(info: TopicInfo, purpose: str, partitions: int,
+               replication_factor: int | None) -> None:
+    """Refuse a topic with fewer partitions or replicas than wanted (expected vs found)."""
+    if info.partitions < partitions:
+        raise TopicConfigError(
+            f"{purpose} {info.name} has {info.partitions} partitions; expected at least "
+            f"{partitions}")
+    if replication_factor is not None and info.replication_factor < replication_factor:
+        raise TopicConfigError(
+            f"{purpose} {info.name} has replication factor {info.replication_factor}; "
+            f"expected at least {replication_factor}")
