@@ -140,6 +140,33 @@ def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
         consumer.close()
 
 
+def outputs_with_spark(spark: Any, bootstrap_servers: str, topic: str,
+                       streaming: bool = False, committed: bool = True) -> Any:
+    """The outputs in ``topic`` read with Spark's Kafka connector, as a DataFrame of
+    ``checkpoint, user, events, spent`` (like :func:`read_outputs`; streaming when
+    ``streaming``). Outputs are written in Kafka transactions: only a
+    ``read_committed`` consumer sees each batch's outputs exactly once (Spark's
+    default, ``read_uncommitted``, also returns those of aborted transactions, e.g. of
+    a driver killed while committing); ``committed=False`` shows that."""
+    from pyspark.sql import functions as F
+
+    reader = spark.readStream if streaming else spark.read
+    source = (reader.format("kafka")
+              .option("kafka.bootstrap.servers", bootstrap_servers)
+              .option("subscribe", topic)
+              .option("startingOffsets", "earliest")
+              .option("includeHeaders", "true")
+              .option("kafka.isolation.level",
+                      "read_committed" if committed else "read_uncommitted"))
+    if not streaming:
+        source = source.option("endingOffsets", "latest")
+    checkpoint = F.expr(f"element_at(filter(headers, h -> h.key = '{CHECKPOINT_HEADER}'), 1)")
+    row = F.from_json(F.col("value").cast("string"), OUTPUT_SCHEMA)
+    return source.load().select(checkpoint["value"].cast("string").cast("long")
+                                .alias("checkpoint"), row["user"].alias("user"),
+                                row["events"].alias("events"), row["spent"].alias("spent"))
+
+
 def output_problems(rows: list[tuple[int, str, int, float]],
                     expected: dict[str, dict[str, Any]]) -> list[str]:
     """What is wrong with the outputs (empty: every batch once, the last totals right).
@@ -235,6 +262,9 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             "materializations": len(materialized),
             "committed": sum(r.committed for r in processor.reports),
             "rows_out": sum(r.rows_out for r in processor.reports),
+            # Per batch: the subtasks restored from Kafka (the others reused the backend
+            # cached in their Python worker).
+            "restored": [sorted(r.restore_s) for r in processor.reports],
             "batch_seconds": [(round(r.seconds, 2), round(r.task_s, 2), round(r.commit_s, 2),
                                round(r.sink_s, 2)) for r in processor.reports],
             "seconds": time.monotonic() - started}

@@ -39,6 +39,9 @@ RETRIABLE_CODES: frozenset[int] = frozenset({
     KafkaError._TIMED_OUT,
     KafkaError._TRANSPORT,
     KafkaError._ALL_BROKERS_DOWN,
+    # The broker a request was waiting on left the metadata (it was killed) and
+    # librdkafka dropped its handle: the next attempt asks the new leader.
+    KafkaError._DESTROY_BROKER,
     KafkaError.THROTTLING_QUOTA_EXCEEDED,
 })
 

@@ -29,7 +29,10 @@ def watermarks(
             TopicPartition(topic, partition), timeout=budget, cached=False)
         return int(low), int(high)
 
-    return retry_call(f"read the offsets of {topic}[{partition}]", attempt, timeout_s)
+    # After a leader dies the consumer asks the dead leader again until its metadata is
+    # refreshed: ask for the topic's metadata between attempts.
+    return retry_call(f"read the offsets of {topic}[{partition}]", attempt, timeout_s,
+                      refresh=lambda: consumer.list_topics(topic, timeout=1.0))
 
 
 def list_offsets(

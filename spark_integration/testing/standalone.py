@@ -55,7 +55,8 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 # Master and workers only schedule: a small heap, the serial collector and the C1 JIT
 # start them sooner on a 2-core machine. No hsperfdata files in /tmp (kill -9 leaks them).
 DAEMON_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData"
-EXECUTOR_JAVA_OPTS = "-XX:+UseSerialGC -XX:-UsePerfData"
+# Executors of tests and demos run small batches: they too start sooner with C1 only.
+EXECUTOR_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData"
 
 
 class SparkClusterError(KafkaHarnessError):

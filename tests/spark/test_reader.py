@@ -3,7 +3,8 @@
 One application (operator ``op``) is run through five checkpoints at parallelism
 1, 4, 2, 3, 2, materializing in some of them (so checkpoints mix snapshot chunks
 and changelog tails); retention keeps checkpoints 3, 4 and 5. Every read is
-compared with what the library restores in process for the same checkpoint.
+compared with what the library restores in process for the same checkpoint, also
+a read on the standalone cluster (executors in JVMs of their own).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import copy
 import json
 import pickle
 import random
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +39,7 @@ from kafka_changelog.state.checkpoint import SubtaskState
 from kafka_changelog.state.ops import OpKind, StateOp
 from kafka_changelog.state.serializers import INT64, JSON
 from kafka_changelog.state.table import StateTable
+from kafka_changelog.testing.process import die_with_parent
 from spark_integration.datasource import (
     CHANGES_STRUCT,
     STATE_STRUCT,
@@ -48,6 +53,8 @@ from tests.kafka.kafka_helpers import changes_of
 from tests.kafka.test_state_kafka import USERS, Job
 from tests.record_helpers import decode_record
 from tests.state.state_helpers import MAX_P, apply_event
+
+from .jobs import REPO, cluster_engine
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -238,6 +245,31 @@ def test_state_equals_the_in_process_restore(
     assert totals == {user: s["total"] for user, s in model.items() if s["total"] is not None}
     if checkpoint_id != 5:
         assert Counter(row[:8] for row in rows) != table_rows(restored_table(job, 5))
+
+
+@pytest.mark.spark_cluster
+def test_reads_on_a_standalone_cluster_equal_the_in_process_reader(
+    spark_cluster: Any, history: History, tmp_path: Path
+) -> None:
+    # The read runs in a driver of its own (one Spark context per JVM), its tasks in the
+    # cluster's executors, each with its own Python workers.
+    out = tmp_path / "rows.pickle"
+    reads = [history.options(), history.options(mode="state", checkpoint="3")]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark.cluster_read", spark_cluster.master_url,
+         json.dumps(reads), json.dumps(cluster_engine(spark_cluster).spark_config), str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=die_with_parent())
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = pickle.loads(out.read_bytes())
+    assert result["executors"] == spark_cluster.worker_count
+    changes, state = result["reads"]
+    rows = as_dicts(changes, CHANGES_STRUCT.fieldNames())
+    assert Counter((r["subtask"], -1 if r["key_group"] is None else r["key_group"],
+                    payload_of(r)) for r in rows) == expected_changes(history.job, None)
+    assert Counter(row[:8] for row in state) == table_rows(restored_table(history.job, 3))
+    counts = {row[4]: int(row[8]) for row in state if row[2] == "count"}
+    assert counts == {user: s["count"] for user, s in history.models[3].items()
+                      if s["count"] is not None}
 
 
 @pytest.fixture(scope="module")

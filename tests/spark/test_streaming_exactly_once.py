@@ -1,12 +1,17 @@
 """Exactly-once state and outputs for a streaming query whose driver is killed -9.
 
-The clickstream query runs as its own process (Spark driver + JVM). It is killed with
-SIGKILL after our checkpoint commit but before Spark's, between batches (after
-Spark's commit), inside the Kafka transaction that commits a checkpoint with its
-outputs, and before our commit, and restarted at other parallelisms. In the end
-every user's state equals the state computed directly from all input events, and
-the output topic holds every batch's outputs exactly once: nothing lost, nothing
-counted or written twice.
+The clickstream query (input through Spark's ``format("kafka")``) runs as its own
+process (Spark driver + JVM), in ``local[n]`` and on the standalone cluster (master +
+2 workers: the tasks run in executor JVMs with their own Python workers). It is
+killed with SIGKILL after our checkpoint commit but before Spark's, between batches
+(after Spark's commit), inside the Kafka transaction that commits a checkpoint with
+its outputs, and before our commit, and restarted at other parallelisms. On the
+cluster, the last run also loses a worker: it is killed -9 (with its executor and
+Python workers) while a task of the batch is running there, and Spark runs the task
+again on the other worker. In the end every user's state equals the state computed
+directly from all input events, and the output topic holds every batch's outputs
+exactly once, read both with librdkafka and with Spark's connector
+(``read_committed``): nothing lost, nothing counted or written twice.
 """
 
 from __future__ import annotations
@@ -14,106 +19,128 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from kafka_changelog import key_group_range_for_operator
 from spark_integration.clickstream import (
-    EVENTS,
-    KINDS,
-    LAST_PAGES,
-    SPENT,
     events,
     expected_state,
     output_problems,
+    outputs_with_spark,
     produce_events,
     read_outputs,
 )
-from spark_integration.streaming import StreamingStateConfig, _Process
+from spark_integration.streaming import _Process
+
+from .jobs import LOCAL, Engine, Job, cluster_engine, record_count, state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 EVENT_COUNT = 1600
 USERS = 40
+#: (parallelism, where the driver is killed) of the runs, in order; the last one finishes.
+RUNS = [(2, "after_commit:1"), (3, "batch_start:2"), (3, "in_transaction:2"),
+        (2, "before_commit:3"), (1, None)]
 
 
-REPO = Path(__file__).resolve().parents[2]
+@pytest.fixture(params=["local", "cluster"])
+def engine(request: pytest.FixtureRequest) -> Engine:
+    if request.param == "local":
+        return LOCAL
+    request.applymarker(pytest.mark.spark_cluster)
+    return cluster_engine(request.getfixturevalue("spark_cluster"))
 
 
-def run_job(cluster: Any, prefix: str, checkpoint_dir: Path, parallelism: int,
-            crash_at: str | None) -> subprocess.CompletedProcess[str]:
-    """The clickstream job in a child process, killed -9 at ``crash_at`` (event:batch)."""
-    job = (["-m", "tests.spark.crashing_clickstream", crash_at] if crash_at
-           else ["-m", "spark_integration.clickstream"])
-    return subprocess.run(
-        [sys.executable, *job,
-         "--bootstrap-servers", cluster.bootstrap_servers, "--application", prefix,
-         "--input-topic", f"{prefix}-clicks", "--output-topic", f"{prefix}-totals",
-         "--topic-prefix", prefix, "--checkpoint-dir", str(checkpoint_dir),
-         "--parallelism", str(parallelism), "--expected-events", str(EVENT_COUNT),
-         "--max-per-batch", "400", "--materialization-interval", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
+def completed_apps(cluster: Any) -> int:
+    return sum(app.get("name") == "clickstream" for app in cluster.status()["completedapps"])
 
 
-def record_count(cluster: Any, topic: str) -> int:
-    """Records between log start and end, over all partitions of ``topic``."""
-    consumer = Consumer({**cluster.client_config(), "group.id": "record-count"})
+def wait_for(what: str, found: Callable[[], Any], proc: subprocess.Popen[str], log: Path,
+             timeout_s: float = 300) -> Any:
+    """Poll ``found()`` until it returns something (the job must keep running)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := found()) is None:
+        assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}:\n" + (
+            Path(f"{log}.err").read_text()[-3000:])
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.2)
+    return value
+
+
+def run_losing_a_worker(cluster: Any, job: Job, parallelism: int, tmp_path: Path) -> str:
+    """Run the job to its end on ``cluster``, killing -9 the worker that runs one of the
+    first batch's tasks while the task is in the middle of the user's function; the
+    job's output."""
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    (stall / "arm").touch()
+    log = tmp_path / "last-run.log"
+    proc = job.start(parallelism, stall, log)
+    victim = None
     try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        total = 0
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            total += high - low
-        return total
+        pid = int(wait_for("a stalled task", lambda: (
+            (stall / "stalled").read_text() or None) if (stall / "stalled").exists() else None,
+            proc, log))
+        victim = cluster.worker_of(pid)
+        assert victim is not None, f"the stalled task (pid {pid}) runs under no worker"
+        cluster.kill_worker(victim)
+        assert cluster.worker_of(pid) is None
+        assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
     finally:
-        consumer.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if victim is not None:
+            cluster.restart_worker(victim)  # the next tests share the cluster
+    assert cluster.alive_workers() == cluster.worker_count
+    return log.read_text()
 
 
 def test_state_is_exactly_once_across_kills_and_rescaling(
-    kafka_cluster: Any, tmp_path: Path
+    kafka_cluster: Any, spark: Any, engine: Engine, tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    prefix = f"cs-{uuid.uuid4().hex[:8]}"
-    produce_events(kafka_cluster.client_config(), f"{prefix}-clicks", EVENT_COUNT, USERS)
-    checkpoint_dir = tmp_path / "spark-checkpoint"
-    for parallelism, crash_at in [(2, "after_commit:1"), (3, "batch_start:2"),
-                                  (3, "in_transaction:2"), (2, "before_commit:3"), (1, None)]:
-        done = run_job(kafka_cluster, prefix, checkpoint_dir, parallelism, crash_at)
-        if crash_at:
-            assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
-        else:
-            assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    cluster = request.getfixturevalue("spark_cluster") if engine.master else None
+    apps_before = completed_apps(cluster) if cluster else 0
+    job = Job(f"cs-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
+              tmp_path / "spark-checkpoint", EVENT_COUNT, engine)
+    settings = kafka_cluster.client_config()
+    produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
+    for parallelism, crash_at in RUNS[:-1]:
+        done = job.run(parallelism, crash_at)
+        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    parallelism = RUNS[-1][0]
+    if cluster is None:
+        done = job.run(parallelism)
+        assert done.returncode == 0, done.stderr[-3000:]
+        output = done.stdout
+    else:
+        output = run_losing_a_worker(cluster, job, 2, tmp_path)
+    summary = json.loads(output.strip().splitlines()[-1])
     # The last run restored its single subtask from Kafka (another parallelism wrote it).
     assert summary["restore_s"] is not None and summary["restore_s"] > 0, summary
-    config = StreamingStateConfig(
-        application=prefix, operator_id="user-sessions",
-        bootstrap_servers=kafka_cluster.bootstrap_servers,
-        changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
-        checkpoint_topic=f"{prefix}-checkpoints", partitions=8)
+    if cluster is not None:
+        # Every run was an application of the cluster (its tasks ran in the executors).
+        assert completed_apps(cluster) - apps_before == len(RUNS)
+    config = job.config()
     coordinator = _Process.coordinator(config)
     latest = coordinator.checkpoint()
     assert latest is not None and latest.checkpoint_id >= 4
     # Materialization and garbage collection ran inside the job: snapshot chunks were
     # written, and retention left only the newest checkpoints.
-    assert record_count(kafka_cluster, f"{prefix}-snapshots") > 0
-    assert len(coordinator.checkpoints.checkpoint_ids(prefix)) <= config.retain
+    assert record_count(settings, f"{job.prefix}-snapshots") > 0
+    assert len(coordinator.checkpoints.checkpoint_ids(job.prefix)) <= config.retain
     expected = expected_state(events(EVENT_COUNT, USERS))
-    backend = coordinator.restore_keyed(
-        "user-sessions", key_group_range_for_operator(128, 1, 0), latest, config.changelog())
-    for user, want in expected.items():
-        backend.set_current_key(user.encode())
-        got = {"events": backend.state(EVENTS).value(), "spent": backend.state(SPENT).get(),
-               "kinds": dict(backend.state(KINDS).items()),
-               "last_pages": backend.state(LAST_PAGES).get()}
-        assert got == want, user
-    backend.close()
+    assert state_of(config, sorted(expected)) == expected
     _Process.release(config)
-    outputs = read_outputs(kafka_cluster.client_config(), f"{prefix}-totals")
+    outputs = read_outputs(settings, job.output_topic)
     assert output_problems(outputs, expected) == []
     assert len({batch for batch, *_ in outputs}) >= 4
+    # Spark's own connector, read_committed, sees exactly the same outputs.
+    with_spark = outputs_with_spark(spark, kafka_cluster.bootstrap_servers, job.output_topic)
+    assert sorted(tuple(row) for row in with_spark.collect()) == sorted(outputs)

@@ -1,0 +1,154 @@
+"""The clickstream job as a child process of a test, and the checks of its results.
+
+Shared by the streaming crash tests (``local[n]``, the standalone cluster, three
+brokers): every job is ``python -m tests.spark.crashing_clickstream`` (or the plain
+job), its own Spark driver, killed with the test if the test dies.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.testing.process import die_with_parent
+from spark_integration.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
+from spark_integration.streaming import StreamingStateConfig, _Process
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR = "user-sessions"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where the job's Spark runs: ``local[n]`` (no master) or a cluster."""
+
+    name: str
+    master: str | None = None
+    spark_config: dict[str, str] = field(default_factory=dict)
+
+    def arguments(self) -> list[str]:
+        """The clickstream arguments selecting this engine."""
+        args = ["--master", self.master] if self.master else []
+        for key, value in self.spark_config.items():
+            args += ["--spark-conf", f"{key}={value}"]
+        return args
+
+
+#: The driver JVM of a test job starts ~20% sooner with the C1 JIT and the serial
+#: collector (test jobs are short and small).
+FAST_DRIVER = {"spark.driver.extraJavaOptions":
+               "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData"}
+LOCAL = Engine("local", None, FAST_DRIVER)
+
+
+def cluster_engine(cluster: Any) -> Engine:
+    """The engine of a :class:`~spark_integration.testing.standalone.LocalSparkCluster`."""
+    return Engine("cluster", cluster.master_url, {**cluster.session_config(), **FAST_DRIVER})
+
+
+@dataclass(frozen=True)
+class Job:
+    """One application of the clickstream job: its topics, input size and engine."""
+
+    prefix: str
+    bootstrap_servers: str
+    checkpoint_dir: Path
+    events: int
+    engine: Engine = LOCAL
+    per_batch: int = 400
+    materialization_s: float = 2.0
+
+    def command(self, parallelism: int, kill_at: str | None = None,
+                stall_dir: Path | None = None) -> list[str]:
+        """The job's command line (with a fault injected, if any)."""
+        faults = []
+        if kill_at:
+            faults += ["--kill-at", kill_at]
+        if stall_dir:
+            faults += ["--stall-dir", str(stall_dir)]
+        module = (["-m", "tests.spark.crashing_clickstream", *faults, "--"] if faults
+                  else ["-m", "spark_integration.clickstream"])
+        return [
+            sys.executable, *module,
+            "--bootstrap-servers", self.bootstrap_servers, "--application", self.prefix,
+            "--input-topic", self.input_topic, "--output-topic", self.output_topic,
+            "--topic-prefix", self.prefix, "--checkpoint-dir", str(self.checkpoint_dir),
+            "--parallelism", str(parallelism), "--expected-events", str(self.events),
+            "--max-per-batch", str(self.per_batch),
+            "--materialization-interval", str(self.materialization_s),
+            *self.engine.arguments(),
+        ]
+
+    @property
+    def input_topic(self) -> str:
+        return f"{self.prefix}-clicks"
+
+    @property
+    def output_topic(self) -> str:
+        return f"{self.prefix}-totals"
+
+    def run(self, parallelism: int, kill_at: str | None = None,
+            timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run the job to its end (or its kill)."""
+        return subprocess.run(self.command(parallelism, kill_at), cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout_s,
+                              preexec_fn=die_with_parent())
+
+    def start(self, parallelism: int, stall_dir: Path, log: Path) -> subprocess.Popen[str]:
+        """Start the job with a stalling task (see ``crashing_clickstream``); its stdout
+        goes to ``log``, its stderr to ``log`` + ``.err``."""
+        with open(log, "w") as out, open(f"{log}.err", "w") as err:
+            return subprocess.Popen(self.command(parallelism, stall_dir=stall_dir), cwd=REPO,
+                                    stdout=out, stderr=err, text=True,
+                                    preexec_fn=die_with_parent())
+
+    def config(self) -> StreamingStateConfig:
+        """The job's state configuration (as ``spark_integration.clickstream.main``)."""
+        return StreamingStateConfig(
+            application=self.prefix, operator_id=OPERATOR,
+            bootstrap_servers=self.bootstrap_servers,
+            changelog_topic=f"{self.prefix}-changelog",
+            snapshot_topic=f"{self.prefix}-snapshots",
+            checkpoint_topic=f"{self.prefix}-checkpoints", partitions=8)
+
+
+def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[str, Any]]:
+    """Every user's state at the latest checkpoint, restored in this process."""
+    coordinator = _Process.coordinator(config)
+    latest = coordinator.checkpoint()
+    assert latest is not None
+    backend = coordinator.restore_keyed(OPERATOR, key_group_range_for_operator(
+        config.max_parallelism, 1, 0), latest, config.changelog())
+    try:
+        found = {}
+        for user in users:
+            backend.set_current_key(user.encode())
+            found[user] = {"events": backend.state(EVENTS).value(),
+                           "spent": backend.state(SPENT).get(),
+                           "kinds": dict(backend.state(KINDS).items()),
+                           "last_pages": backend.state(LAST_PAGES).get()}
+        return found
+    finally:
+        backend.close()
+
+
+def watermarks(client_config: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
+    """(log start, log end) of every partition of ``topic``."""
+    consumer = Consumer({**client_config, "group.id": "watermarks"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+                for p in partitions}
+    finally:
+        consumer.close()
+
+
+def record_count(client_config: dict[str, Any], topic: str) -> int:
+    """Records between log start and end, over all partitions of ``topic``."""
+    return sum(high - low for low, high in watermarks(client_config, topic).values())
