@@ -2,21 +2,27 @@
 
 1. Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` or starts a local Apache Kafka.
 2. Writes a clickstream (JSON events keyed by user) to an input topic.
-3. Runs the streaming query (``spark_integration.clickstream``) at parallelism 2, keeping
-   per-user state (event count, running total, count per kind, last pages) with
-   kafka-changelog, and kills its driver with SIGKILL once two checkpoints are committed.
+3. Runs the streaming query (``spark_integration.clickstream``: input read with Spark's
+   Kafka connector, ``format("kafka")``) at parallelism 2, keeping per-user state (event
+   count, running total, count per kind, last pages) with kafka-changelog, and kills its
+   driver with SIGKILL once two checkpoints are committed.
 4. Restarts it at parallelism 3 until every event is processed.
 5. Reads the state back with the Spark reader (``format("kafka-changelog")``, mode
    ``state``) and checks it equals the state computed directly from all input events,
    and that the output topic holds every batch's outputs exactly once.
 
+Spark runs in ``local[2]`` (``local[3]`` for the restart) unless ``--master
+spark://host:port`` names a cluster, or ``--cluster local`` starts a standalone
+cluster on this machine (a master and two workers of one core each) for the run.
+
 Run it with ``./scripts/demo.sh`` (installs everything first) or
-``python -m spark_integration.demo [--events N]``.
+``python -m spark_integration.demo [--events N] [--master URL | --cluster local]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +31,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka_changelog.demo import broker, progress
@@ -35,22 +43,56 @@ from .clickstream import events, expected_state, output_problems, produce_events
 say = progress
 
 
+@dataclass(frozen=True)
+class Spark:
+    """Where the demo's Spark runs: ``local[n]`` (no master) or a cluster."""
+
+    master: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return self.master or "local[2], then local[3]"
+
+
+@contextlib.contextmanager
+def spark_engine(master: str | None, cluster: str | None,
+                 config: dict[str, str]) -> Iterator[Spark]:
+    """The Spark to run on; with ``cluster == "local"``, a standalone cluster started
+    here (and stopped at the end)."""
+    if cluster is None:
+        yield Spark(master, config)
+        return
+    from .testing.standalone import LocalSparkCluster
+
+    say("starting a local Spark standalone cluster (master + 2 workers, 1 core each) ...")
+    started = time.monotonic()
+    with LocalSparkCluster(workers=2, cores_per_worker=1) as local:
+        say(f"Spark master up at {local.master_url} in {time.monotonic() - started:.1f} s")
+        yield Spark(local.master_url, {**local.session_config(), **config})
+    say("Spark cluster stopped")
+
+
 def job_command(servers: str, run: str, checkpoint_dir: str, parallelism: int, count: int,
-                per_batch: int) -> list[str]:
+                per_batch: int, spark: Spark | None = None) -> list[str]:
+    spark = spark or Spark()
+    engine = ["--master", spark.master] if spark.master else []
+    for key, value in spark.config.items():
+        engine += ["--spark-conf", f"{key}={value}"]
     return [sys.executable, "-m", "spark_integration.clickstream",
             "--bootstrap-servers", servers, "--application", run,
             "--input-topic", f"{run}-clicks", "--output-topic", f"{run}-totals",
             "--topic-prefix", run, "--checkpoint-dir", checkpoint_dir,
             "--parallelism", str(parallelism), "--expected-events", str(count),
-            "--max-per-batch", str(per_batch), "--materialization-interval", "3"]
+            "--max-per-batch", str(per_batch), "--materialization-interval", "3", *engine]
 
 
 def checkpoint_ids(store: KafkaCheckpointStore, run: str) -> list[int]:
     return store.checkpoint_ids(run)
 
 
-def run(count: int, users: int, per_batch: int) -> int:
+def run(count: int, users: int, per_batch: int, spark: Spark | None = None) -> int:
     """The whole demo; returns the exit code."""
+    spark = spark or Spark()
     with broker() as settings:
         servers = settings["bootstrap.servers"]
         run_id = f"demo-{uuid.uuid4().hex[:6]}"
@@ -61,9 +103,10 @@ def run(count: int, users: int, per_batch: int) -> int:
             bootstrap_servers=servers, topic=f"{run_id}-checkpoints",
             client_config={k: v for k, v in settings.items() if k != "bootstrap.servers"}))
         try:
-            say("run 1: streaming query at parallelism 2; it will be killed with SIGKILL")
+            say(f"run 1: streaming query at parallelism 2 on {spark.describe()}; it will be "
+                "killed with SIGKILL")
             child = subprocess.Popen(job_command(servers, run_id, checkpoint_dir, 2, count,
-                                                 per_batch), stderr=subprocess.DEVNULL)
+                                                 per_batch, spark), stderr=subprocess.DEVNULL)
             started = time.monotonic()
             while len(checkpoint_ids(store, run_id)) < 2 and child.poll() is None:
                 time.sleep(0.5)
@@ -78,7 +121,7 @@ def run(count: int, users: int, per_batch: int) -> int:
             say("run 2: restart at parallelism 3: state follows the key groups")
             restarted = time.monotonic()
             done = subprocess.run(job_command(servers, run_id, checkpoint_dir, 3, count,
-                                              per_batch), stderr=subprocess.DEVNULL,
+                                              per_batch, spark), stderr=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, text=True, check=False)
             run2_s = time.monotonic() - restarted
             if done.returncode != 0:
@@ -92,7 +135,7 @@ def run(count: int, users: int, per_batch: int) -> int:
             store.close()
         say("reading the state back with spark.read.format('kafka-changelog') ...")
         read_started = time.monotonic()
-        state = read_state(settings, run_id, latest.checkpoint_id)
+        state = read_state(settings, run_id, latest.checkpoint_id, spark)
         read_s = time.monotonic() - read_started
         expected = expected_state(events(count, users))
         if state != expected:
@@ -110,7 +153,9 @@ def run(count: int, users: int, per_batch: int) -> int:
             "batches, each batch's exactly once, the last totals equal the state")
         print()
         print("=== kafka-changelog streaming demo ===")
-        print(f"events              {count} from {users} users")
+        print(f"events              {count} from {users} users, read with Spark's "
+              "format('kafka')")
+        print(f"spark               {spark.describe()}")
         print(f"checkpoints         latest {latest.checkpoint_id} of {len(latest.subtasks)} "
               f"subtasks; retained {retained} (older ones garbage-collected)")
         print(f"run 2               {summary['batches']} batches in {run2_s:.1f} s (Spark "
@@ -133,13 +178,15 @@ def run(count: int, users: int, per_batch: int) -> int:
     return 0
 
 
-def read_state(settings: dict[str, Any], run_id: str, checkpoint_id: int
-               ) -> dict[str, dict[str, Any]]:
+def read_state(settings: dict[str, Any], run_id: str, checkpoint_id: int,
+               engine: Spark | None = None) -> dict[str, dict[str, Any]]:
     """Per-user state from the Spark reader, shaped like :func:`expected_state`."""
     from .datasource import register
-    from .session import local_session
+    from .session import spark_session
 
-    spark = local_session("kafka-changelog-demo-read")
+    engine = engine or Spark()
+    spark = spark_session(engine.master or "local[2]", "kafka-changelog-demo-read", 2,
+                          engine.config)
     try:
         register(spark)
         reader = spark.read.format("kafka-changelog").option("mode", "state") \
@@ -175,8 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=6000)
     parser.add_argument("--users", type=int, default=200)
     parser.add_argument("--per-batch", type=int, default=1000)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--master", help="run the query on this Spark cluster "
+                       "(spark://host:port); default: local[n]")
+    where.add_argument("--cluster", choices=["local"],
+                       help="start a Spark standalone cluster on this machine and run on it")
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the query's sessions (repeatable), e.g. "
+                             "spark.pyspark.python=/path/to/python on a cluster")
     args = parser.parse_args(argv)
-    return run(args.events, args.users, args.per_batch)
+    config = dict(item.split("=", 1) for item in args.spark_conf)
+    with spark_engine(args.master, args.cluster, config) as spark:
+        return run(args.events, args.users, args.per_batch, spark)
 
 
 if __name__ == "__main__":
