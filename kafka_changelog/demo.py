@@ -17,8 +17,10 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,8 +43,12 @@ def progress(message: str) -> None:
 
 
 @contextmanager
-def broker() -> Iterator[dict[str, Any]]:
-    """Client settings of the configured broker, or of a local one started for the demo."""
+def broker(keep: bool = False) -> Iterator[dict[str, Any]]:
+    """Client settings of the configured broker, or of a local one started for the demo.
+
+    With ``keep``, a broker the demo started keeps running after the demo until Ctrl-C
+    (or SIGTERM), so that the commands it printed (kcat, kafka-changelog) can be run.
+    """
     servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if servers:
         progress(f"using the broker at {servers} (KAFKA_BOOTSTRAP_SERVERS)")
@@ -56,7 +62,23 @@ def broker() -> Iterator[dict[str, Any]]:
         progress(f"broker up at {cluster.bootstrap_servers} in "
                  f"{time.monotonic() - started:.1f} s")
         yield cluster.client_config()
+        if keep:
+            _wait_for_stop(cluster.bootstrap_servers)
     progress("broker stopped")
+
+
+def _wait_for_stop(servers: str) -> None:
+    """Block until SIGINT or SIGTERM."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    progress(f"the broker keeps running at {servers} (--keep-broker); Ctrl-C stops it")
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def clickstream(events: int, users: int, seed: int) -> Iterator[tuple[bytes, bytes]]:

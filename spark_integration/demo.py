@@ -90,10 +90,11 @@ def checkpoint_ids(store: KafkaCheckpointStore, run: str) -> list[int]:
     return store.checkpoint_ids(run)
 
 
-def run(count: int, users: int, per_batch: int, spark: Spark | None = None) -> int:
-    """The whole demo; returns the exit code."""
+def run(count: int, users: int, per_batch: int, spark: Spark | None = None,
+        keep_broker: bool = False) -> int:
+    """The whole demo; returns the exit code (``keep_broker``: see ``--keep-broker``)."""
     spark = spark or Spark()
-    with broker() as settings:
+    with broker(keep_broker) as settings:
         servers = settings["bootstrap.servers"]
         run_id = f"demo-{uuid.uuid4().hex[:6]}"
         say(f"writing {count} click events of {users} users to topic {run_id}-clicks ...")
@@ -227,13 +228,16 @@ def main(argv: list[str] | None = None) -> int:
                        "(spark://host:port); default: local[n]")
     where.add_argument("--cluster", choices=["local"],
                        help="start a Spark standalone cluster on this machine and run on it")
+    parser.add_argument("--keep-broker", action="store_true",
+                        help="keep the local broker the demo started running afterwards (until "
+                             "Ctrl-C), so the kcat and kafka-changelog commands it prints work")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the query's sessions (repeatable), e.g. "
                              "spark.pyspark.python=/path/to/python on a cluster")
     args = parser.parse_args(argv)
     config = dict(item.split("=", 1) for item in args.spark_conf)
     with spark_engine(args.master, args.cluster, config) as spark:
-        return run(args.events, args.users, args.per_batch, spark)
+        return run(args.events, args.users, args.per_batch, spark, args.keep_broker)
 
 
 if __name__ == "__main__":

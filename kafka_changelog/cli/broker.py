@@ -52,8 +52,11 @@ def _run(args: argparse.Namespace) -> int:
     from ..testing.errors import KafkaHarnessError
 
     data_dir: Path | None = args.data_dir
+    # A broker to try things on creates the topics a snippet produces to (the test
+    # harness does not, so that tests see missing topics); --broker-config overrides it.
+    overrides = {"auto.create.topics.enable": "true", **_broker_config(args.broker_config)}
     cluster = LocalKafkaCluster(
-        nodes=args.nodes, broker_overrides=_broker_config(args.broker_config),
+        nodes=args.nodes, broker_overrides=overrides,
         startup_timeout=args.startup_timeout, client_port=args.port, data_dir=data_dir,
         advertised_host=ADVERTISED_HOST)
     nodes = f"{args.nodes} node{'s' if args.nodes > 1 else ''}"
@@ -117,7 +120,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         help="keep the data here across restarts (default: a temporary "
                              "directory deleted at exit)")
     parser.add_argument("--broker-config", action="append", metavar="KEY=VALUE",
-                        help="extra server.properties entry for every node (repeatable)")
+                        help="extra server.properties entry for every node (repeatable; "
+                             "topics are created on first use unless "
+                             "auto.create.topics.enable=false)")
     parser.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="seconds until the broker must serve clients (default 120)")
     parser.set_defaults(func=_run)
