@@ -23,14 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import OffsetSpec
 
-from ..errors import ChangelogError, KafkaAccessError
+from ..errors import ChangelogError
 from ..gc_types import LogFloor
 from ..kafka import KafkaChangelogHandle, KafkaChangelogStorage
 from ..kafka.access import connect_admin
-from ..kafka.error_text import describe, is_access_error
 from ..kafka.offsets import list_offsets
 from ..kafka.producer import AckedProducer
 from ..state.checkpoint import CompletedCheckpoint
@@ -139,15 +137,10 @@ def looks_alive(plan: ResetPlan, alive_within_s: float, now: int) -> str | None:
 
 def _produce(settings: dict[str, Any], topic: str, records: list[OutRecord], what: str,
              error_type: Callable[[str], ChangelogError], timeout_s: float) -> None:
+    # A refusal (no ACL for an idempotent producer) raises KafkaAccessError naming it.
     producer = AckedProducer(settings, topic, error_type, timeout_s)
     try:
         producer.produce_all(records, what)
-    except KafkaException as exc:
-        # A fatal producer error (no ACL for an idempotent producer) escapes from the
-        # producer's poll as a KafkaException: name it like any other refusal.
-        error = exc.args[0]
-        cls = KafkaAccessError if is_access_error(error) else CliError
-        raise cls(f"producing {what} to {topic} failed: {describe(error)}") from exc
     finally:
         producer.close(timeout_s)
 

@@ -11,6 +11,7 @@ until each one is acknowledged.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -296,4 +297,6 @@ class AckedProducer:
         with self._lock:
             producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(timeout_s)
+            # A producer a fatal error ended has nothing left to deliver.
+            with contextlib.suppress(KafkaException):
+                producer.flush(timeout_s)

@@ -54,6 +54,7 @@ def test_read_only_commands_with_read_and_describe_acls_only(secure_kafka_cluste
     refused = cli(*_as_alice(secure_kafka_cluster, topics, "reset", "alpha", "--yes"))
     assert refused.returncode == 2, refused.stderr
     assert (f"kafka-changelog: error: producing 6 chunk tombstones of application 'alpha' to "
-            f"{topics.snapshot} failed: ") in refused.stderr
+            f"{topics.snapshot}[") in refused.stderr
+    assert "] failed: CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
     assert "AUTHORIZATION_FAILED" in refused.stderr
     assert "Traceback" not in refused.stderr
