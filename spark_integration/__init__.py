@@ -5,21 +5,55 @@ The names a streaming application needs: exactly-once keyed state through
 with Spark's Kafka connector, and per-batch state metrics.
 """
 
-from .batch_identity import BatchOrderError
-from .datasource import KafkaChangelogDataSource, register
-from .kafka_sink import KafkaOutputSink
-from .metrics import StateMetricsListener, SubtaskMetrics
-from .session import local_session, spark_session
-from .streaming import (
-    BATCH_EVENTS,
-    BatchListener,
-    BatchReport,
-    KeyState,
-    StatefulProcessor,
-    StreamingStateConfig,
-    StringKey,
-    stateful_foreach_batch,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
+    from .batch_identity import BatchOrderError
+    from .datasource import KafkaChangelogDataSource, register
+    from .kafka_sink import KafkaOutputSink
+    from .metrics import StateMetricsListener, SubtaskMetrics
+    from .session import local_session, spark_session
+    from .streaming import (
+        BATCH_EVENTS,
+        BatchListener,
+        BatchReport,
+        KeyState,
+        StatefulProcessor,
+        StreamingStateConfig,
+        StringKey,
+        stateful_foreach_batch,
+    )
+
+# Where each public name lives. Loaded on first use: the reader's worker-side modules
+# (planning, scan, rows) import this package without pyspark, and must stay that way.
+_HOMES = {
+    "BatchOrderError": "batch_identity",
+    "KafkaChangelogDataSource": "datasource",
+    "register": "datasource",
+    "KafkaOutputSink": "kafka_sink",
+    "StateMetricsListener": "metrics",
+    "SubtaskMetrics": "metrics",
+    "local_session": "session",
+    "spark_session": "session",
+    "BATCH_EVENTS": "streaming",
+    "BatchListener": "streaming",
+    "BatchReport": "streaming",
+    "KeyState": "streaming",
+    "StatefulProcessor": "streaming",
+    "StreamingStateConfig": "streaming",
+    "StringKey": "streaming",
+    "stateful_foreach_batch": "streaming",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported from their modules on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f".{home}", __name__), name)
+
 
 __all__ = [
     "BATCH_EVENTS",
