@@ -36,8 +36,9 @@ class SubtaskMetrics:
     state_rows: int
     #: Bytes the subtask's checkpoint refers to: snapshot chunks plus changelog since.
     checkpoint_bytes: int
-    #: State changes logged in this batch, and their payload bytes (what the checkpoint's
-    #: persist made durable, registrations included).
+    #: State changes the batch's checkpoint persisted, and their payload bytes: what was
+    #: logged since the backend's previous checkpoint (registrations included; after a
+    #: restore, also the registrations the restore logs again).
     changes: int
     change_bytes: int
     #: Materializations started and completed in this batch, and the bytes they wrote.

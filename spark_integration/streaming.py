@@ -472,7 +472,6 @@ class _SubtaskTask:
         """One subtask's rows (None or empty: no input) -> its outputs and state handle."""
         backend, restore_s, source = self._backend(subtask)
         materialized_before = backend.materialization_stats
-        backend.take_logged()  # count this batch's changes only
         outputs: list[dict[str, Any]] = []
         state = KeyState(backend)
         keys = 0
@@ -489,6 +488,8 @@ class _SubtaskTask:
                 outputs.extend(_as_records(produced))
                 keys += 1
         handle = backend.snapshot(self.checkpoint_id).result()
+        # Everything logged since the previous checkpoint of this backend (for a restored
+        # one: since the restore, whose re-logged registrations this checkpoint persists).
         changes, change_bytes = backend.take_logged()
         materialized = backend.materialization_stats
         metrics = SubtaskMetrics(
