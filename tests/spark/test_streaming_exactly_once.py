@@ -89,7 +89,11 @@ def run_losing_a_worker(cluster: Any, job: Job, parallelism: int, tmp_path: Path
         victim = cluster.worker_of(pid)
         assert victim is not None, f"the stalled task (pid {pid}) runs under no worker"
         cluster.kill_worker(victim)
-        assert cluster.worker_of(pid) is None
+        # The task's Python worker died with its worker (and was reaped).
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not Path(f"/proc/{pid}").exists(), f"the stalled task's process {pid} survived"
         assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
     finally:
         if proc.poll() is None:
