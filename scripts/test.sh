@@ -10,7 +10,11 @@ echo "[test] mypy"
 .venv/bin/mypy
 echo "[test] pytest"
 brokers() { pgrep -f 'kafka-changelog.*kafka\.Kafka' | sort || true; }
+# Spark standalone masters, workers and executors of the tests carry this tag; Python workers
+# are PySpark daemons.
+spark_processes() { pgrep -f 'kafka-changelog-spark-cluster|pyspark\.daemon' | sort || true; }
 before=$(brokers)
+spark_before=$(spark_processes)
 .venv/bin/pytest -q "$@"
 # Every broker the tests started must be gone (allow a few seconds for the last kill). A
 # broker the tests left behind has lost its parent (pytest has exited); brokers of other
@@ -23,13 +27,21 @@ orphans() {
     fi
   done
 }
+# A Spark process the tests left behind lost its parent (a worker, an executor, a JVM running
+# Python workers): it now belongs to init. Those of other programs still have their parents.
+spark_orphans() {
+  for pid in $(comm -13 <(echo "$spark_before") <(spark_processes)); do
+    [ "$(ps -o ppid= -p "$pid" 2>/dev/null | tr -d ' ')" = 1 ] && echo "$pid"
+  done
+  true
+}
 for _ in 1 2 3 4 5 6 7 8 9 10; do
-  leftover=$(orphans | tr '\n' ' ')
+  leftover=$( (orphans; spark_orphans) | tr '\n' ' ')
   [ -z "${leftover// /}" ] && break
   sleep 1
 done
 if [ -n "${leftover// /}" ]; then
-  echo "[test] FAIL: Kafka processes started by the tests are still running: $leftover" >&2
+  echo "[test] FAIL: Kafka or Spark processes started by the tests are still running: $leftover" >&2
   exit 1
 fi
-echo "[test] no broker left running"
+echo "[test] no broker or Spark process left running"

@@ -57,6 +57,9 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 DAEMON_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData"
 # Executors of tests and demos run small batches: they too start sooner with C1 only.
 EXECUTOR_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData"
+#: System property on every JVM of a cluster (value: its directory), so that leftovers are
+#: recognisable by their command line (``scripts/test.sh`` looks for them).
+TAG_PROPERTY = "kafka-changelog-spark-cluster"
 
 
 class SparkClusterError(KafkaHarnessError):
@@ -249,8 +252,11 @@ class LocalSparkCluster:
             "spark.executor.cores": str(self.cores_per_worker),
             "spark.executor.memory": self.executor_memory,
             "spark.cores.max": str(self.cores),
-            "spark.executor.extraJavaOptions": EXECUTOR_JAVA_OPTS,
+            "spark.executor.extraJavaOptions": f"{EXECUTOR_JAVA_OPTS} {self._tag()}",
         }
+
+    def _tag(self) -> str:
+        return f"-D{TAG_PROPERTY}={self._root}"
 
     def status(self) -> dict[str, Any]:
         """The master's JSON status (``workers``, ``activeapps``, ...)."""
@@ -370,7 +376,7 @@ class LocalSparkCluster:
             "JAVA_HOME": os.environ.get("JAVA_HOME", java_home),
             "SPARK_LOCAL_IP": LOOPBACK,
             "SPARK_DAEMON_MEMORY": "256m",
-            "SPARK_DAEMON_JAVA_OPTS": DAEMON_JAVA_OPTS,
+            "SPARK_DAEMON_JAVA_OPTS": f"{DAEMON_JAVA_OPTS} {self._tag()}",
             # Executors' Python workers: this project's interpreter (the driver's
             # spark.pyspark.python says so too).
             "PYSPARK_PYTHON": self.python,
