@@ -2,7 +2,7 @@
 
 Every admin call of the library goes through :func:`retry_call` (any call) or
 :func:`admin_futures` (calls answering with one future per topic, partition or
-resource). Transient errors (:func:`~kafka_changelog.kafka.errors.is_retriable`:
+resource). Transient errors (:func:`~kafka_changelog.kafka.error_text.is_retriable`:
 a dead or moved leader, a stale leader epoch, a topic not every broker knows
 yet, a timeout, a dropped connection) are retried with growing pauses until
 the time bound; access errors and other errors are raised at once.
