@@ -22,7 +22,9 @@ spark_before=$(spark_processes)
 orphans() {
   for pid in $(comm -13 <(echo "$before") <(brokers)); do
     parent=$(ps -o ppid= -p "$pid" 2>/dev/null | tr -d ' ')
-    if [ -n "$parent" ] && { [ "$parent" = 1 ] || ! ps -o comm= -p "$parent" | grep -q python; }; then
+    # A parent running Python (``python`` or a ``pytest`` entry script) is a live test run,
+    # possibly another one on this machine: not an orphan.
+    if [ -n "$parent" ] && { [ "$parent" = 1 ] || ! ps -o args= -p "$parent" | grep -qE 'python|pytest'; }; then
       echo "$pid"
     fi
   done
