@@ -53,9 +53,14 @@ def restore_backend(
     # old subtasks' ranges do not overlap it).
     adopt = len(narrowed) == 1 and narrowed[0].key_group_range == key_group_range and any(
         h.key_group_range == key_group_range for h in handles)
-    backend = ChangelogKeyedStateBackend(
-        storage, snapshot_store, operator_id, key_group_range, max_parallelism, materialization,
-        narrowed[0].backend_id if adopt else None, local_recovery, table)
+    try:
+        backend = ChangelogKeyedStateBackend(
+            storage, snapshot_store, operator_id, key_group_range, max_parallelism,
+            materialization, narrowed[0].backend_id if adopt else None, local_recovery, table)
+    except BaseException:
+        if table is not None:
+            table.close()
+        raise
     own_reader = reader is None
     changelog = storage.reader() if reader is None else reader
     try:
