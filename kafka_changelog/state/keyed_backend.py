@@ -414,6 +414,26 @@ class ChangelogKeyedStateBackend:
             self._local.retain(self._local_owner, BASE, self._local.files_of(
                 self.snapshot_handle, self._base_changelog), replace=True)
 
+    def unmaterialized_key_groups(self) -> set[int]:
+        """Key groups changed since the snapshot the next checkpoint refers to (a running
+        materialization's included): what a backend continuing from that checkpoint
+        must write at its first materialization (see :meth:`adopt_base`)."""
+        running = self._materialization.running
+        return self._changed | (running.changed if running is not None else set())
+
+    @property
+    def materialization_due_at(self) -> float | None:
+        """When materialization is next due (seconds since the epoch; now if it is due
+        already); None without a timer."""
+        timer = self._materialization.timer
+        return time.time() if timer.due.is_set() else timer.next_due_at
+
+    def schedule_materialization(self, at: float) -> None:
+        """Make the next materialization due at ``at`` (seconds since the epoch), e.g. to
+        keep the schedule of the backend whose state this one continues; a time that has
+        passed makes it due at once. No-op without a timer."""
+        self._materialization.timer.reschedule(at)
+
     @property
     def materialization_stats(self) -> MaterializationStats:
         """Completed, consecutive failed and skipped materializations."""

@@ -147,13 +147,21 @@ class RocksDBStateTable:
     """
 
     def __init__(self, path: str | Path, *, remove_on_close: bool = False) -> None:
-        rocks = _rocksdict()
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
         self._remove_on_close = remove_on_close
+        self._db: Any = None
+        self.reopen()
+
+    def reopen(self) -> None:
+        """Open the store (again, after :meth:`close`): registrations and the entry count
+        are read from it. No-op when it is open."""
+        if self._db is not None:
+            return
+        rocks = _rocksdict()
+        self.path.mkdir(parents=True, exist_ok=True)
         options, self._write_options = _options(rocks)
         self._batch_type = rocks.WriteBatch
-        self._db: Any = rocks.Rdict(str(self.path), options)
+        self._db = rocks.Rdict(str(self.path), options)
         self._states: dict[str, _State] = {}
         self._metas: dict[str, StateMeta] = {}
         # (key group, state) -> (key prefix, storage kind): built once per pair.
@@ -164,7 +172,7 @@ class RocksDBStateTable:
         for _, value in self._scan(_META):
             meta = StateMeta.from_bytes(value[2:])
             self._add_state(meta, value[:2])
-        stored = self._live().get(_COUNT)
+        stored = self._db.get(_COUNT)
         self._count = (_COUNT_FORMAT.unpack(stored)[0] if stored is not None
                        else self._recount())
 
@@ -459,8 +467,8 @@ class RocksDBStateTable:
         return self._db is None
 
     def close(self) -> None:
-        """Flush and close the store (and delete its directory with ``remove_on_close``).
-        Idempotent."""
+        """Close the store: its state stays on disk for :meth:`reopen` or another process
+        (with ``remove_on_close``, the directory is deleted instead). Idempotent."""
         db = self._db
         if db is None:
             return
