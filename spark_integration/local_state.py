@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
-from kafka_changelog.state.checkpoint import KeyedStateHandle
+from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.local_store import StoreManifest, SubtaskStore
 from kafka_changelog.state.materializer import MaterializationConfig
@@ -84,8 +84,6 @@ def expected_handle(config: StreamingStateConfig, subtask: int, key_groups: KeyG
     """The manifest handle of a store exactly at the base checkpoint: the subtask's
     ``SubtaskState`` bytes, when one old subtask had exactly this range (else None: a
     rescale, which always restores)."""
-    from kafka_changelog.state.checkpoint import SubtaskState
-
     if len(handles) != 1 or handles[0].key_group_range != key_groups:
         return None
     return SubtaskState(config.operator_id, subtask, config.parallelism, handles[0],

@@ -116,7 +116,8 @@ class StreamingStateConfig:
     #: ``rocksdict``). See docs/spark.md, "Local state directory".
     state_backend: str = MEMORY
     #: Where "rocksdb" keeps the host-local subtask stores (None:
-    #: ``kafka-changelog-state`` under the system temp dir). Use a local disk.
+    #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
+    #: disk of every executor host.
     local_state_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -542,7 +543,9 @@ class _SubtaskTask:
              ) -> tuple[list[dict[str, Any]], SubtaskMetrics, KeyedStateHandle]:
         """Call the user's function per key, then snapshot: outputs, metrics, handle."""
         materialized_before = backend.materialization_stats
-        backend.take_logged()  # count this batch's changes only
+        # No reset of the logged counts here: a cached backend's were taken at its last
+        # batch's end, and what a restore or reattach logged (registrations) is persisted
+        # by this batch's checkpoint.
         outputs: list[dict[str, Any]] = []
         state = KeyState(backend)
         keys = 0

@@ -440,7 +440,10 @@ class ChangelogKeyedStateBackend:
         return self._materialization.stats
 
     def take_logged(self) -> tuple[int, int]:
-        """Changes logged and their payload bytes since the last call (metrics)."""
+        """Changes logged and their payload bytes since the last call (metrics).
+
+        What a restore logs counts too (the registrations its next checkpoint persists),
+        but not what its own materialization truncates at once (rescaling)."""
         logged = (self._logged_changes, self._logged_bytes)
         self._logged_changes = self._logged_bytes = 0
         return logged
@@ -472,6 +475,7 @@ class ChangelogKeyedStateBackend:
         """Make the state restored into :attr:`table` this backend's own base, at once."""
         self._log_all_metas()
         self._changed = set(self.table.key_groups())
+        self.take_logged()  # truncated by the materialization below: in no checkpoint
         self.materialize_now()
 
     def close(self) -> None:

@@ -12,16 +12,18 @@ and materialization, rescaling and readers iterate it per key group):
 - list states: ``kg(2) sid(2) key`` -> the items, each as a 4-byte big-endian length
   and its bytes (``LIST_ADD`` appends bytes to the stored value, never decoding it);
 - map states: ``kg(2) sid(2) esc(key) 00 01 map_key`` -> the value, one RocksDB entry
-  per map entry (``MAP_PUT`` and point reads of one map key are one RocksDB call);
+  per map entry (``MAP_PUT`` and a read of one map key touch that entry only);
   ``esc`` doubles as ``00 ff`` every ``00`` of the key, which keeps keys in byte order
   and makes ``00 01`` end the key;
 - registrations: ``ff ff 00 name`` -> ``sid(2)`` and the ``StateMeta`` bytes; the entry
   count: ``ff ff 01`` (key groups are below 2^15, so ``ff ff`` is never one).
 
 ``kg`` is the key group and ``sid`` the state's number (in registration order), both
-big-endian. Iterating a state's prefix gives its entries ordered by key and map key,
-which is the order of :meth:`RocksDBStateTable.serialize_group`: it writes exactly the
-bytes of the in-memory table's for the same state, so snapshots are interchangeable.
+big-endian. The entry count is kept as entries come and go: a write first looks its key
+up, unless it is the key read just before (a read-modify-write of the state API).
+Iterating a state's prefix gives its entries ordered by key and map key, which is the
+order of :meth:`RocksDBStateTable.serialize_group`: it writes exactly the bytes of the
+in-memory table's for the same state, so snapshots are interchangeable.
 
 Writes skip RocksDB's write-ahead log: the Kafka changelog is the durable log, and a
 store is only trusted again (:meth:`RocksDBStateTable.flush`, then a manifest written
@@ -40,9 +42,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..serialization import decode, encode
 from .descriptors import StateKind
 from .errors import StateBackendUnavailableError, StateMismatchError
+from .key_group_codec import encode_key_group, iter_key_group
 from .ops import (
     DELETE,
     LIST_ADD,
@@ -224,8 +226,10 @@ class RocksDBStateTable:
 
     def apply(self, key_group: int, op: StateOp) -> None:
         """Apply one logged mutation (an op of another state kind is refused)."""
-        db = self._live()
-        prefix, kind = self._prefix(key_group, op.state)
+        db = self._db if self._db is not None else self._live()
+        # The cache lookup inline: this runs for every change, logged or replayed.
+        found = self._prefixes.get((key_group, op.state))
+        prefix, kind = found if found is not None else self._prefix(key_group, op.state)
         write = self._write_options
         op_kind = op.op
         if kind == _KIND_MAP:
@@ -307,16 +311,18 @@ class RocksDBStateTable:
 
     def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
         """The entry of ``key`` (None if absent)."""
-        db = self._live()
-        info = self._states.get(state)
-        if info is None:
-            return None
-        prefix, kind = self._prefix(key_group, state)
+        db = self._db if self._db is not None else self._live()
+        found = self._prefixes.get((key_group, state))
+        if found is None:
+            if state not in self._states:
+                return None
+            found = self._prefix(key_group, state)
+        prefix, kind = found
         if kind == _KIND_MAP:
             start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
             cut = len(start)
-            found = {k[cut:]: v for k, v in self._scan(start)}
-            return found or None
+            items = {k[cut:]: v for k, v in self._scan(start)}
+            return items or None
         stored_key = prefix + key
         data = db.get(stored_key)
         self._seen = (stored_key, data is not None)
@@ -327,10 +333,13 @@ class RocksDBStateTable:
     def get_map_value(self, key_group: int, state: str, key: bytes,
                       map_key: bytes) -> bytes | None:
         """One value of a map entry (None if absent): one RocksDB point read."""
-        db = self._live()
-        if state not in self._states:
-            return None
-        prefix, kind = self._prefix(key_group, state)
+        db = self._db if self._db is not None else self._live()
+        found = self._prefixes.get((key_group, state))
+        if found is None:
+            if state not in self._states:
+                return None
+            found = self._prefix(key_group, state)
+        prefix, kind = found
         if kind != _KIND_MAP:
             return None
         stored_key = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END + map_key
@@ -394,61 +403,50 @@ class RocksDBStateTable:
 
     def serialize_group(self, key_group: int) -> bytes:
         """The key group's state (``schemas/key_group_state.avsc``): the same bytes as the
-        in-memory table's for the same state."""
-        tables = []
-        for name in sorted(self._states):
-            records: list[dict[str, Any]] = []
-            for _, key, entry in self._state_entries(key_group, name):
-                record: dict[str, Any] = {"key": key, "value": None, "values": None,
-                                          "map": None}
-                if isinstance(entry, bytes):
-                    record["value"] = entry
-                elif isinstance(entry, list):
-                    record["values"] = entry
-                else:
-                    record["map"] = [{"key": k, "value": v} for k, v in entry.items()]
-                records.append(record)
-            if records:
-                tables.append({"meta": self._metas[name].to_record(), "entries": records})
-        return encode("key_group_state", {"states": tables})
+        in-memory table's for the same state, encoded as the store is iterated."""
+        return encode_key_group(
+            (self._metas[name], ((key, entry) for _, key, entry
+                                 in self._state_entries(key_group, name)))
+            for name in sorted(self._states))
 
     def load_group(self, key_group: int, data: bytes) -> None:
-        """Replace the key group's state with a serialized one, written in write batches
-        straight from the decoded records (no table objects per key)."""
+        """Replace the key group's state with a serialized one: entries go from the decoded
+        bytes straight into write batches, no table object per key."""
         db = self._live()
-        record = decode("key_group_state", data)
         group = _key_group_prefix(key_group)
         batch = self._batch_type(raw_mode=True)
         if self._any(db, group):
             self._count -= sum(1 for _ in self.entries(key_group))
             batch.delete_range(group, _key_group_prefix(key_group + 1))
         self._seen = (b"", False)
-        for table in record["states"]:
-            meta = StateMeta.from_record(table["meta"])
-            self.register(meta)
-            prefix, kind = self._prefix(key_group, meta.state)
-            for entry in table["entries"]:
-                key = entry["key"]
-                if kind == _KIND_VALUE and entry["value"] is not None:
-                    batch.put(prefix + key, entry["value"])
-                elif kind == _KIND_LIST and entry["values"] is not None:
-                    batch.put(prefix + key, _encode_items(entry["values"]))
-                elif kind == _KIND_MAP and entry["map"] is not None:
-                    if not entry["map"]:
-                        continue  # an empty map is no entry
-                    start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
-                    for item in entry["map"]:
-                        batch.put(start + item["key"], item["value"])
-                elif entry["value"] is None and entry["values"] is None and entry["map"] is None:
-                    continue
-                else:
-                    raise StateMismatchError(
-                        f"snapshot of key group {key_group} holds an entry of another kind "
-                        f"for {meta.kind.value} state {meta.state!r}")
-                self._count += 1
-                if len(batch) >= _LOAD_BATCH:
-                    db.write(batch, self._write_options)
-                    batch = self._batch_type(raw_mode=True)
+        put = batch.put
+        prefix, kind = b"", _KIND_VALUE
+        for meta, key, value, values, items in iter_key_group(data):
+            if key is None:  # a state's registration: its entries follow
+                self.register(meta)
+                prefix, kind = self._prefix(key_group, meta.state)
+                continue
+            if kind == _KIND_VALUE and value is not None:
+                put(prefix + key, value)
+            elif kind == _KIND_LIST and values is not None:
+                put(prefix + key, _encode_items(values))
+            elif kind == _KIND_MAP and items is not None:
+                if not items:
+                    continue  # an empty map is no entry
+                start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+                for map_key, item in items:
+                    put(start + map_key, item)
+            elif value is None and values is None and items is None:
+                continue
+            else:
+                raise StateMismatchError(
+                    f"snapshot of key group {key_group} holds an entry of another kind "
+                    f"for {meta.kind.value} state {meta.state!r}")
+            self._count += 1
+            if len(batch) >= _LOAD_BATCH:
+                db.write(batch, self._write_options)
+                batch = self._batch_type(raw_mode=True)
+                put = batch.put
         if len(batch):
             db.write(batch, self._write_options)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..serialization import decode, encode
 from .descriptors import StateKind
 from .errors import StateMismatchError
+from .key_group_codec import encode_key_group, iter_key_group
 from .ops import (
     DELETE,
     LIST_ADD,
@@ -150,39 +150,25 @@ class StateTable:
     def serialize_group(self, key_group: int) -> bytes:
         """The key group's state (``schemas/key_group_state.avsc``), deterministic order."""
         states = self.groups.get(key_group, {})
-        tables = []
-        for name in sorted(states):
-            entries = []
-            for key in sorted(states[name]):
-                entry = states[name][key]
-                record: dict[str, Any] = {"key": key, "value": None, "values": None, "map": None}
-                if isinstance(entry, bytes):
-                    record["value"] = entry
-                elif isinstance(entry, list):
-                    record["values"] = list(entry)
-                else:
-                    record["map"] = [{"key": k, "value": entry[k]} for k in sorted(entry)]
-                entries.append(record)
-            if entries:
-                tables.append({"meta": self.metas[name].to_record(), "entries": entries})
-        return encode("key_group_state", {"states": tables})
+        return encode_key_group(
+            (self.metas[name], ((key, _ordered(states[name][key]))
+                                for key in sorted(states[name])))
+            for name in sorted(states))
 
     def load_group(self, key_group: int, data: bytes) -> None:
         """Replace the key group's state with a serialized one (registering its states)."""
-        record = decode("key_group_state", data)
         group: dict[str, dict[bytes, Entry]] = {}
-        for table in record["states"]:
-            meta = StateMeta.from_record(table["meta"])
-            self.register(meta)
-            entries: dict[bytes, Entry] = {}
-            for e in table["entries"]:
-                if e["value"] is not None:
-                    entries[e["key"]] = e["value"]
-                elif e["values"] is not None:
-                    entries[e["key"]] = list(e["values"])
-                elif e["map"] is not None:
-                    entries[e["key"]] = {m["key"]: m["value"] for m in e["map"]}
-            group[meta.state] = entries
+        entries: dict[bytes, Entry] = {}
+        for meta, key, value, values, items in iter_key_group(data):
+            if key is None:  # a state's registration: its entries follow
+                self.register(meta)
+                entries = group[meta.state] = {}
+            elif value is not None:
+                entries[key] = value
+            elif values is not None:
+                entries[key] = values
+            elif items is not None:
+                entries[key] = dict(items)
         self.groups[key_group] = group
 
     def snapshot_view(self) -> dict[str, dict[tuple[int, bytes], Any]]:
@@ -195,6 +181,11 @@ class StateTable:
                                    else list(entry) if isinstance(entry, list) else entry)
                     view.setdefault(name, {})[(key_group, key)] = copied
         return view
+
+
+def _ordered(entry: Entry) -> Entry:
+    """A map with its items ordered by map key (the snapshot's order)."""
+    return {k: entry[k] for k in sorted(entry)} if isinstance(entry, dict) else entry
 
 
 def describe_meta(meta: StateMeta) -> str:
