@@ -34,6 +34,7 @@ from benchmarks import (
     bench_persist_latency,
     bench_restore,
     bench_state_ops,
+    bench_state_table,
 )
 from benchmarks.common import (
     REPO_ROOT,
@@ -50,6 +51,7 @@ BENCHMARKS = (
     ("memory_stalled", "benchmarks.bench_memory_stalled"),
     ("restore", "benchmarks.bench_restore"),
     ("state_ops", "benchmarks.bench_state_ops"),
+    ("state_table", "benchmarks.bench_state_table"),
 )
 
 
@@ -74,6 +76,7 @@ def summary(results: dict[str, Any]) -> str:
         ("memory_stalled", bench_memory_stalled),
         ("restore", bench_restore),
         ("state_ops", bench_state_ops),
+        ("state_table", bench_state_table),
     ):
         lines.append(f"\n== {key} ==")
         found = results["benchmarks"].get(key)

@@ -46,10 +46,15 @@ class SubtaskMetrics:
     materializations_completed: int
     materialized_bytes: int
     #: How the subtask got its state: "reattached" (the backend its Python worker kept,
-    #: exactly at the base checkpoint), "restored" (from Kafka) or "fresh" (no state yet).
+    #: exactly at the base checkpoint), "reattached-local" (``state_backend="rocksdb"``:
+    #: the host-local store another Python worker left exactly at the base checkpoint, no
+    #: Kafka read), "restored" (from Kafka) or "fresh" (no state yet).
     state_source: str
-    #: Seconds restoring (0 when reattached or fresh).
+    #: Seconds restoring (0 unless restored).
     restore_s: float
+    #: Seconds getting the backend, whatever the source (opening and reattaching a local
+    #: store takes milliseconds; a restore, its restore_s).
+    attach_s: float = 0.0
 
     def to_json(self) -> str:
         """One JSON object (what a task sends to the driver)."""

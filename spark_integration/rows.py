@@ -19,6 +19,7 @@ from kafka_changelog.errors import RecordDecodeError
 from kafka_changelog.state.ops import StateMeta
 from kafka_changelog.state.restore import load_keyed_state
 from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.table_protocol import KeyedStateTable
 
 from .planning import ChangesTask, ReaderOptions, StateTask
 from .scan import ChunkReader, OffsetSlice, ScannedChange, SliceReader, decode_state_op
@@ -212,29 +213,26 @@ def render_value(serializer: str, data: bytes) -> str | None:
 StateRow = tuple[str, int, str, str, bytes, bytes | None, int | None, bytes, str | None]
 
 
-def state_rows(table: StateTable, operator: str) -> Iterator[StateRow]:
+def state_rows(table: KeyedStateTable, operator: str) -> Iterator[StateRow]:
     """Every entry of ``table`` as rows, ordered by key group, state, key, map key/index."""
-    for key_group in sorted(table.groups):
-        states = table.groups[key_group]
-        for name in sorted(states):
-            meta = table.metas[name]
+    metas = table.metas
+    for key_group in table.key_groups():
+        for name, key, entry in table.entries(key_group):
+            meta = metas[name]
             kind = meta.kind.value
             serializer = meta.value_serializer
-            entries = states[name]
-            for key in sorted(entries):
-                entry = entries[key]
-                if isinstance(entry, bytes):
-                    yield (operator, key_group, name, kind, key, None, None, entry,
-                           render_value(serializer, entry))
-                elif isinstance(entry, list):
-                    for index, item in enumerate(entry):
-                        yield (operator, key_group, name, kind, key, None, index, item,
-                               render_value(serializer, item))
-                else:
-                    for map_key in sorted(entry):
-                        item = entry[map_key]
-                        yield (operator, key_group, name, kind, key, map_key, None, item,
-                               render_value(serializer, item))
+            if isinstance(entry, bytes):
+                yield (operator, key_group, name, kind, key, None, None, entry,
+                       render_value(serializer, entry))
+            elif isinstance(entry, list):
+                for index, item in enumerate(entry):
+                    yield (operator, key_group, name, kind, key, None, index, item,
+                           render_value(serializer, item))
+            else:
+                for map_key in sorted(entry):
+                    item = entry[map_key]
+                    yield (operator, key_group, name, kind, key, map_key, None, item,
+                           render_value(serializer, item))
 
 
 def rows_to_batch(rows: list[StateRow]) -> pa.RecordBatch:
@@ -246,7 +244,7 @@ def rows_to_batch(rows: list[StateRow]) -> pa.RecordBatch:
         schema=STATE_SCHEMA)
 
 
-def state_batches(table: StateTable, operator: str,
+def state_batches(table: KeyedStateTable, operator: str,
                   batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Record batches of at most ``batch_rows`` rows of :func:`state_rows`."""
     rows: list[StateRow] = []

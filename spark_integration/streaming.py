@@ -8,8 +8,11 @@ columns), its key group ``pmod(hash(key), max_parallelism)`` and its subtask, an
 runs one Spark task per subtask, in parallel (``partition_by_subtask`` then
 ``mapInPandas``; Spark calls the function for empty partitions too, so every subtask
 checkpoints). A task gets a keyed state backend for its key-group range at the base
-checkpoint (reused from the Python worker's cache when it is exactly there, else
-restored from Kafka), calls the user's function per key in a deterministic order,
+checkpoint (reused from the Python worker's cache when it is exactly there; with
+``state_backend="rocksdb"`` reattached from the host's local state directory when the
+subtask's store is exactly there, whichever worker left it: see
+:mod:`spark_integration.local_state`; else restored from Kafka), calls the user's
+function per key in a deterministic order,
 persists the changelog, and returns its output rows plus its state handle. The
 driver commits the checkpoint only when every subtask succeeded: with a
 :class:`~spark_integration.kafka_sink.KafkaOutputSink`, in one Kafka transaction
@@ -27,10 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
@@ -43,16 +48,20 @@ from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
 from kafka_changelog.keys import NullKeyError
+from kafka_changelog.state.backend_config import KINDS, MEMORY, ROCKSDB
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.local_store import remove_operator_stores
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
 
+from . import local_state
 from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink
 from .keys import key_columns_of, key_sql
+from .local_state import CachedBackend
 from .metrics import SubtaskMetrics, log_batch
 from .subtask_partitioning import partition_by_subtask
 
@@ -101,6 +110,25 @@ class StreamingStateConfig:
     retain: int = 3
     #: Any librdkafka setting for every client (security included).
     client_config: dict[str, Any] = field(default_factory=dict)
+    #: Each subtask's working copy: "memory" (kept by the Python worker that ran the
+    #: subtask last; another worker restores from Kafka) or "rocksdb" (a store per
+    #: subtask in ``local_state_dir`` that any Python worker on the host reattaches; needs
+    #: ``rocksdict``). See docs/spark.md, "Local state directory".
+    state_backend: str = MEMORY
+    #: Where "rocksdb" keeps the host-local subtask stores (None:
+    #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
+    #: disk of every executor host.
+    local_state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state_backend not in KINDS:
+            raise ValueError(f"state_backend must be one of {KINDS}, got "
+                             f"{self.state_backend!r}")
+
+    def local_state_root(self) -> Path:
+        """The host-local state directory of ``state_backend="rocksdb"``."""
+        return (Path(self.local_state_dir) if self.local_state_dir
+                else Path(tempfile.gettempdir()) / "kafka-changelog-state")
 
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""
@@ -167,7 +195,7 @@ class _Process:
     storages: ClassVar[dict[tuple[str, ...], tuple[KafkaChangelogStorage,
                                                    KafkaSnapshotStore]]] = {}
     coordinators: ClassVar[dict[tuple[str, ...], CheckpointCoordinator]] = {}
-    backends: ClassVar[dict[tuple[Any, ...], tuple[ChangelogKeyedStateBackend, int]]] = {}
+    backends: ClassVar[dict[tuple[Any, ...], CachedBackend]] = {}
     committers: ClassVar[dict[tuple[str, ...], TransactionalCommitter]] = {}
 
     @staticmethod
@@ -211,12 +239,16 @@ class _Process:
 
     @classmethod
     def release(cls, config: StreamingStateConfig) -> None:
-        """Close this process's backends and Kafka clients of ``config``'s application."""
+        """Close this process's backends and Kafka clients of ``config``'s application, and
+        delete the operator's local state stores on this host (those nobody holds)."""
         for key in [k for k in cls.committers if k[:-1] == cls._resource_key(config)]:
             cls.committers.pop(key).close()
         for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
                                                          config.application)]:
-            cls.backends.pop(key)[0].close()
+            cls.backends.pop(key).backend.close()
+        if config.state_backend == ROCKSDB:
+            remove_operator_stores(config.local_state_root(), config.application,
+                                   config.operator_id)
         coordinator = cls.coordinators.pop(cls._resource_key(config), None)
         if coordinator is not None:
             coordinator.checkpoints.close()
@@ -246,7 +278,7 @@ class BatchReport:
     #: The Spark partition that ran each subtask (one each: subtasks run in parallel).
     subtask_partitions: dict[int, int] = field(default_factory=dict)
     #: Seconds each subtask spent restoring its backend from Kafka (subtasks that reattached
-    #: the backend their Python worker kept, or started empty, are not listed).
+    #: a backend or a local store, or started empty, are not listed).
     restore_s: dict[int, float] = field(default_factory=dict)
     #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
     materializations: dict[int, int] = field(default_factory=dict)
@@ -470,8 +502,50 @@ class _SubtaskTask:
 
     def __call__(self, rows: pd.DataFrame | None, subtask: int) -> pd.DataFrame:
         """One subtask's rows (None or empty: no input) -> its outputs and state handle."""
-        backend, restore_s, source = self._backend(subtask)
+        attached: local_state.LocalAttachment | None = None
+        if self.config.state_backend == ROCKSDB:
+            storage, snapshots = _Process.stores(self.config)
+            attached = local_state.attach(
+                self.config, subtask, self.base, self.handles.get(subtask, []),
+                _Process.backends.pop(self._cache_key(subtask), None), storage, snapshots,
+                self._materialization())
+            backend, attach_s, source = attached.backend, attached.seconds, attached.source
+        else:
+            backend, attach_s, source = self._backend(subtask)
+        try:
+            outputs, metrics, handle = self._run(backend, rows, subtask, source, attach_s)
+        except BaseException:
+            # A failed task's backend is at no checkpoint: never kept (a local store is
+            # left without manifest, so the next task restores it).
+            try:
+                if attached is not None:
+                    local_state.abandon(attached)
+                else:
+                    backend.close()
+            except Exception as exc:
+                logger.warning("closing subtask %d's backend after a failure: %s", subtask, exc)
+            raise
+        encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
+                               handle, None).to_bytes()
+        _Process.backends[self._cache_key(subtask)] = (
+            local_state.release(attached, self.config, subtask, self.checkpoint_id, encoded)
+            if attached is not None else CachedBackend(backend, self.checkpoint_id))
+        marker: dict[str, Any] = dict.fromkeys(self.output_columns)
+        marker.update({HANDLE_COLUMN: encoded})
+        records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
+        frame = pd.DataFrame(records, columns=[*self.output_columns, HANDLE_COLUMN])
+        frame[SUBTASK_COLUMN] = subtask
+        frame[METRICS_COLUMN] = [None] * len(outputs) + [metrics.to_json()]  # handle row only
+        return frame[[*self.output_columns, SUBTASK_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]]
+
+    def _run(self, backend: ChangelogKeyedStateBackend, rows: pd.DataFrame | None,
+             subtask: int, source: str, attach_s: float
+             ) -> tuple[list[dict[str, Any]], SubtaskMetrics, KeyedStateHandle]:
+        """Call the user's function per key, then snapshot: outputs, metrics, handle."""
         materialized_before = backend.materialization_stats
+        # No reset of the logged counts here: a cached backend's were taken at its last
+        # batch's end, and what a restore or reattach logged (registrations) is persisted
+        # by this batch's checkpoint.
         outputs: list[dict[str, Any]] = []
         state = KeyState(backend)
         keys = 0
@@ -499,17 +573,9 @@ class _SubtaskTask:
             materializations_started=materialized.started - materialized_before.started,
             materializations_completed=materialized.completed - materialized_before.completed,
             materialized_bytes=materialized.bytes_written - materialized_before.bytes_written,
-            state_source=source, restore_s=restore_s)
-        _Process.backends[self._cache_key(subtask)] = (backend, self.checkpoint_id)
-        encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
-                               handle, None).to_bytes()
-        marker: dict[str, Any] = dict.fromkeys(self.output_columns)
-        marker.update({HANDLE_COLUMN: encoded})
-        records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
-        frame = pd.DataFrame(records, columns=[*self.output_columns, HANDLE_COLUMN])
-        frame[SUBTASK_COLUMN] = subtask
-        frame[METRICS_COLUMN] = [None] * len(outputs) + [metrics.to_json()]  # handle row only
-        return frame[[*self.output_columns, SUBTASK_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]]
+            state_source=source, restore_s=attach_s if source == "restored" else 0.0,
+            attach_s=attach_s)
+        return outputs, metrics, handle
 
     def _check_keys(self, rows: pd.DataFrame) -> None:
         """Refuse rows whose key is null (Spark's null key bytes): never drop them."""
@@ -525,26 +591,29 @@ class _SubtaskTask:
 
     def _cache_key(self, subtask: int) -> tuple[Any, ...]:
         c = self.config
-        return (c.bootstrap_servers, c.application, c.operator_id, c.parallelism, subtask)
+        return (c.bootstrap_servers, c.application, c.operator_id, c.parallelism, subtask,
+                c.state_backend, c.local_state_dir)
+
+    def _materialization(self) -> MaterializationConfig:
+        interval = self.config.materialization_interval_s
+        return MaterializationConfig(interval_s=interval,
+                                     start_jitter_s=min(60.0, (interval or 0) / 10))
 
     def _backend(self, subtask: int) -> tuple[ChangelogKeyedStateBackend, float, str]:
-        """The subtask's backend at ``base``, the seconds restoring it, and where its state
-        came from ("reattached", "restored" or "fresh")."""
+        """The subtask's in-memory backend at ``base``, the seconds getting it, and where
+        its state came from ("reattached", "restored" or "fresh")."""
         config = self.config
         key_groups: KeyGroupRange = key_group_range_for_operator(
             config.max_parallelism, config.parallelism, subtask)
         cached = _Process.backends.pop(self._cache_key(subtask), None)
         if cached is not None:
-            backend, at = cached
-            if at == self.base and self.base is not None:
-                backend.notify_checkpoint_complete(at)
-                return backend, 0.0, "reattached"
-            backend.close()
+            if cached.checkpoint_id == self.base and self.base is not None:
+                cached.backend.notify_checkpoint_complete(cached.checkpoint_id)
+                return cached.backend, 0.0, "reattached"
+            cached.backend.close()
         started = time.monotonic()
         storage, snapshots = _Process.stores(config)
-        materialization = MaterializationConfig(
-            interval_s=config.materialization_interval_s,
-            start_jitter_s=min(60.0, (config.materialization_interval_s or 0) / 10))
+        materialization = self._materialization()
         handles = self.handles.get(subtask, [])
         if handles:
             backend = restore_backend(storage, snapshots, config.operator_id, key_groups,

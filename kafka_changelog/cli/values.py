@@ -14,7 +14,7 @@ from typing import Any
 
 from ..state.ops import StateMeta
 from ..state.serializers import FLOAT64, INT64, JSON, UTF8, Serializer
-from ..state.table import Entry
+from ..state.table_protocol import Entry
 
 _KNOWN: dict[str, Serializer[Any]] = {s.name: s for s in (UTF8, INT64, FLOAT64, JSON)}
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import ChangelogError, KafkaAccessError
 from ..kafka.handle import KafkaChangelogHandle
 from ..state.checkpoint import CompletedCheckpoint, SubtaskState
-from ..state.table import StateTable
+from ..state.table_protocol import KeyedStateTable
 from .options import Connection, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, size, table, when
 from .readonly import existing_topics, open_view, select_checkpoint
@@ -67,21 +67,20 @@ class VerifyReport:
             f"{s.key_groups[1]}): {s.problem}" for s in self.subtasks if s.problem is not None]
 
 
-def measure(state: StateTable, report: SubtaskReport) -> None:
+def measure(state: KeyedStateTable, report: SubtaskReport) -> None:
     """Count keys, (state, key) entries and their bytes (keys and values)."""
     keys: set[tuple[int, bytes]] = set()
-    for key_group, states in state.groups.items():
-        for entries in states.values():
-            for key, entry in entries.items():
-                keys.add((key_group, key))
-                report.entries += 1
-                if isinstance(entry, bytes):
-                    report.state_bytes += len(key) + len(entry)
-                elif isinstance(entry, list):
-                    report.state_bytes += len(key) + sum(len(v) for v in entry)
-                else:
-                    report.state_bytes += len(key) + sum(len(k) + len(v)
-                                                         for k, v in entry.items())
+    for key_group in state.key_groups():
+        for _, key, entry in state.entries(key_group):
+            keys.add((key_group, key))
+            report.entries += 1
+            if isinstance(entry, bytes):
+                report.state_bytes += len(key) + len(entry)
+            elif isinstance(entry, list):
+                report.state_bytes += len(key) + sum(len(v) for v in entry)
+            else:
+                report.state_bytes += len(key) + sum(len(k) + len(v)
+                                                     for k, v in entry.items())
     report.keys = len(keys)
 
 

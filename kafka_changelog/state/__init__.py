@@ -5,6 +5,7 @@ checkpoint stores live in :mod:`kafka_changelog.kafka`. The names an application
 needs are importable from this package.
 """
 
+from .backend_config import StateBackendConfig
 from .checkpoint import CompletedCheckpoint, KeyedStateHandle, OperatorStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore, InMemoryCheckpointStore
 from .coordinator import CheckpointCoordinator, GarbageReport
@@ -69,6 +70,7 @@ __all__ = [
     "SnapshotMissingError",
     "SnapshotStore",
     "SnapshotWriteError",
+    "StateBackendConfig",
     "StateDescriptor",
     "StateKind",
     "StateMismatchError",

@@ -31,6 +31,7 @@ from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange
 from ..reader import StateChangelogReader
 from ..storage import StateChangelogStorage
+from .backend_config import StateBackendConfig
 from .checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore
 from .keyed_backend import ChangelogKeyedStateBackend
@@ -66,13 +67,17 @@ class CheckpointCoordinator:
         changelog_storage: StateChangelogStorage[Any],
         max_parallelism: int = 128,
         changelog_gc: bool = True,
+        state_backend: StateBackendConfig | None = None,
     ) -> None:
+        """``state_backend`` is the working copy of the backends :meth:`restore_keyed`
+        builds (default: in memory)."""
         self.application = application
         self.checkpoints = checkpoint_store
         self.snapshots = snapshot_store
         self.storage = changelog_storage
         self.max_parallelism = max_parallelism
         self.changelog_gc = changelog_gc
+        self.state_backend = state_backend or StateBackendConfig()
         self.last_garbage = GarbageReport()
 
     def complete(
@@ -186,13 +191,15 @@ class CheckpointCoordinator:
         reader: StateChangelogReader[Any] | object | None = None,
         materialization: MaterializationConfig | None = None,
         local_recovery: LocalRecoveryStore | None = None,
+        state_backend: StateBackendConfig | None = None,
     ) -> ChangelogKeyedStateBackend:
         """A keyed backend for ``key_group_range`` with the operator's state at ``checkpoint``
         (whatever parallelism wrote it), or an empty one when ``checkpoint`` is None.
 
         ``reader`` reads the changelog (default: a reader of the coordinator's storage).
         Anything else passed there (a client config, as before 0.2) is ignored: the
-        storage knows how to read its handles.
+        storage knows how to read its handles. ``state_backend`` picks the working copy
+        (default: the coordinator's); any kind restores checkpoints written by any other.
         """
         handles: list[KeyedStateHandle] = []
         if checkpoint is not None:
@@ -200,14 +207,20 @@ class CheckpointCoordinator:
                        if s.keyed is not None]
         else:
             self.guard_first_writes()
+        table = (state_backend or self.state_backend).create_table(operator_id)
         if not handles:
-            return ChangelogKeyedStateBackend(
-                self.storage, self.snapshots, operator_id, key_group_range,
-                self.max_parallelism, materialization, local_recovery=local_recovery)
+            try:
+                return ChangelogKeyedStateBackend(
+                    self.storage, self.snapshots, operator_id, key_group_range,
+                    self.max_parallelism, materialization, local_recovery=local_recovery,
+                    table=table)
+            except BaseException:
+                table.close()
+                raise
         return restore_backend(
             self.storage, self.snapshots, operator_id, key_group_range, self.max_parallelism,
             handles, reader if isinstance(reader, StateChangelogReader) else None,
-            materialization, local_recovery)
+            materialization, local_recovery, table)
 
     def guard_first_writes(self) -> None:
         """Before the application's first checkpoint, record where it starts writing.

@@ -145,3 +145,11 @@ class NoCurrentKeyError(ChangelogError, RuntimeError):
 
 class MaterializationFailedError(ChangelogError):
     """Materialization failed more often in a row than allowed."""
+
+
+class StateBackendUnavailableError(ChangelogError, ImportError):
+    """A state backend needs a package that is not installed (named in the message)."""
+
+
+class LocalStateError(ChangelogError):
+    """A host-local state store cannot be used (locked too long, unreadable manifest)."""

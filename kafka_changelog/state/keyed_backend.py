@@ -1,9 +1,10 @@
-"""The changelog keyed state backend: a working copy in memory, every mutation logged.
+"""The changelog keyed state backend: a working copy, every mutation logged.
 
-State lives in memory (:class:`StateTable`) and every mutation is appended to a
-changelog writer. A checkpoint persists the log since the last materialization;
-materialization writes a snapshot of the changed key groups (reusing the chunks
-of unchanged ones) and truncates the log, so restore costs O(state + tail).
+State lives in a working copy (a :class:`KeyedStateTable`: in memory by default, or
+RocksDB) and every mutation is appended to a changelog writer. A checkpoint persists
+the log since the last materialization; materialization writes a snapshot of the
+changed key groups (reusing the chunks of unchanged ones) and truncates the log, so
+restore costs O(state + tail).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .state_objects import (
     ValueState,
 )
 from .table import StateTable
+from .table_protocol import KeyedStateTable
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,10 @@ class ChangelogKeyedStateBackend:
         materialization: MaterializationConfig | None = None,
         backend_id: str | None = None,
         local_recovery: LocalRecoveryStore | None = None,
+        table: KeyedStateTable | None = None,
     ) -> None:
+        """``table`` is the working copy (default: an in-memory :class:`StateTable`); the
+        backend owns it from now on and closes it in :meth:`close`."""
         check_parallelism(max_parallelism)
         if not key_group_range.is_empty and key_group_range.end >= max_parallelism:
             raise ValueError(f"key-group range {key_group_range} exceeds max parallelism "
@@ -76,7 +81,7 @@ class ChangelogKeyedStateBackend:
         self.operator_id = operator_id
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
-        self.table = StateTable()
+        self.table: KeyedStateTable = table if table is not None else StateTable()
         self._storage = storage
         self._store = snapshot_store
         self._writer: StateChangelogWriter[Any] = storage.create_writer(
@@ -313,7 +318,7 @@ class ChangelogKeyedStateBackend:
         changed = set(self._changed)
         # Serialised now (consistent with ``upto``); written while the operator goes on.
         states = {kg: self.table.serialize_group(kg) for kg in changed
-                  if self.table.groups.get(kg)}
+                  if self.table.has_entries(kg)}
         previous = self.snapshot_handle
         reused = {
             kg: previous.chunks_of(kg) for kg in self.key_group_range
@@ -409,21 +414,43 @@ class ChangelogKeyedStateBackend:
             self._local.retain(self._local_owner, BASE, self._local.files_of(
                 self.snapshot_handle, self._base_changelog), replace=True)
 
+    def unmaterialized_key_groups(self) -> set[int]:
+        """Key groups changed since the snapshot the next checkpoint refers to (a running
+        materialization's included): what a backend continuing from that checkpoint
+        must write at its first materialization (see :meth:`adopt_base`)."""
+        running = self._materialization.running
+        return self._changed | (running.changed if running is not None else set())
+
+    @property
+    def materialization_due_at(self) -> float | None:
+        """When materialization is next due (seconds since the epoch; now if it is due
+        already); None without a timer."""
+        timer = self._materialization.timer
+        return time.time() if timer.due.is_set() else timer.next_due_at
+
+    def schedule_materialization(self, at: float) -> None:
+        """Make the next materialization due at ``at`` (seconds since the epoch), e.g. to
+        keep the schedule of the backend whose state this one continues; a time that has
+        passed makes it due at once. No-op without a timer."""
+        self._materialization.timer.reschedule(at)
+
     @property
     def materialization_stats(self) -> MaterializationStats:
         """Completed, consecutive failed and skipped materializations."""
         return self._materialization.stats
 
     def take_logged(self) -> tuple[int, int]:
-        """Changes logged and their payload bytes since the last call (metrics)."""
+        """Changes logged and their payload bytes since the last call (metrics).
+
+        What a restore logs counts too (the registrations its next checkpoint persists),
+        but not what its own materialization truncates at once (rescaling)."""
         logged = (self._logged_changes, self._logged_bytes)
         self._logged_changes = self._logged_bytes = 0
         return logged
 
     def state_rows(self) -> int:
         """Entries in the working copy (a key of a state; list and map states count once)."""
-        return sum(len(entries) for states in self.table.groups.values()
-                   for entries in states.values())
+        return self.table.entry_count()
 
     @property
     def writer(self) -> StateChangelogWriter[Any]:
@@ -447,7 +474,8 @@ class ChangelogKeyedStateBackend:
     def materialize_restored(self) -> None:
         """Make the state restored into :attr:`table` this backend's own base, at once."""
         self._log_all_metas()
-        self._changed = set(self.table.groups)
+        self._changed = set(self.table.key_groups())
+        self.take_logged()  # truncated by the materialization below: in no checkpoint
         self.materialize_now()
 
     def close(self) -> None:
@@ -465,6 +493,7 @@ class ChangelogKeyedStateBackend:
         self._drop_unused_chunks(self.snapshot_handle, None)
         self._materialization.close()
         self._writer.close()
+        self.table.close()
         if self._local is not None:
             try:
                 self._local.close_owner(self._local_owner)

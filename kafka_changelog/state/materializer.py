@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import dataclass
 
 
@@ -30,28 +31,63 @@ class MaterializationConfig:
 
 
 class PeriodicMaterializer:
-    """A daemon timer that sets :attr:`due` every ``interval_s`` (after the jitter)."""
+    """A daemon timer that sets :attr:`due` every ``interval_s`` (after the jitter).
+
+    The next time it fires is wall-clock time (:attr:`next_due_at`), so that a backend
+    that continues another's state in another process can keep its schedule
+    (:meth:`reschedule`).
+    """
 
     def __init__(self, config: MaterializationConfig, rng: random.Random | None = None) -> None:
         self._config = config
         self.due = threading.Event()
-        self._stopped = threading.Event()
+        self._stopped = False
+        self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._next_due_at: float | None = None
         if config.interval_s:
             jitter = (rng or random.Random()).uniform(0, config.start_jitter_s)
+            self._next_due_at = time.time() + config.interval_s + jitter
             self._thread = threading.Thread(
-                target=self._run, args=(config.interval_s, jitter),
+                target=self._run, args=(config.interval_s,),
                 name="kafka-changelog-materializer", daemon=True)
             self._thread.start()
 
-    def _run(self, interval: float, jitter: float) -> None:
-        delay = interval + jitter
-        while not self._stopped.wait(delay):
-            self.due.set()
-            delay = interval
+    def _run(self, interval: float) -> None:
+        with self._wakeup:
+            while not self._stopped:
+                assert self._next_due_at is not None
+                left = self._next_due_at - time.time()
+                if left > 0:
+                    self._wakeup.wait(left)
+                    continue  # woken early (stop, reschedule) or on time: look again
+                self.due.set()
+                self._next_due_at = time.time() + interval
+
+    @property
+    def next_due_at(self) -> float | None:
+        """When the timer next marks materialization as due (seconds since the epoch);
+        None without a timer."""
+        with self._wakeup:
+            return self._next_due_at
+
+    def reschedule(self, at: float) -> None:
+        """Fire next at ``at`` (seconds since the epoch), then every interval; a time that
+        has passed marks materialization as due at once. No-op without a timer."""
+        with self._wakeup:
+            if self._thread is None or self._stopped or not self._config.interval_s:
+                return
+            now = time.time()
+            if at <= now:
+                self.due.set()
+                at = now + self._config.interval_s
+            self._next_due_at = at
+            self._wakeup.notify_all()
 
     def stop(self) -> None:
         """Stop the timer."""
-        self._stopped.set()
+        with self._wakeup:
+            self._stopped = True
+            self._wakeup.notify_all()
         if self._thread is not None:
             self._thread.join()

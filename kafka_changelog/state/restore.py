@@ -24,7 +24,7 @@ from .local_recovery import LocalRecoveryStore
 from .materializer import MaterializationConfig
 from .ops import StateMeta, StateOp
 from .snapshot_store import SnapshotStore
-from .table import StateTable
+from .table_protocol import KeyedStateTable
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +39,13 @@ def restore_backend(
     reader: StateChangelogReader[Any] | None = None,
     materialization: MaterializationConfig | None = None,
     local_recovery: LocalRecoveryStore | None = None,
+    table: KeyedStateTable | None = None,
 ) -> ChangelogKeyedStateBackend:
     """A backend for ``key_group_range`` with the state of ``handles`` (any old ranges).
 
     ``reader`` reads the changelog handles (default: a reader of ``storage``, closed
-    afterwards).
+    afterwards). ``table`` is the empty working copy to restore into (default: in
+    memory); the backend owns it (a failed restore closes it).
     """
     started = time.monotonic()
     narrowed = [n for h in handles if (n := h.intersection(key_group_range)) is not None]
@@ -51,9 +53,14 @@ def restore_backend(
     # old subtasks' ranges do not overlap it).
     adopt = len(narrowed) == 1 and narrowed[0].key_group_range == key_group_range and any(
         h.key_group_range == key_group_range for h in handles)
-    backend = ChangelogKeyedStateBackend(
-        storage, snapshot_store, operator_id, key_group_range, max_parallelism, materialization,
-        narrowed[0].backend_id if adopt else None, local_recovery)
+    try:
+        backend = ChangelogKeyedStateBackend(
+            storage, snapshot_store, operator_id, key_group_range, max_parallelism,
+            materialization, narrowed[0].backend_id if adopt else None, local_recovery, table)
+    except BaseException:
+        if table is not None:
+            table.close()
+        raise
     own_reader = reader is None
     changelog = storage.reader() if reader is None else reader
     try:
@@ -73,13 +80,13 @@ def restore_backend(
         backend.materialize_restored()
     logger.info("restored operator %s key groups %s from %d handle(s): %d key groups with "
                 "state, %.3f s%s", operator_id, key_group_range, len(narrowed),
-                len(backend.table.groups), time.monotonic() - started,
+                len(backend.table.key_groups()), time.monotonic() - started,
                 "" if adopt else " (rescaled: materialized anew)")
     return backend
 
 
 def load_keyed_state(
-    table: StateTable,
+    table: KeyedStateTable,
     handle: KeyedStateHandle,
     key_group_range: KeyGroupRange,
     snapshot_store: SnapshotStore,

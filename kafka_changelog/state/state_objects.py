@@ -11,18 +11,17 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
 from .ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind, StateOp
-from .table import StateTable
+from .table_protocol import KeyedStateTable
 
 V = TypeVar("V")
 K = TypeVar("K")
-
 
 
 class KeyContext(Protocol):
     """The current key, the working copy, and the change log a state object works on."""
 
     @property
-    def table(self) -> StateTable:
+    def table(self) -> KeyedStateTable:
         """The working copy (read)."""
         ...
 
@@ -112,9 +111,14 @@ class MapState(_KeyedState, Generic[K, V]):
         entry = self._entry()
         return entry if isinstance(entry, dict) else {}
 
+    def _value_of(self, encoded_key: bytes) -> bytes | None:
+        # A point lookup: the whole map is never built for one value.
+        key_group, key = self._backend.current()
+        return self._backend.table.get_map_value(key_group, self._name, key, encoded_key)
+
     def get(self, map_key: K, default: V | None = None) -> V | None:
         """The value under ``map_key`` (``default`` if none)."""
-        data = self._map().get(self._keys.serialize(map_key))
+        data = self._value_of(self._keys.serialize(map_key))
         return default if data is None else self._values.deserialize(data)
 
     def put(self, map_key: K, value: V) -> None:
@@ -125,12 +129,12 @@ class MapState(_KeyedState, Generic[K, V]):
     def remove(self, map_key: K) -> None:
         """Remove ``map_key`` (no-op if absent)."""
         encoded = self._keys.serialize(map_key)
-        if encoded in self._map():
+        if self._value_of(encoded) is not None:
             self._log(MAP_REMOVE, map_key=encoded)
 
     def contains(self, map_key: K) -> bool:
         """True if ``map_key`` is present."""
-        return self._keys.serialize(map_key) in self._map()
+        return self._value_of(self._keys.serialize(map_key)) is not None
 
     def items(self) -> Iterator[tuple[K, V]]:
         """(map key, value) pairs, ordered by serialized key."""

@@ -1,8 +1,10 @@
-"""The working copy of keyed state: per key group, per state, per key; all bytes.
+"""The in-memory working copy of keyed state: per key group, per state, per key; all bytes.
 
 Reads are served from here, never from Kafka. Mutations applied here are the
 same ones logged to the changelog, so replaying the log onto a snapshot gives
-back exactly this table.
+back exactly this table. It implements
+:class:`~kafka_changelog.state.table_protocol.KeyedStateTable`, as the RocksDB table
+does.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..serialization import decode, encode
 from .descriptors import StateKind
 from .errors import StateMismatchError
+from .key_group_codec import encode_key_group, iter_key_group
 from .ops import (
     DELETE,
     LIST_ADD,
@@ -23,10 +25,7 @@ from .ops import (
     StateMeta,
     StateOp,
 )
-
-#: Entry of a value/reducing/aggregating state, of a list state, of a map state.
-Entry = bytes | list[bytes] | dict[bytes, bytes]
-
+from .table_protocol import Entry
 
 
 class StateTable:
@@ -45,8 +44,8 @@ class StateTable:
             self.metas[meta.state] = meta
         elif known != meta:
             raise StateMismatchError(
-                f"state {meta.state!r} is registered as {_describe(known)} but "
-                f"{_describe(meta)} was requested")
+                f"state {meta.state!r} is registered as {describe_meta(known)} but "
+                f"{describe_meta(meta)} was requested")
 
     # -- mutations ---------------------------------------------------------------------
 
@@ -102,6 +101,38 @@ class StateTable:
         entries = group.get(state) if group is not None else None
         return entries.get(key) if entries is not None else None
 
+    def get_map_value(self, key_group: int, state: str, key: bytes,
+                      map_key: bytes) -> bytes | None:
+        """One value of a map entry (None if absent)."""
+        entry = self.get(key_group, state, key)
+        return entry.get(map_key) if isinstance(entry, dict) else None
+
+    def key_groups(self) -> list[int]:
+        """Key groups holding at least one entry, ascending."""
+        return sorted(kg for kg, states in self.groups.items() if any(states.values()))
+
+    def has_entries(self, key_group: int) -> bool:
+        """Whether ``key_group`` holds at least one entry."""
+        return any(self.groups.get(key_group, {}).values())
+
+    def entries(self, key_group: int) -> Iterator[tuple[str, bytes, Entry]]:
+        """(state, key, entry) of the key group, ordered by state name then key."""
+        states = self.groups.get(key_group, {})
+        for name in sorted(states):
+            entries = states[name]
+            for key in sorted(entries):
+                entry = entries[key]
+                yield name, key, ({k: entry[k] for k in sorted(entry)}
+                                  if isinstance(entry, dict) else entry)
+
+    def entry_count(self) -> int:
+        """Entries in all (a key of a state; a list or a map counts once)."""
+        return sum(len(entries) for states in self.groups.values()
+                   for entries in states.values())
+
+    def close(self) -> None:
+        """Nothing to release: the table is plain Python objects."""
+
     def keys(self, state: str) -> Iterator[tuple[int, bytes]]:
         """(key group, key) of every entry of ``state``."""
         for key_group in sorted(self.groups):
@@ -119,39 +150,25 @@ class StateTable:
     def serialize_group(self, key_group: int) -> bytes:
         """The key group's state (``schemas/key_group_state.avsc``), deterministic order."""
         states = self.groups.get(key_group, {})
-        tables = []
-        for name in sorted(states):
-            entries = []
-            for key in sorted(states[name]):
-                entry = states[name][key]
-                record: dict[str, Any] = {"key": key, "value": None, "values": None, "map": None}
-                if isinstance(entry, bytes):
-                    record["value"] = entry
-                elif isinstance(entry, list):
-                    record["values"] = list(entry)
-                else:
-                    record["map"] = [{"key": k, "value": entry[k]} for k in sorted(entry)]
-                entries.append(record)
-            if entries:
-                tables.append({"meta": self.metas[name].to_record(), "entries": entries})
-        return encode("key_group_state", {"states": tables})
+        return encode_key_group(
+            (self.metas[name], ((key, _ordered(states[name][key]))
+                                for key in sorted(states[name])))
+            for name in sorted(states))
 
     def load_group(self, key_group: int, data: bytes) -> None:
         """Replace the key group's state with a serialized one (registering its states)."""
-        record = decode("key_group_state", data)
         group: dict[str, dict[bytes, Entry]] = {}
-        for table in record["states"]:
-            meta = StateMeta.from_record(table["meta"])
-            self.register(meta)
-            entries: dict[bytes, Entry] = {}
-            for e in table["entries"]:
-                if e["value"] is not None:
-                    entries[e["key"]] = e["value"]
-                elif e["values"] is not None:
-                    entries[e["key"]] = list(e["values"])
-                elif e["map"] is not None:
-                    entries[e["key"]] = {m["key"]: m["value"] for m in e["map"]}
-            group[meta.state] = entries
+        entries: dict[bytes, Entry] = {}
+        for meta, key, value, values, items in iter_key_group(data):
+            if key is None:  # a state's registration: its entries follow
+                self.register(meta)
+                entries = group[meta.state] = {}
+            elif value is not None:
+                entries[key] = value
+            elif values is not None:
+                entries[key] = values
+            elif items is not None:
+                entries[key] = dict(items)
         self.groups[key_group] = group
 
     def snapshot_view(self) -> dict[str, dict[tuple[int, bytes], Any]]:
@@ -166,7 +183,13 @@ class StateTable:
         return view
 
 
-def _describe(meta: StateMeta) -> str:
+def _ordered(entry: Entry) -> Entry:
+    """A map with its items ordered by map key (the snapshot's order)."""
+    return {k: entry[k] for k in sorted(entry)} if isinstance(entry, dict) else entry
+
+
+def describe_meta(meta: StateMeta) -> str:
+    """How a refused registration names a state's kind and serializers."""
     text = f"{meta.kind.value} with value serializer {meta.value_serializer!r}"
     if meta.map_key_serializer:
         text += f" and map key serializer {meta.map_key_serializer!r}"

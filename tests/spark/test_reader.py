@@ -38,7 +38,7 @@ from kafka_changelog.keygroups import partition_for_key_group
 from kafka_changelog.state.checkpoint import SubtaskState
 from kafka_changelog.state.ops import OpKind, StateOp
 from kafka_changelog.state.serializers import INT64, JSON
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.table_protocol import KeyedStateTable
 from kafka_changelog.testing.process import die_with_parent
 from spark_integration.datasource import (
     CHANGES_STRUCT,
@@ -114,7 +114,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def restored_table(job: Job, checkpoint_id: int) -> StateTable:
+def restored_table(job: Job, checkpoint_id: int) -> KeyedStateTable:
     """The operator's whole state at ``checkpoint_id``, restored in process by the library."""
     checkpoint = job.coordinator.checkpoint(checkpoint_id)
     backend = job.coordinator.restore_keyed("op", KeyGroupRange(0, MAX_P - 1), checkpoint,
@@ -125,21 +125,20 @@ def restored_table(job: Job, checkpoint_id: int) -> StateTable:
         backend.close()
 
 
-def table_rows(table: StateTable) -> Counter[tuple[Any, ...]]:
+def table_rows(table: KeyedStateTable) -> Counter[tuple[Any, ...]]:
     """(operator, key group, state, kind, key, map key, list index, value) of every entry."""
     rows: Counter[tuple[Any, ...]] = Counter()
-    for key_group, states in table.groups.items():
-        for name, entries in states.items():
+    for key_group in table.key_groups():
+        for name, key, entry in table.entries(key_group):
             kind = table.metas[name].kind.value
-            for key, entry in entries.items():
-                if isinstance(entry, bytes):
-                    rows[("op", key_group, name, kind, key, None, None, entry)] += 1
-                elif isinstance(entry, list):
-                    for index, item in enumerate(entry):
-                        rows[("op", key_group, name, kind, key, None, index, item)] += 1
-                else:
-                    for map_key, item in entry.items():
-                        rows[("op", key_group, name, kind, key, map_key, None, item)] += 1
+            if isinstance(entry, bytes):
+                rows[("op", key_group, name, kind, key, None, None, entry)] += 1
+            elif isinstance(entry, list):
+                for index, item in enumerate(entry):
+                    rows[("op", key_group, name, kind, key, None, index, item)] += 1
+            else:
+                for map_key, item in entry.items():
+                    rows[("op", key_group, name, kind, key, map_key, None, item)] += 1
     return rows
 
 

@@ -269,3 +269,21 @@ def test_adopted_log_is_materialized_before_it_is_dropped(storage: Any, store: A
     assert {u: read_user(third, u) for u in USERS} == expected_for(model, USERS)
     for b in (first, second, third):
         b.close()
+
+
+@pytest.mark.parametrize("key_groups", [KeyGroupRange.of(0, 127), KeyGroupRange.of(0, 63)])
+def test_logged_counts_are_what_the_next_checkpoint_persists_after_a_restore(
+    storage: Any, store: Any, key_groups: KeyGroupRange
+) -> None:
+    """Adopted (same range) or rescaled: the registrations a restore logs are counted when
+    its next checkpoint persists them, not when its own materialization drops them."""
+    first = backend_for(storage, store)
+    drive(first, {}, random.Random(4), 100, USERS)
+    handle = first.snapshot(1).result(10)
+    restored = restore_backend(storage, store, "op", key_groups, MAX_P, [handle])
+    drive(restored, {}, random.Random(5), 50, users_in(USERS, key_groups))
+    later = restored.snapshot(2).result(10)
+    persisted = list(storage.reader().read(later.changelog[-1]))
+    assert restored.take_logged() == (len(persisted), sum(len(c.payload) for c in persisted))
+    first.close()
+    restored.close()

@@ -1,0 +1,510 @@
+"""A keyed state table in RocksDB (``rocksdict``, the binding Quix Streams uses).
+
+One RocksDB per store directory holds the entries of a backend's key groups, so state
+larger than memory fits and a store on local disk outlives the process (streaming
+reattaches it: see :mod:`kafka_changelog.state.local_store`). The changelog in Kafka
+stays the durable log; this is only the working copy.
+
+Layout (every key starts with its key group, so a key group is one contiguous range
+and materialization, rescaling and readers iterate it per key group):
+
+- value, reducing and aggregating states: ``kg(2) sid(2) key`` -> the value;
+- list states: ``kg(2) sid(2) key`` -> the items, each as a 4-byte big-endian length
+  and its bytes (``LIST_ADD`` appends bytes to the stored value, never decoding it);
+- map states: ``kg(2) sid(2) esc(key) 00 01 map_key`` -> the value, one RocksDB entry
+  per map entry (``MAP_PUT`` and a read of one map key touch that entry only);
+  ``esc`` doubles as ``00 ff`` every ``00`` of the key, which keeps keys in byte order
+  and makes ``00 01`` end the key;
+- registrations: ``ff ff 00 name`` -> ``sid(2)`` and the ``StateMeta`` bytes; the entry
+  count: ``ff ff 01`` (key groups are below 2^15, so ``ff ff`` is never one).
+
+``kg`` is the key group and ``sid`` the state's number (in registration order), both
+big-endian. The entry count is kept as entries come and go: a write first looks its key
+up, unless it is the key read just before (a read-modify-write of the state API).
+Iterating a state's prefix gives its entries ordered by key and map key, which is the
+order of :meth:`RocksDBStateTable.serialize_group`: it writes exactly the bytes of the
+in-memory table's for the same state, so snapshots are interchangeable.
+
+Writes skip RocksDB's write-ahead log: the Kafka changelog is the durable log, and a
+store is only trusted again (:meth:`RocksDBStateTable.flush`, then a manifest written
+by the caller) after it was flushed to disk whole.
+
+``rocksdict`` is imported when a table is opened, not with this module: without it,
+opening raises :class:`~kafka_changelog.state.errors.StateBackendUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .descriptors import StateKind
+from .errors import StateBackendUnavailableError, StateMismatchError
+from .key_group_codec import encode_key_group, iter_key_group
+from .ops import (
+    DELETE,
+    LIST_ADD,
+    LIST_REPLACE,
+    MAP_PUT,
+    MAP_REMOVE,
+    SET,
+    StateMeta,
+    StateOp,
+)
+from .table import describe_meta
+from .table_protocol import Entry
+
+_RESERVED = b"\xff\xff"
+_META = _RESERVED + b"\x00"
+_COUNT = _RESERVED + b"\x01"
+_KEY_END = b"\x00\x01"
+_NUL, _ESCAPED_NUL = b"\x00", b"\x00\xff"
+_LENGTH = struct.Struct(">I")
+_COUNT_FORMAT = struct.Struct(">q")
+_KIND_VALUE, _KIND_LIST, _KIND_MAP = 0, 1, 2
+#: Puts per write batch when a key group is loaded (bounds the batch's memory).
+_LOAD_BATCH = 20_000
+#: RocksDB's memtable per store before it is flushed to a file.
+_WRITE_BUFFER_BYTES = 32 << 20
+
+_shared: dict[str, Any] = {}
+_shared_lock = threading.Lock()
+
+
+def _rocksdict() -> Any:
+    """The ``rocksdict`` module, or a clear error naming the package to install."""
+    try:
+        import rocksdict
+    except ImportError as exc:
+        raise StateBackendUnavailableError(
+            "the RocksDB state backend needs the 'rocksdict' package: pip install rocksdict "
+            "(or pip install 'kafka-changelog[rocksdb]')") from exc
+    return rocksdict
+
+
+def _options(rocks: Any) -> tuple[Any, Any]:
+    """RocksDB options and write options, shared by the stores of a process (one block
+    cache for all of them)."""
+    with _shared_lock:
+        if "options" not in _shared:
+            table = rocks.BlockBasedOptions()
+            table.set_block_cache(rocks.Cache(64 << 20))
+            table.set_bloom_filter(10, False)  # most point reads of new keys miss
+            options = rocks.Options(raw_mode=True)
+            options.create_if_missing(True)
+            options.set_write_buffer_size(_WRITE_BUFFER_BYTES)
+            options.set_max_write_buffer_number(2)
+            options.set_block_based_table_factory(table)
+            options.set_compression_type(rocks.DBCompressionType.lz4())
+            options.set_keep_log_file_num(1)
+            write = rocks.WriteOptions()
+            write.disable_wal = True  # the changelog is the durable log
+            _shared["options"], _shared["write"] = options, write
+        return _shared["options"], _shared["write"]
+
+
+def _key_group_prefix(key_group: int) -> bytes:
+    return key_group.to_bytes(2, "big")
+
+
+def _encode_items(values: tuple[bytes, ...] | list[bytes]) -> bytes:
+    pack = _LENGTH.pack
+    return b"".join([part for v in values for part in (pack(len(v)), v)])
+
+
+def _decode_items(data: bytes) -> list[bytes]:
+    items = []
+    unpack = _LENGTH.unpack_from
+    position, end = 0, len(data)
+    while position < end:
+        (size,) = unpack(data, position)
+        position += 4
+        items.append(data[position:position + size])
+        position += size
+    return items
+
+
+class _State:
+    """A registered state: its meta, key prefix number and storage kind."""
+
+    __slots__ = ("kind", "meta", "sid")
+
+    def __init__(self, meta: StateMeta, sid: bytes) -> None:
+        self.meta = meta
+        self.sid = sid
+        self.kind = (_KIND_MAP if meta.kind is StateKind.MAP
+                     else _KIND_LIST if meta.kind is StateKind.LIST else _KIND_VALUE)
+
+
+class RocksDBStateTable:
+    """Keyed state in one RocksDB at ``path`` (created if missing, reopened if present).
+
+    Implements :class:`~kafka_changelog.state.table_protocol.KeyedStateTable`. One
+    operator thread uses it, like the in-memory table. ``remove_on_close`` deletes the
+    directory in :meth:`close` (a working copy nobody reattaches).
+    """
+
+    def __init__(self, path: str | Path, *, remove_on_close: bool = False) -> None:
+        self.path = Path(path)
+        self._remove_on_close = remove_on_close
+        self._db: Any = None
+        self.reopen()
+
+    def reopen(self) -> None:
+        """Open the store (again, after :meth:`close`): registrations and the entry count
+        are read from it. No-op when it is open."""
+        if self._db is not None:
+            return
+        rocks = _rocksdict()
+        self.path.mkdir(parents=True, exist_ok=True)
+        options, self._write_options = _options(rocks)
+        self._batch_type = rocks.WriteBatch
+        self._db = rocks.Rdict(str(self.path), options)
+        self._states: dict[str, _State] = {}
+        self._metas: dict[str, StateMeta] = {}
+        # (key group, state) -> (key prefix, storage kind): built once per pair.
+        self._prefixes: dict[tuple[int, str], tuple[bytes, int]] = {}
+        # The last point read (RocksDB key, found): a write of the same key right after
+        # reading it (value.update after value()) needs no second lookup to keep count.
+        self._seen: tuple[bytes, bool] = (b"", False)
+        for _, value in self._scan(_META):
+            meta = StateMeta.from_bytes(value[2:])
+            self._add_state(meta, value[:2])
+        stored = self._db.get(_COUNT)
+        self._count = (_COUNT_FORMAT.unpack(stored)[0] if stored is not None
+                       else self._recount())
+
+    # -- registrations -------------------------------------------------------------------
+
+    @property
+    def metas(self) -> Mapping[str, StateMeta]:
+        """Registered states by name."""
+        return self._metas
+
+    def register(self, meta: StateMeta) -> None:
+        """Register a state (stored with the data); a different kind or serializer under the
+        same name is refused."""
+        known = self._metas.get(meta.state)
+        if known is None:
+            if len(self._states) >= 0xFFFF:
+                raise StateMismatchError(f"too many states to register {meta.state!r}")
+            sid = len(self._states).to_bytes(2, "big")
+            self._live().put(_META + meta.state.encode(), sid + meta.to_bytes(),
+                             self._write_options)
+            self._add_state(meta, sid)
+        elif known != meta:
+            raise StateMismatchError(
+                f"state {meta.state!r} is registered as {describe_meta(known)} but "
+                f"{describe_meta(meta)} was requested")
+
+    def _add_state(self, meta: StateMeta, sid: bytes) -> None:
+        self._states[meta.state] = _State(meta, sid)
+        self._metas[meta.state] = meta
+
+    # -- mutations -----------------------------------------------------------------------
+
+    def _prefix(self, key_group: int, state: str) -> tuple[bytes, int]:
+        found = self._prefixes.get((key_group, state))
+        if found is None:
+            info = self._states.get(state)
+            if info is None:
+                raise StateMismatchError(
+                    f"change for unregistered state {state!r} in key group {key_group}")
+            found = self._prefixes[(key_group, state)] = (
+                _key_group_prefix(key_group) + info.sid, info.kind)
+        return found
+
+    def _exists(self, db: Any, key: bytes) -> bool:
+        seen_key, found = self._seen
+        if seen_key == key:
+            return found
+        return db.get(key) is not None
+
+    def apply(self, key_group: int, op: StateOp) -> None:
+        """Apply one logged mutation (an op of another state kind is refused)."""
+        db = self._db if self._db is not None else self._live()
+        # The cache lookup inline: this runs for every change, logged or replayed.
+        found = self._prefixes.get((key_group, op.state))
+        prefix, kind = found if found is not None else self._prefix(key_group, op.state)
+        write = self._write_options
+        op_kind = op.op
+        if kind == _KIND_MAP:
+            self._apply_map(db, prefix, op)
+            return
+        key = prefix + op.key
+        if op_kind is DELETE:
+            if self._exists(db, key):
+                db.delete(key, write)
+                self._count -= 1
+            self._seen = (key, False)
+            return
+        if kind == _KIND_VALUE and op_kind is SET:
+            assert op.value is not None
+            if not self._exists(db, key):
+                self._count += 1
+            db.put(key, op.value, write)
+        elif kind == _KIND_LIST and op_kind is LIST_ADD:
+            assert op.values is not None
+            current = db.get(key)
+            if current is None:
+                self._count += 1
+                db.put(key, _encode_items(op.values), write)
+            else:
+                db.put(key, current + _encode_items(op.values), write)
+        elif kind == _KIND_LIST and op_kind is LIST_REPLACE:
+            assert op.values is not None
+            existed = self._exists(db, key)
+            if op.values:
+                db.put(key, _encode_items(op.values), write)
+                self._count += not existed
+            else:
+                if existed:
+                    db.delete(key, write)
+                self._count -= existed
+                self._seen = (key, False)
+                return
+        else:
+            raise self._wrong_kind(key_group, op)
+        self._seen = (key, True)
+
+    def _apply_map(self, db: Any, prefix: bytes, op: StateOp) -> None:
+        start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+        op_kind = op.op
+        if op_kind is MAP_PUT:
+            assert op.map_key is not None and op.value is not None
+            key = start + op.map_key
+            if not self._exists(db, key) and not self._any(db, start):
+                self._count += 1  # the key's first map entry
+            db.put(key, op.value, self._write_options)
+            self._seen = (key, True)
+        elif op_kind is MAP_REMOVE:
+            assert op.map_key is not None
+            key = start + op.map_key
+            if self._exists(db, key):
+                db.delete(key, self._write_options)
+                if not self._any(db, start):
+                    self._count -= 1  # the key's last map entry
+            self._seen = (key, False)
+        elif op_kind is DELETE:
+            batch = self._batch_type(raw_mode=True)
+            for key, _ in self._scan(start):
+                batch.delete(key)
+            if len(batch):
+                db.write(batch, self._write_options)
+                self._count -= 1
+            self._seen = (b"", False)
+        else:
+            raise StateMismatchError(
+                f"{op_kind.value} on map state {op.state!r} (only MAP_PUT, MAP_REMOVE and "
+                "DELETE apply to a map state)")
+
+    def _wrong_kind(self, key_group: int, op: StateOp) -> StateMismatchError:
+        meta = self._metas[op.state]
+        return StateMismatchError(
+            f"{op.op.value} on {meta.kind.value} state {op.state!r} in key group {key_group}")
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
+        """The entry of ``key`` (None if absent)."""
+        db = self._db if self._db is not None else self._live()
+        found = self._prefixes.get((key_group, state))
+        if found is None:
+            if state not in self._states:
+                return None
+            found = self._prefix(key_group, state)
+        prefix, kind = found
+        if kind == _KIND_MAP:
+            start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+            cut = len(start)
+            items = {k[cut:]: v for k, v in self._scan(start)}
+            return items or None
+        stored_key = prefix + key
+        data = db.get(stored_key)
+        self._seen = (stored_key, data is not None)
+        if data is None or kind == _KIND_VALUE:
+            return data  # type: ignore[no-any-return]
+        return _decode_items(data)
+
+    def get_map_value(self, key_group: int, state: str, key: bytes,
+                      map_key: bytes) -> bytes | None:
+        """One value of a map entry (None if absent): one RocksDB point read."""
+        db = self._db if self._db is not None else self._live()
+        found = self._prefixes.get((key_group, state))
+        if found is None:
+            if state not in self._states:
+                return None
+            found = self._prefix(key_group, state)
+        prefix, kind = found
+        if kind != _KIND_MAP:
+            return None
+        stored_key = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END + map_key
+        data = db.get(stored_key)
+        self._seen = (stored_key, data is not None)
+        return data  # type: ignore[no-any-return]
+
+    def key_groups(self) -> list[int]:
+        """Key groups holding at least one entry, ascending (one seek per key group)."""
+        found = []
+        iterator = self._live().iter()
+        iterator.seek_to_first()
+        while iterator.valid():
+            key = iterator.key()
+            if key >= _RESERVED:
+                break
+            key_group = int.from_bytes(key[:2], "big")
+            found.append(key_group)
+            iterator.seek(_key_group_prefix(key_group + 1))
+        return found
+
+    def has_entries(self, key_group: int) -> bool:
+        """Whether ``key_group`` holds at least one entry."""
+        return self._any(self._live(), _key_group_prefix(key_group))
+
+    def entries(self, key_group: int) -> Iterator[tuple[str, bytes, Entry]]:
+        """(state, key, entry) of the key group, ordered by state name then key (a map
+        ordered by map key)."""
+        for name in sorted(self._states):
+            yield from self._state_entries(key_group, name)
+
+    def _state_entries(self, key_group: int, name: str) -> Iterator[tuple[str, bytes, Entry]]:
+        prefix, kind = self._prefix(key_group, name)
+        cut = len(prefix)
+        if kind == _KIND_VALUE:
+            for key, value in self._scan(prefix):
+                yield name, key[cut:], value
+        elif kind == _KIND_LIST:
+            for key, value in self._scan(prefix):
+                yield name, key[cut:], _decode_items(value)
+        else:
+            current: bytes | None = None
+            entry: dict[bytes, bytes] = {}
+            for key, value in self._scan(prefix):
+                end = key.find(_KEY_END, cut)
+                escaped = key[cut:end]
+                if escaped != current:
+                    if current is not None:
+                        yield name, current.replace(_ESCAPED_NUL, _NUL), entry
+                    current, entry = escaped, {}
+                entry[key[end + 2:]] = value
+            if current is not None:
+                yield name, current.replace(_ESCAPED_NUL, _NUL), entry
+
+    def entry_count(self) -> int:
+        """Entries in all (a key of a state; a list or a map counts once); kept as they
+        change, not counted."""
+        return self._count
+
+    # -- snapshots of a key group -----------------------------------------------------------
+
+    def serialize_group(self, key_group: int) -> bytes:
+        """The key group's state (``schemas/key_group_state.avsc``): the same bytes as the
+        in-memory table's for the same state, encoded as the store is iterated."""
+        return encode_key_group(
+            (self._metas[name], ((key, entry) for _, key, entry
+                                 in self._state_entries(key_group, name)))
+            for name in sorted(self._states))
+
+    def load_group(self, key_group: int, data: bytes) -> None:
+        """Replace the key group's state with a serialized one: entries go from the decoded
+        bytes straight into write batches, no table object per key."""
+        db = self._live()
+        group = _key_group_prefix(key_group)
+        batch = self._batch_type(raw_mode=True)
+        if self._any(db, group):
+            self._count -= sum(1 for _ in self.entries(key_group))
+            batch.delete_range(group, _key_group_prefix(key_group + 1))
+        self._seen = (b"", False)
+        put = batch.put
+        prefix, kind = b"", _KIND_VALUE
+        for meta, key, value, values, items in iter_key_group(data):
+            if key is None:  # a state's registration: its entries follow
+                self.register(meta)
+                prefix, kind = self._prefix(key_group, meta.state)
+                continue
+            if kind == _KIND_VALUE and value is not None:
+                put(prefix + key, value)
+            elif kind == _KIND_LIST and values is not None:
+                put(prefix + key, _encode_items(values))
+            elif kind == _KIND_MAP and items is not None:
+                if not items:
+                    continue  # an empty map is no entry
+                start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+                for map_key, item in items:
+                    put(start + map_key, item)
+            elif value is None and values is None and items is None:
+                continue
+            else:
+                raise StateMismatchError(
+                    f"snapshot of key group {key_group} holds an entry of another kind "
+                    f"for {meta.kind.value} state {meta.state!r}")
+            self._count += 1
+            if len(batch) >= _LOAD_BATCH:
+                db.write(batch, self._write_options)
+                batch = self._batch_type(raw_mode=True)
+                put = batch.put
+        if len(batch):
+            db.write(batch, self._write_options)
+
+    # -- the store -------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Make the store durable as it is now (memtables to files, synced): after this,
+        reopening the directory gives exactly this state."""
+        db = self._live()
+        db.put(_COUNT, _COUNT_FORMAT.pack(self._count), self._write_options)
+        db.flush(True)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._db is None
+
+    def close(self) -> None:
+        """Close the store: its state stays on disk for :meth:`reopen` or another process
+        (with ``remove_on_close``, the directory is deleted instead). Idempotent."""
+        db = self._db
+        if db is None:
+            return
+        self._db = None
+        try:
+            if not self._remove_on_close:
+                db.put(_COUNT, _COUNT_FORMAT.pack(self._count), self._write_options)
+            db.close()
+        finally:
+            if self._remove_on_close:
+                shutil.rmtree(self.path, ignore_errors=True)
+
+    # -- mechanics -----------------------------------------------------------------------
+
+    def _live(self) -> Any:
+        db = self._db
+        if db is None:
+            raise ValueError(f"the RocksDB state table at {self.path} is closed")
+        return db
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) of every stored key starting with ``prefix``, in key order."""
+        for key, value in self._live().items(from_key=prefix):
+            if not key.startswith(prefix):
+                return
+            yield key, value
+
+    @staticmethod
+    def _any(db: Any, prefix: bytes) -> bool:
+        iterator = db.iter()
+        iterator.seek(prefix)
+        return bool(iterator.valid() and iterator.key().startswith(prefix))
+
+    def _recount(self) -> int:
+        return sum(1 for kg in self.key_groups() for _ in self.entries(kg))
+
+    def __repr__(self) -> str:
+        return f"RocksDBStateTable({str(self.path)!r}{', closed' if self.closed else ''})"
+
+
+__all__ = ["RocksDBStateTable"]

@@ -1,0 +1,79 @@
+"""What the keyed backend, restore, materialization and the readers need of a working copy.
+
+A *state table* holds the entries of a set of key groups, per registered state and
+key, all as bytes: a value (value, reducing and aggregating states), a list of values,
+or a map. Two implementations: :class:`~kafka_changelog.state.table.StateTable` (in
+memory, the default) and :class:`~kafka_changelog.state.rocksdb_table.RocksDBStateTable`
+(one RocksDB per store directory). Their :meth:`KeyedStateTable.serialize_group` give
+the same bytes for the same state, so snapshots restore into either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Protocol, runtime_checkable
+
+from .ops import StateMeta, StateOp
+
+#: Entry of a value/reducing/aggregating state, of a list state, of a map state.
+Entry = bytes | list[bytes] | dict[bytes, bytes]
+
+
+@runtime_checkable
+class KeyedStateTable(Protocol):
+    """The working copy of keyed state: registrations plus entries per key group."""
+
+    @property
+    def metas(self) -> Mapping[str, StateMeta]:
+        """Registered states by name (read only: register through :meth:`register`)."""
+        ...
+
+    def register(self, meta: StateMeta) -> None:
+        """Register a state; a different kind or serializer under the same name raises
+        :class:`~kafka_changelog.state.errors.StateMismatchError`."""
+        ...
+
+    def apply(self, key_group: int, op: StateOp) -> None:
+        """Apply one logged mutation (its state must be registered)."""
+        ...
+
+    def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
+        """The entry of ``key`` (None if absent). A map comes ordered by map key."""
+        ...
+
+    def get_map_value(self, key_group: int, state: str, key: bytes,
+                      map_key: bytes) -> bytes | None:
+        """One value of a map entry (None if absent): a point lookup."""
+        ...
+
+    def key_groups(self) -> list[int]:
+        """Key groups holding at least one entry, ascending."""
+        ...
+
+    def has_entries(self, key_group: int) -> bool:
+        """Whether ``key_group`` holds at least one entry."""
+        ...
+
+    def entries(self, key_group: int) -> Iterator[tuple[str, bytes, Entry]]:
+        """(state, key, entry) of the key group, ordered by state name then key."""
+        ...
+
+    def entry_count(self) -> int:
+        """Entries in all (a key of a state; a list or a map counts once)."""
+        ...
+
+    def serialize_group(self, key_group: int) -> bytes:
+        """The key group's state (``schemas/key_group_state.avsc``), in a deterministic
+        order: states by name, entries by key, map entries by map key."""
+        ...
+
+    def load_group(self, key_group: int, data: bytes) -> None:
+        """Replace the key group's state with a serialized one (registering its states)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the table holds (files, handles); it is not used afterwards."""
+        ...
+
+
+__all__ = ["Entry", "KeyedStateTable"]
