@@ -45,11 +45,11 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 EVENT_COUNT = 1600
 USERS = 40
 #: (parallelism, where the driver is killed) of the runs, in order; the last one finishes.
-RUNS = [(2, "after_commit:1"), (3, "batch_start:2"), (3, "in_transaction:2"),
+RUNS = [(2, "after_commit:1"), (3, "batch_start:2"), (3, "before_commit:2"),
         (2, "before_commit:3"), (1, None)]
 #: On the cluster (each run starts executors too): the kills that matter most, across
 #: rescaling; the last run loses a worker instead.
-CLUSTER_RUNS = [(2, "after_commit:1"), (3, "in_transaction:2"), (2, "before_commit:3"),
+CLUSTER_RUNS = [(2, "after_commit:1"), (3, "before_commit:2"), (2, "before_commit:3"),
                 (2, None)]
 
 
