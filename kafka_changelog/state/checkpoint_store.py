@@ -348,11 +348,13 @@ class CheckpointStore(ABC):
         return [OutRecord(PARTITION, commit.key.encode(), commit.to_bytes(),
                           [(HEADER_SCHEMA, SUBTASK_COMMIT_SCHEMA_HEADER.encode())])]
 
-    def subtask_tombstones(self, application: str) -> list[OutRecord]:
-        """Tombstones of every subtask commit of ``application`` in the view."""
+    def subtask_commit_keys(self, application: str) -> list[str]:
+        """The record keys of every subtask commit of ``application`` (what a reset
+        tombstones)."""
         with self._lock:
-            return [OutRecord(PARTITION, subtask_commit_key(application, op, s).encode(), None,
-                              []) for op, s in sorted(self._subtask_commits.get(application, {}))]
+            self._refresh()
+            return [subtask_commit_key(application, op, s)
+                    for op, s in sorted(self._subtask_commits.get(application, {}))]
 
     def apply_record(self, key_bytes: bytes | None, value: bytes | None, where: str) -> None:
         """Apply one record of the store's log (``where`` names it in errors) to the view."""
