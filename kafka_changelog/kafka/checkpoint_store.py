@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError
 
 from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
 from ..gc_types import LogFloor
@@ -84,16 +84,12 @@ def validate_checkpoint_topic(info: TopicInfo, config: CheckpointStoreConfig) ->
 
 def high_watermark(config: CheckpointStoreConfig, consumer: Consumer | None = None) -> int:
     """The checkpoint topic's high watermark: the end of everything written, committed or
-    not (a ``read_committed`` consumer's watermark stops at the first open transaction)."""
+    not (a ``read_committed`` consumer's watermark stops at the first open transaction).
+    ``consumer`` must read ``read_uncommitted``; leader changes are waited out."""
     own = consumer is None
     reader = consumer or Consumer({**config.consumer(), "isolation.level": "read_uncommitted"})
     try:
-        _, high = reader.get_watermark_offsets(TopicPartition(config.topic, PARTITION),
-                                               timeout=config.request_timeout_s, cached=False)
-        return int(high)
-    except KafkaException as exc:
-        raise ChangelogError(f"reading the end offset of checkpoint topic {config.topic} "
-                             f"failed: {describe(exc.args[0])}") from exc
+        return watermarks(reader, config.topic, PARTITION, config.request_timeout_s)[1]
     finally:
         if own:
             reader.close()
