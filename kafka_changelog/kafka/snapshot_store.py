@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
 from ..state.errors import SnapshotWriteError
-from ..state.records import OutRecord, RecordSource, StoredRecord
+from ..state.records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from ..state.snapshot_store import (
     BROKER_DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_CHUNK_BYTES,
@@ -25,6 +25,10 @@ from .error_text import describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
+
+#: Chunk bytes a materialization written key group by key group may have produced and
+#: not yet seen acknowledged: beyond this, the next key group waits (bounded memory).
+MAX_UNACKED_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,10 @@ class KafkaSnapshotView(SnapshotStore):
     def _open_source(self, topic: str) -> RecordSource:
         return KafkaRecordSource(self.config, topic)
 
+    def _begin_append(self, what: str) -> RecordAppender:
+        raise ChangelogError(f"cannot write {what}: snapshot topic {self.topic} is open "
+                             "read-only")
+
 
 class KafkaSnapshotStore(KafkaSnapshotView):
     """Chunks in a compacted Kafka topic (created, or validated, on construction)."""
@@ -142,6 +150,11 @@ class KafkaSnapshotStore(KafkaSnapshotView):
         if self._closed:
             raise ChangelogError(f"snapshot store of topic {self.topic} is closed")
         return self._producer.produce_all(records, what)
+
+    def _begin_append(self, what: str) -> RecordAppender:
+        if self._closed:
+            raise ChangelogError(f"snapshot store of topic {self.topic} is closed")
+        return self._producer.session(what, MAX_UNACKED_CHUNK_BYTES)
 
     def close(self) -> None:
         """Wait for anything queued, then release the producer (idempotent)."""

@@ -33,3 +33,15 @@ class RecordSource(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release what the source holds."""
+
+
+class RecordAppender(ABC):
+    """Records appended one by one, durable together at :meth:`finish`."""
+
+    @abstractmethod
+    def produce(self, record: OutRecord) -> None:
+        """Append ``record`` (it may be sent at once)."""
+
+    @abstractmethod
+    def finish(self) -> list[int]:
+        """Wait until every record is durable; their offsets, in order."""
