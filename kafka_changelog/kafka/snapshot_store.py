@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,21 +172,65 @@ def header_list(message: Message) -> list[tuple[str, bytes]]:
 
 
 class KafkaRecordSource(RecordSource):
-    """Reads records by offset with one consumer, seeking only when not already there."""
+    """Reads records by offset with one consumer, seeking only when not already there.
+
+    :meth:`fetch_all` reads a known plan with two consumers: while one reads a run of
+    offsets (a partition from one offset on), the other is already fetching the next run,
+    so moving to another partition costs no fetch round trip.
+    """
 
     def __init__(self, config: SnapshotStoreConfig, topic: str) -> None:
+        self._config = config
         self._topic = topic
         self._timeout = config.request_timeout_s
         self._consumer = Consumer(config.consumer())
+        self._spare: Consumer | None = None
         self._next: tuple[int, int] | None = None
 
     def fetch(self, partition: int, offset: int) -> StoredRecord | str:
         if self._next != (partition, offset):
             self._consumer.assign([TopicPartition(self._topic, partition, offset)])
         self._next = None
+        found = self._read(self._consumer, partition, offset)
+        if not isinstance(found, str):
+            self._next = (partition, offset + 1)
+        return found
+
+    def fetch_all(self, locations: Sequence[tuple[int, int]]
+                  ) -> Iterator[StoredRecord | str]:
+        runs = _runs(locations)
+        if len(runs) < 2:
+            yield from super().fetch_all(locations)
+            return
+        if self._spare is None:
+            self._spare = Consumer(self._config.consumer())
+        consumers = (self._consumer, self._spare)
+        self._next = None
+        try:
+            for index, (partition, offsets) in enumerate(runs):
+                consumer = consumers[index % 2]
+                if index == 0:
+                    consumer.assign([TopicPartition(self._topic, partition, offsets[0])])
+                if index + 1 < len(runs):  # the next run is fetched meanwhile
+                    following, start = runs[index + 1][0], runs[index + 1][1][0]
+                    consumers[(index + 1) % 2].assign(
+                        [TopicPartition(self._topic, following, start)])
+                for position, offset in enumerate(offsets):
+                    found = self._read(consumer, partition, offset)
+                    if isinstance(found, str) and position + 1 < len(offsets):
+                        # Read past it: the run goes on from its next offset.
+                        consumer.assign([TopicPartition(self._topic, partition,
+                                                        offsets[position + 1])])
+                    yield found
+        finally:
+            for consumer in consumers:
+                consumer.unassign()
+
+    def _read(self, consumer: Consumer, partition: int, offset: int) -> StoredRecord | str:
+        """The record at ``offset`` from ``consumer``, assigned at or before it."""
         deadline = time.monotonic() + self._timeout
         while True:
-            messages = self._consumer.consume(1, timeout=0.2)
+            messages = consumer.consume(1, timeout=0.2)
             if not messages:
                 if time.monotonic() > deadline:
                     raise ChangelogError(
@@ -199,23 +243,23 @@ class KafkaRecordSource(RecordSource):
                 continue  # left over from an earlier assignment
             error = message.error()
             if error is not None:
-                found = self._after_error(partition, offset, message, error)
+                found = self._after_error(consumer, partition, offset, message, error)
                 if found is None:
                     continue
                 return found
             at = message.offset() or 0
             if at < offset:
-                continue  # prefetched before the seek
+                continue  # before the offset (prefetched before the seek, or skipped)
             if at > offset:
                 shown = (message.key() or b"").decode(errors="replace")
                 kind = "a tombstone" if message.value() is None else "a record"
                 return (f"no record at offset {offset}: it was removed by compaction (the "
                         f"next record, at offset {at}, is {kind} with key {shown!r})")
-            self._next = (partition, offset + 1)
             return StoredRecord(message.key(), message.value(), header_list(message))
 
     def _after_error(
-        self, partition: int, offset: int, message: Message, error: KafkaError
+        self, consumer: Consumer, partition: int, offset: int, message: Message,
+        error: KafkaError
     ) -> str | None:
         code = error.code()
         if code == KafkaError._PARTITION_EOF:
@@ -227,7 +271,7 @@ class KafkaRecordSource(RecordSource):
         if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
             return None  # readers never use the group; no group ACL is needed
         if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-            low, high = watermarks(self._consumer, self._topic, partition, self._timeout)
+            low, high = watermarks(consumer, self._topic, partition, self._timeout)
             return (f"no record at offset {offset}: the log holds offsets {low} to {high - 1} "
                     "(deleted records or a recreated topic)")
         if is_access_error(error):
@@ -239,3 +283,22 @@ class KafkaRecordSource(RecordSource):
 
     def close(self) -> None:
         self._consumer.close()
+        if self._spare is not None:
+            self._spare.close()
+
+
+#: Offsets further apart than this in one partition start a new run (seeking beats
+#: reading past the records in between).
+RUN_GAP = 16
+
+
+def _runs(locations: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """The locations as runs: consecutive ones of one partition at rising offsets, at
+    most ``RUN_GAP`` apart."""
+    runs: list[tuple[int, list[int]]] = []
+    for partition, offset in locations:
+        if runs and runs[-1][0] == partition and 0 < offset - runs[-1][1][-1] <= RUN_GAP:
+            runs[-1][1].append(offset)
+        else:
+            runs.append((partition, [offset]))
+    return runs

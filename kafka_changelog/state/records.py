@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 
@@ -29,6 +30,13 @@ class RecordSource(ABC):
     @abstractmethod
     def fetch(self, partition: int, offset: int) -> StoredRecord | str:
         """The record at ``offset``, or a description of what is there instead."""
+
+    def fetch_all(self, locations: Sequence[tuple[int, int]]
+                  ) -> Iterator[StoredRecord | str]:
+        """What :meth:`fetch` gives for each (partition, offset), in order. A source may
+        read ahead (the whole plan is known)."""
+        for partition, offset in locations:
+            yield self.fetch(partition, offset)
 
     @abstractmethod
     def close(self) -> None:

@@ -116,13 +116,15 @@ class SnapshotStore(ABC):
             return
         source = self._open_source(handle.topic)
         try:
-            for key_group in target.key_groups:
-                parts = [
-                    verify_chunk(handle.topic, handle.backend_id, chunk,
-                                 source.fetch(chunk.partition, chunk.offset))
-                    for chunk in target.chunks_of(key_group)
-                ]
-                yield key_group, b"".join(parts)
+            plan = [chunk for key_group in target.key_groups
+                    for chunk in target.chunks_of(key_group)]
+            parts: list[bytes] = []
+            for chunk, found in zip(plan, source.fetch_all(
+                    [(c.partition, c.offset) for c in plan]), strict=True):
+                parts.append(verify_chunk(handle.topic, handle.backend_id, chunk, found))
+                if chunk.chunk_no == chunk.chunk_count - 1:  # the key group's last chunk
+                    yield chunk.key_group, parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts = []
         finally:
             source.close()
 

@@ -258,3 +258,26 @@ def test_key_groups_written_as_they_come_with_a_bounded_unacknowledged_window(
         handle = writer.finish({1: first.chunks_of(1)})
         assert handle.materialized_sequence_number == 9
         assert dict(store.read(handle)) == {**states, 1: b"one"}
+
+
+def test_reading_a_plan_ahead_gives_what_fetching_one_by_one_gives(
+    store: KafkaSnapshotStore
+) -> None:
+    """``fetch_all`` (two consumers, the next run fetched while one is read) gives the
+    records of ``fetch``, over runs in several partitions, back and forth, with gaps, and
+    describes offsets where no record is (the rest of the run still read)."""
+    states = {kg: os.urandom(2500) for kg in range(16)}
+    handle = store.write("plan", 1, R(0, 15), states, {}, 0)
+    chunks = list(handle.chunks)
+    plan = [(c.partition, c.offset) for c in chunks]
+    high = max(offset for _, offset in plan)
+    plan = [*plan[::-1][:5], *plan, (0, high + 1000), *plan[:3], (1, plan[-1][1] + 40)]
+    source = store._open_source(store.topic)
+    try:
+        one_by_one = [source.fetch(p, o) for p, o in plan]
+        ahead = list(source.fetch_all(plan))
+    finally:
+        source.close()
+    assert ahead == one_by_one
+    assert all(not isinstance(found, str) for found in ahead[:5])
+    assert isinstance(ahead[5 + len(chunks)], str)
