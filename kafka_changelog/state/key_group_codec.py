@@ -56,36 +56,65 @@ def encode_key_group(states: Iterable[tuple[StateMeta, Iterable[tuple[bytes, Ent
     """The key group's snapshot: ``states`` in the order given (by name), each with its
     entries in the order given (by key; a map's items by map key). States without
     entries are left out, as fastavro would write them from the table's records."""
+    return assemble_key_group((meta, *encode_entries(entries)) for meta, entries in states)
+
+
+def encode_entries(entries: Iterable[tuple[bytes, Entry]]) -> tuple[list[bytes], int]:
+    """The encoded entries of one state (parts to join) and how many there are."""
+    body: list[bytes] = []
+    count = 0
+    for key, entry in entries:
+        count += 1
+        body += (_long(len(key)), key)
+        if isinstance(entry, bytes):
+            body += (b"\x02", _long(len(entry)), entry, b"\x00\x00")
+        elif isinstance(entry, list):
+            body.append(b"\x00\x02")
+            if entry:
+                body.append(_long(len(entry)))
+                for item in entry:
+                    body += (_long(len(item)), item)
+            body.append(b"\x00\x00")  # the array's end, then no map
+        else:
+            body.append(b"\x00\x00\x02")
+            if entry:
+                body.append(_long(len(entry)))
+                for map_key, value in entry.items():
+                    body += (_long(len(map_key)), map_key, _long(len(value)), value)
+            body.append(b"\x00")
+    return body, count
+
+
+def encode_value_entries(items: Iterable[tuple[bytes, bytes]], cut: int
+                         ) -> tuple[list[bytes], int]:
+    """Like :func:`encode_entries` for entries that are values, given as stored (key,
+    value) pairs whose state key is ``stored_key[cut:]`` (one loop, nothing per entry but
+    the parts)."""
+    body: list[bytes] = []
+    small, limit = SMALL_VARINTS, SMALL_LIMIT
+    count = 0
+    for stored, value in items:
+        size = len(stored) - cut
+        length = len(value)
+        body += (small[size + 1] if size < limit else zigzag_varint(size), stored[cut:],
+                 b"\x02", small[length + 1] if length < limit else zigzag_varint(length),
+                 value, b"\x00\x00")
+        count += 1
+    return body, count
+
+
+def assemble_key_group(tables: Iterable[tuple[StateMeta, list[bytes], int]]) -> bytes:
+    """The key group's snapshot from each state's encoded entries (see
+    :func:`encode_entries`), in the order given; states without entries are left out."""
     parts: list[bytes] = []
-    tables = 0
-    for meta, entries in states:
-        body: list[bytes] = []
-        count = 0
-        for key, entry in entries:
-            count += 1
-            body += (_long(len(key)), key)
-            if isinstance(entry, bytes):
-                body += (b"\x02", _long(len(entry)), entry, b"\x00\x00")
-            elif isinstance(entry, list):
-                body.append(b"\x00\x02")
-                if entry:
-                    body.append(_long(len(entry)))
-                    for item in entry:
-                        body += (_long(len(item)), item)
-                body.append(b"\x00\x00")  # the array's end, then no map
-            else:
-                body.append(b"\x00\x00\x02")
-                if entry:
-                    body.append(_long(len(entry)))
-                    for map_key, value in entry.items():
-                        body += (_long(len(map_key)), map_key, _long(len(value)), value)
-                body.append(b"\x00")
+    written = 0
+    for meta, body, count in tables:
         if count:
-            tables += 1
+            written += 1
             parts += (_meta(meta), _long(count), *body, b"\x00")
-    if not tables:
+    if not written:
         return b"\x00"
-    return b"".join((_long(tables), *parts, b"\x00"))
+    return b"".join((_long(written), *parts, b"\x00"))
 
 
 def iter_key_group(data: bytes) -> Iterator[DecodedEntry]:
@@ -354,4 +383,5 @@ def _check_end(p: bytes, pos: int) -> None:
 
 
 __all__ = ["KINDS", "SHAPE_LIST", "SHAPE_MAP", "SHAPE_VALUE", "TICK_ENTRIES", "DecodedEntry",
-           "StateLoad", "encode_key_group", "iter_key_group", "load_key_group", "shape_of"]
+           "StateLoad", "assemble_key_group", "encode_entries", "encode_key_group",
+           "encode_value_entries", "iter_key_group", "load_key_group", "shape_of"]

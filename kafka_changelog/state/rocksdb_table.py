@@ -49,7 +49,9 @@ from .key_group_codec import (
     SHAPE_MAP,
     SHAPE_VALUE,
     StateLoad,
-    encode_key_group,
+    assemble_key_group,
+    encode_entries,
+    encode_value_entries,
     load_key_group,
 )
 from .ops import (
@@ -114,6 +116,14 @@ def _options(rocks: Any) -> tuple[Any, Any]:
         return _shared["options"], _shared["write"]
 
 
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key after every key starting with ``prefix`` (None: there is none)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
 def _key_group_prefix(key_group: int) -> bytes:
     return key_group.to_bytes(2, "big")
 
@@ -170,6 +180,7 @@ class RocksDBStateTable:
         self.path.mkdir(parents=True, exist_ok=True)
         options, self._write_options = _options(rocks)
         self._batch_type = rocks.WriteBatch
+        self._read_options_type = rocks.ReadOptions
         self._db = rocks.Rdict(str(self.path), options)
         self._states: dict[str, _State] = {}
         self._metas: dict[str, StateMeta] = {}
@@ -481,11 +492,18 @@ class RocksDBStateTable:
 
     def serialize_group(self, key_group: int) -> bytes:
         """The key group's state (``schemas/key_group_state.avsc``): the same bytes as the
-        in-memory table's for the same state, encoded as the store is iterated."""
-        return encode_key_group(
-            (self._metas[name], ((key, entry) for _, key, entry
-                                 in self._state_entries(key_group, name)))
-            for name in sorted(self._states))
+        in-memory table's for the same state, encoded as the store is iterated (a value
+        state's entries straight from the iterator)."""
+        tables = []
+        for name in sorted(self._states):
+            prefix, kind = self._prefix(key_group, name)
+            if kind == _KIND_VALUE:
+                body, count = encode_value_entries(self._scan(prefix), len(prefix))
+            else:
+                body, count = encode_entries(
+                    (key, entry) for _, key, entry in self._state_entries(key_group, name))
+            tables.append((self._metas[name], body, count))
+        return assemble_key_group(tables)
 
     def load_group(self, key_group: int, data: bytes) -> None:
         """Replace the key group's state with a serialized one: entries go from the decoded
@@ -591,11 +609,18 @@ class RocksDBStateTable:
         return db
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) of every stored key starting with ``prefix``, in key order."""
-        for key, value in self._live().items(from_key=prefix):
-            if not key.startswith(prefix):
-                return
-            yield key, value
+        """(key, value) of every stored key starting with ``prefix``, in key order (the
+        iterator is bounded above: RocksDB stops at the prefix's end)."""
+        db = self._live()
+        end = _prefix_end(prefix)
+        if end is None:
+            yield from db.items(from_key=prefix)
+            return
+        # rocksdict's iterator reads the bound from these options: they must outlive it,
+        # which this generator's frame sees to.
+        bounded = self._read_options_type()
+        bounded.set_iterate_upper_bound(end)
+        yield from db.items(from_key=prefix, read_opt=bounded)
 
     @staticmethod
     def _any(db: Any, prefix: bytes) -> bool:

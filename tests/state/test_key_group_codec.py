@@ -19,7 +19,10 @@ from kafka_changelog.state.key_group_codec import (
     SHAPE_VALUE,
     TICK_ENTRIES,
     StateLoad,
+    assemble_key_group,
+    encode_entries,
     encode_key_group,
+    encode_value_entries,
     iter_key_group,
     load_key_group,
     shape_of,
@@ -209,3 +212,16 @@ def test_load_key_group_ticks_and_refuses_malformed_snapshots() -> None:
         with pytest.raises(AvroDecodeError, match=message):
             load_key_group(broken, lambda m: StateLoad(SHAPE_VALUE, b"", lambda k, v: None,
                                                        lambda *a: 1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(blob, blob, max_size=6), st.binary(max_size=5))
+def test_value_entries_from_stored_keys_encode_as_entries_do(
+    entries: dict[bytes, bytes], prefix: bytes
+) -> None:
+    ordered = sorted(entries.items())
+    stored = [(prefix + key, value) for key, value in ordered]
+    assert encode_value_entries(stored, len(prefix)) == encode_entries(ordered)
+    meta = StateMeta("s", StateKind.VALUE, "bytes")
+    assert assemble_key_group([(meta, *encode_value_entries(stored, len(prefix)))]) == (
+        encode_key_group([(meta, ordered)]))
