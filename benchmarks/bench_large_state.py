@@ -1,0 +1,454 @@
+"""State larger than a Python worker's memory: 10M keys of ~100 B through the streaming path
+with ``state_backend="rocksdb"`` and Python workers capped at 1 GiB.
+
+Spark ``local[2]`` with ``spark.executor.pyspark.memory=1g``: PySpark's worker then sets
+``RLIMIT_AS`` (its address space) to 1 GiB in every Python worker, also in local mode
+(checked: each worker's ``/proc/<pid>/limits`` is read and reported). That limit counts
+virtual memory, which native libraries reserve far beyond what they use (glibc gives every
+thread that allocates a 64 MiB malloc arena; librdkafka and RocksDB run threads), so the
+workers run with ``MALLOC_ARENA_MAX=2`` (set in this process's environment, which local
+mode's workers inherit). What the state costs is measured as resident memory: a thread on
+the driver samples every Python worker's RSS (and VMS) every 0.25 s.
+
+The stateful function (:func:`remember`) keeps one value per key, a ~100-character string
+(``profile``): it reads the key's value, then writes the row's payload. No output rows.
+Input batches are static DataFrames made by Spark (``spark.range``), handed to the
+processor the way ``foreachBatch`` does (``processor(df, batch_id)``):
+
+1. **build**: ``--keys`` (default 10,000,000 at ``BENCH_SCALE=1``) new keys in
+   ``--batches`` batches of equal size (default 40: 250,000 keys each);
+2. **update**: ``--update-batches`` (default 3) batches of the same size over keys spread
+   over the whole key space (every key exists: read-modify-write at full size).
+
+Parallelism 2 (two subtasks, ~5M keys each), 128 key groups, materialization every
+``--materialize-every`` seconds (default 300). Per batch: seconds, keys in state, what
+each subtask's state came from (``state_source``), materializations, the Python
+workers' peak RSS during the batch. Figures:
+
+- **capped run**: every batch done with the cap in effect, and the workers' peak RSS;
+- **batch cost follows the batch**: median seconds of the last 5 build batches / of
+  build batches 2-6 (the same number of keys each, 40x more state), batches that started
+  or completed a materialization excluded (a materialization writes the changed state:
+  O(state), reported apart); target <= 1.2x;
+- **the in-memory backend** (``--memory-probe-keys``, default 600,000, afterwards in the
+  same capped session): the Python workers' RSS growth per key of state, projected to
+  the keys a worker would hold at full size (one subtask's, and both: a worker keeps
+  every subtask it ran), against the 1 GiB cap.
+
+Run: ``python -m benchmarks.bench_large_state [--keys N] [--batches N] [--json FILE]``
+(default ``benchmarks/results/large_state.json``; ``BENCH_SCALE`` scales ``--keys``). The
+local state directory (a temporary directory) is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import psutil
+
+if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import (
+    RESULTS_DIR,
+    Broker,
+    MiB,
+    kafka_broker,
+    machine_info,
+    ratio_text,
+    scaled,
+    table,
+    unique_topic,
+    verdict,
+    write_json,
+)
+from kafka_changelog.state.descriptors import value_state
+from kafka_changelog.state.serializers import UTF8
+from spark_integration.streaming import (
+    KeyState,
+    StatefulProcessor,
+    StreamingStateConfig,
+    stateful_foreach_batch,
+)
+
+DEFAULT_JSON = RESULTS_DIR / "large_state.json"
+KEYS = 10_000_000
+BATCHES = 40
+UPDATE_BATCHES = 3
+PARALLELISM = 2
+PARTITIONS = 16
+MAX_PARALLELISM = 128
+PAYLOAD_CHARS = 100
+CAP = "1g"
+CAP_BYTES = 1 << 30
+GROWTH_TARGET = 1.2
+MEMORY_PROBE_KEYS = 600_000
+MEMORY_PROBE_BATCHES = 4
+PROFILE = value_state("profile", UTF8)
+#: Keys of the update batches: key ``(i * STRIDE + offset) % keys`` (STRIDE is prime, so
+#: the keys of one batch are distinct and spread over every key group).
+STRIDE = 1_000_003
+
+
+def remember(key: Any, rows: Any, state: KeyState) -> None:
+    """Keep the key's latest payload (~100 characters); read what was there first."""
+    profile = state(PROFILE)
+    profile.value()
+    profile.update(rows["payload"].iloc[-1])
+
+
+# -- the Python workers' memory ----------------------------------------------------------------
+
+
+@dataclass
+class WorkerMemory:
+    """Every Python worker's RSS and VMS, sampled from the driver."""
+
+    interval_s: float = 0.25
+    peak_rss: dict[int, int] = field(default_factory=dict)
+    peak_vms: dict[int, int] = field(default_factory=dict)
+    limits: dict[int, str] = field(default_factory=dict)
+    window_rss: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="worker-memory", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def take_window(self) -> int:
+        """The largest RSS of any Python worker since the last call."""
+        peak, self.window_rss = self.window_rss, 0
+        return peak
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for process in _python_workers():
+                try:
+                    info = process.memory_info()
+                except psutil.Error:
+                    continue
+                pid = process.pid
+                self.peak_rss[pid] = max(self.peak_rss.get(pid, 0), info.rss)
+                self.peak_vms[pid] = max(self.peak_vms.get(pid, 0), info.vms)
+                self.window_rss = max(self.window_rss, info.rss)
+                # A worker sets its limit when its first task starts: read it every time.
+                self.limits[pid] = _address_space_limit(pid)
+
+
+def _python_workers() -> list[psutil.Process]:
+    """PySpark's Python workers under this process (forked by a ``pyspark.daemon``, whose
+    parent is Spark's JVM; the daemon itself is not a worker)."""
+    workers = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if ("pyspark.daemon" in " ".join(process.cmdline())
+                    and "pyspark.daemon" in " ".join(process.parent().cmdline())):
+                workers.append(process)
+        except (psutil.Error, AttributeError):
+            continue
+    return workers
+
+
+def _address_space_limit(pid: int) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max address space"):
+                return line.split()[3]  # soft limit, bytes or "unlimited"
+    except OSError:
+        pass
+    return "?"
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+def build_batch(spark: Any, first: int, count: int, salt: str) -> Any:
+    """Keys ``first .. first + count - 1`` with a payload each."""
+    from pyspark.sql import functions as F
+
+    return spark.range(first, first + count, numPartitions=PARALLELISM).select(
+        F.format_string("user-%09d", F.col("id")).alias("user"),
+        F.substring(F.sha2(F.concat(F.col("id").cast("string"), F.lit(salt)), 512), 1,
+                    PAYLOAD_CHARS).alias("payload"))
+
+
+def update_batch(spark: Any, keys: int, count: int, offset: int, salt: str) -> Any:
+    """``count`` distinct existing keys spread over the whole key space."""
+    from pyspark.sql import functions as F
+
+    key = (F.col("id") * STRIDE + offset) % keys
+    return spark.range(0, count, numPartitions=PARALLELISM).select(
+        F.format_string("user-%09d", key).alias("user"),
+        F.substring(F.sha2(F.concat(key.cast("string"), F.lit(salt)), 512), 1,
+                    PAYLOAD_CHARS).alias("payload"))
+
+
+@dataclass
+class Batch:
+    """One batch through the processor."""
+
+    phase: str
+    batch_id: int
+    keys_in: int
+    seconds: float
+    task_s: float
+    state_rows: int
+    sources: list[str]
+    materializations_started: int
+    materializations_completed: int
+    materialized_bytes: int
+    worker_peak_rss: int
+
+
+def run_batch(processor: StatefulProcessor, df: Any, batch_id: int, phase: str,
+              keys_in: int, memory: WorkerMemory) -> Batch:
+    memory.take_window()
+    started = time.perf_counter()
+    processor(df, batch_id)
+    seconds = time.perf_counter() - started
+    report = processor.reports[-1]
+    metrics = [report.subtask_metrics[s] for s in sorted(report.subtask_metrics)]
+    if not report.committed or sum(m.keys for m in metrics) != keys_in:
+        raise RuntimeError(f"batch {batch_id}: {report}")
+    return Batch(phase, batch_id, keys_in, seconds, report.task_s,
+                 sum(m.state_rows for m in metrics), [m.state_source for m in metrics],
+                 sum(m.materializations_started for m in metrics),
+                 sum(m.materializations_completed for m in metrics),
+                 sum(m.materialized_bytes for m in metrics), memory.take_window())
+
+
+def state_config(broker: Broker, backend: str, local_dir: str,
+                 materialize_every: float | None) -> StreamingStateConfig:
+    topics = {name: unique_topic(f"large-{backend}-{name}")
+              for name in ("changelog", "snapshots", "checkpoints")}
+    broker.topics.extend(topics.values())
+    return StreamingStateConfig(
+        application=f"bench-large-{backend}-{uuid.uuid4().hex[:8]}", operator_id="profiles",
+        bootstrap_servers=broker.bootstrap_servers,
+        client_config={k: v for k, v in broker.client_config.items()
+                       if k != "bootstrap.servers"},
+        changelog_topic=topics["changelog"], snapshot_topic=topics["snapshots"],
+        checkpoint_topic=topics["checkpoints"], partitions=PARTITIONS,
+        max_parallelism=MAX_PARALLELISM, parallelism=PARALLELISM,
+        materialization_interval_s=materialize_every, state_backend=backend,
+        local_state_dir=local_dir)
+
+
+def print_batch(batch: Batch) -> None:
+    print(f"  {batch.phase:6s} batch {batch.batch_id:3d}: {batch.seconds:6.2f} s "
+          f"(task {batch.task_s:6.2f}) state {batch.state_rows:>11,} keys, "
+          f"{'/'.join(batch.sources):30s} materializations {batch.materializations_started}"
+          f"/{batch.materializations_completed} ({batch.materialized_bytes / MiB:,.0f} MiB), "
+          f"workers' RSS <= {batch.worker_peak_rss / MiB:,.0f} MiB", flush=True)
+
+
+def large_run(broker: Broker, spark: Any, keys: int, batches: int, update_batches: int,
+              materialize_every: float | None, memory: WorkerMemory) -> dict[str, Any]:
+    per_batch = keys // batches
+    local_dir = tempfile.mkdtemp(prefix="bench-large-state-")
+    config = state_config(broker, "rocksdb", local_dir, materialize_every)
+    processor = stateful_foreach_batch(config, remember, "user", "user string")
+    runs: list[Batch] = []
+    print(f"\n[large state, rocksdb] {keys:,} keys in {batches} batches of {per_batch:,}, "
+          f"then {update_batches} update batches; local state in {local_dir}", flush=True)
+    started = time.perf_counter()
+    try:
+        for number in range(batches):
+            df = build_batch(spark, number * per_batch, per_batch, "build")
+            runs.append(run_batch(processor, df, number, "build", per_batch, memory))
+            print_batch(runs[-1])
+        for number in range(update_batches):
+            df = update_batch(spark, per_batch * batches, per_batch, 7 + number * 13,
+                              f"update-{number}")
+            runs.append(run_batch(processor, df, batches + number, "update", per_batch,
+                                  memory))
+            print_batch(runs[-1])
+        disk = _disk_bytes(local_dir)
+    finally:
+        processor.close()
+        shutil.rmtree(local_dir, ignore_errors=True)
+    total_s = time.perf_counter() - started
+    build = [b for b in runs if b.phase == "build"]
+    quiet = [b for b in build[1:] if not b.materializations_started
+             and not b.materializations_completed]
+    early, late = quiet[:5], quiet[-5:]
+    growth = median(b.seconds for b in late) / median(b.seconds for b in early)
+    final_rows = runs[-1].state_rows
+    peak = max(memory.peak_rss.values(), default=0)
+    capped = bool(memory.limits) and all(v == str(CAP_BYTES) for v in memory.limits.values())
+    return {
+        "keys": per_batch * batches, "batches": batches, "keys_per_batch": per_batch,
+        "final_state_rows": final_rows, "total_s": total_s, "local_disk_bytes": disk,
+        "runs": [asdict(b) for b in runs],
+        "worker_peak_rss": peak, "worker_peak_vms": max(memory.peak_vms.values(), default=0),
+        "worker_address_space_limits": sorted(set(memory.limits.values())),
+        "capped": capped,
+        "capped_verdict": verdict(capped and final_rows == per_batch * batches
+                                  and peak < CAP_BYTES),
+        "growth": {"early_batches": [b.batch_id for b in early],
+                   "late_batches": [b.batch_id for b in late],
+                   "early_median_s": median(b.seconds for b in early),
+                   "late_median_s": median(b.seconds for b in late),
+                   "ratio": growth, "target": GROWTH_TARGET,
+                   "verdict": verdict(growth <= GROWTH_TARGET)},
+        "update_median_s": median(b.seconds for b in runs if b.phase == "update")
+        if update_batches else None,
+        "materializing_batches": [asdict(b) for b in build if b.materializations_started
+                                  or b.materializations_completed],
+        "restored_subtask_batches": sum(s == "restored" for b in runs for s in b.sources),
+    }
+
+
+def _disk_bytes(directory: str) -> int:
+    return sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file())
+
+
+def memory_probe(broker: Broker, spark: Any, keys: int, memory: WorkerMemory,
+                 projected_keys: int) -> dict[str, Any]:
+    """The in-memory backend's worker RSS per key (uncapped session, smaller state)."""
+    batches = MEMORY_PROBE_BATCHES
+    per_batch = keys // batches
+    config = state_config(broker, "memory", tempfile.gettempdir(), None)
+    processor = stateful_foreach_batch(config, remember, "user", "user string")
+    print(f"\n[in-memory backend probe] {per_batch * batches:,} keys in {batches} batches",
+          flush=True)
+    points: list[tuple[int, int, int]] = []
+    try:
+        for number in range(batches):
+            df = build_batch(spark, number * per_batch, per_batch, "probe")
+            batch = run_batch(processor, df, number, "memory", per_batch, memory)
+            print_batch(batch)
+            time.sleep(2 * memory.interval_s)
+            points.append((batch.state_rows, *_workers_rss_now()))
+    finally:
+        processor.close()
+    # RSS per key: the growth of all Python workers' RSS between the first and the last
+    # batch over the keys added meanwhile (a worker keeps the backends of the subtasks it
+    # ran; a subtask run by another worker is restored there: both count).
+    (rows0, total0, _), (rows1, total1, _) = points[0], points[-1]
+    per_key = (total1 - total0) / max(1, rows1 - rows0)
+    # A worker's RSS without this state: the smallest worker at the first batch, less its
+    # share of the keys then (an estimate: workers also hold other applications' leftovers).
+    base = max(0.0, points[0][2] - per_key * rows0 / PARALLELISM)
+    return {"keys": per_batch * batches, "points": points, "rss_bytes_per_key": per_key,
+            "worker_base_rss": base, "projected_keys": projected_keys,
+            "projected_worker_rss_one_subtask": base + per_key * projected_keys / PARALLELISM,
+            "projected_worker_rss_both_subtasks": base + per_key * projected_keys,
+            "exceeds_cap": base + per_key * projected_keys / PARALLELISM > CAP_BYTES}
+
+
+def _workers_rss_now() -> tuple[int, int]:
+    """The Python workers' summed RSS now, and the smallest worker's."""
+    sizes = []
+    for process in _python_workers():
+        try:
+            sizes.append(process.memory_info().rss)
+        except psutil.Error:
+            continue
+    return sum(sizes), min(sizes, default=0)
+
+
+def start_spark() -> Any:
+    """``local[2]`` with the Python workers' memory capped."""
+    from spark_integration.session import local_session
+
+    return local_session("bench-large-state", parallelism=PARALLELISM, extra_config={
+        "spark.ui.showConsoleProgress": "false", "spark.executor.pyspark.memory": CAP})
+
+
+def report(results: dict[str, Any]) -> str:
+    large = results["large"]
+    growth = large["growth"]
+    rows = [
+        ["keys in state (rocksdb, 2 subtasks)", f"{large['final_state_rows']:,}", "",
+         "10M keys of ~100 B", ""],
+        ["Python workers' address space limit",
+         ", ".join(large["worker_address_space_limits"]), "", "1 GiB (RLIMIT_AS)", ""],
+        ["Python workers' peak RSS / VMS",
+         f"{large['worker_peak_rss'] / MiB:,.0f} / {large['worker_peak_vms'] / MiB:,.0f} MiB",
+         "", "< 1024 MiB", large["capped_verdict"]],
+        ["batch seconds, last 5 / build batches 2-6",
+         f"{growth['late_median_s']:.2f} / {growth['early_median_s']:.2f}",
+         ratio_text(growth["ratio"]), f"<= {growth['target']}x", growth["verdict"]],
+    ]
+    if large["update_median_s"] is not None:
+        rows.append(["update batch at full state (median)", f"{large['update_median_s']:.2f} s",
+                     "", "", ""])
+    for batch in large["materializing_batches"]:
+        rows.append([f"batch {batch['batch_id']} with materialization",
+                     f"{batch['seconds']:.2f} s, {batch['materialized_bytes'] / MiB:,.0f} MiB",
+                     "", "", ""])
+    probe = results.get("memory_probe")
+    if probe:
+        rows.append(["in-memory backend: worker RSS per key",
+                     f"{probe['rss_bytes_per_key']:.0f} B", "", "", ""])
+        rows.append([f"in-memory, projected worker RSS at {probe['projected_keys']:,} keys",
+                     f"{probe['projected_worker_rss_one_subtask'] / MiB:,.0f} MiB (one "
+                     f"subtask), {probe['projected_worker_rss_both_subtasks'] / MiB:,.0f} MiB "
+                     "(both)", "", "> 1024 MiB", verdict(probe["exceeds_cap"])])
+    return table(["", "measured", "ratio", "target", "result"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--keys", type=int, default=None,
+                        help=f"keys to build (default {KEYS:,} x BENCH_SCALE)")
+    parser.add_argument("--batches", type=int, default=BATCHES)
+    parser.add_argument("--update-batches", type=int, default=UPDATE_BATCHES)
+    parser.add_argument("--materialize-every", type=float, default=300.0,
+                        help="materialization interval in seconds (0: never)")
+    parser.add_argument("--memory-probe-keys", type=int, default=MEMORY_PROBE_KEYS,
+                        help="keys of the in-memory backend probe (0: skip it)")
+    args = parser.parse_args(argv)
+    keys = args.keys or int(scaled(KEYS, minimum=10_000))
+    # Local mode's Python workers inherit this process's environment: fewer malloc
+    # arenas, so that RLIMIT_AS (virtual memory) is not spent on reservations.
+    os.environ["MALLOC_ARENA_MAX"] = "2"
+    memory = WorkerMemory()
+    memory.start()
+    results: dict[str, Any] = {"name": "large_state", "cap": CAP,
+                               "malloc_arena_max": os.environ["MALLOC_ARENA_MAX"]}
+    started = time.perf_counter()
+    try:
+        with kafka_broker() as broker:
+            spark = start_spark()
+            try:
+                results["large"] = large_run(broker, spark, keys, args.batches,
+                                             args.update_batches,
+                                             args.materialize_every or None, memory)
+                if args.memory_probe_keys:
+                    results["memory_probe"] = memory_probe(broker, spark,
+                                                           args.memory_probe_keys, memory,
+                                                           keys)
+            finally:
+                spark.stop()
+            results["machine"] = machine_info()
+    finally:
+        memory.stop()
+    results["total_s"] = time.perf_counter() - started
+    print(f"\nlarge state ({results['total_s'] / 60:.1f} min in all)")
+    print(report(results))
+    write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
