@@ -16,7 +16,7 @@ Input batches are static DataFrames made by Spark (``spark.range``), handed to t
 processor the way ``foreachBatch`` does (``processor(df, batch_id)``):
 
 1. **build**: ``--keys`` (default 10,000,000 at ``BENCH_SCALE=1``) new keys in
-   ``--batches`` batches of equal size (default 40: 250,000 keys each);
+   ``--batches`` batches of equal size (default 50: 200,000 keys each);
 2. **update**: ``--update-batches`` (default 3) batches of the same size over keys spread
    over the whole key space (every key exists: read-modify-write at full size).
 
@@ -35,9 +35,11 @@ workers' peak RSS during the batch. Figures:
   the keys a worker would hold at full size (one subtask's, and both: a worker keeps
   every subtask it ran), against the 1 GiB cap.
 
-Run: ``python -m benchmarks.bench_large_state [--keys N] [--batches N] [--json FILE]``
-(default ``benchmarks/results/large_state.json``; ``BENCH_SCALE`` scales ``--keys``). The
-local state directory (a temporary directory) is deleted at the end.
+Run: ``PYTHONPATH=. python -m benchmarks.bench_large_state [--keys N] [--batches N]
+[--json FILE]`` (default ``benchmarks/results/large_state.json``; ``BENCH_SCALE`` scales
+``--keys``; ``PYTHONPATH`` must name this checkout: Spark's Python workers import the
+library from there). The local state directory (a temporary directory) is deleted at the
+end.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ from spark_integration.streaming import (
 
 DEFAULT_JSON = RESULTS_DIR / "large_state.json"
 KEYS = 10_000_000
-BATCHES = 40
+BATCHES = 50
 UPDATE_BATCHES = 3
 PARALLELISM = 2
 PARTITIONS = 16
