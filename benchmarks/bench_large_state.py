@@ -4,11 +4,16 @@ with ``state_backend="rocksdb"`` and Python workers capped at 1 GiB.
 Spark ``local[2]`` with ``spark.executor.pyspark.memory=1g``: PySpark's worker then sets
 ``RLIMIT_AS`` (its address space) to 1 GiB in every Python worker, also in local mode
 (checked: each worker's ``/proc/<pid>/limits`` is read and reported). That limit counts
-virtual memory, which native libraries reserve far beyond what they use (glibc gives every
-thread that allocates a 64 MiB malloc arena; librdkafka and RocksDB run threads), so the
-workers run with ``MALLOC_ARENA_MAX=2`` (set in this process's environment, which local
-mode's workers inherit). What the state costs is measured as resident memory: a thread on
-the driver samples every Python worker's RSS (and VMS) every 0.25 s.
+virtual memory, which native libraries reserve far beyond what they use: glibc gives every
+thread that allocates a 64 MiB malloc arena, and every thread's stack (8 MiB by default)
+counts in full; a worker runs ~25 threads (librdkafka's and RocksDB's, the backends'
+timers). So the workers run with ``MALLOC_ARENA_MAX=2`` (set in this process's environment,
+which local mode's workers inherit) and a 2 MiB ``RLIMIT_STACK`` (glibc's default thread
+stack size; set while Spark's JVM starts, which passes it on to the workers). Without them
+a worker reserves ~800 MiB before it holds any state, and a first run at 8 MiB stacks
+failed at 7.0M keys (a RocksDB thread could not be created). What the state costs is
+measured as resident memory: a thread on the driver samples every Python worker's RSS (and
+VMS) every 0.25 s.
 
 The stateful function (:func:`remember`) keeps one value per key, a ~100-character string
 (``profile``): it reads the key's value, then writes the row's payload. No output rows.
@@ -98,6 +103,10 @@ GROWTH_TARGET = 1.2
 MEMORY_PROBE_KEYS = 600_000
 MEMORY_PROBE_BATCHES = 4
 PROFILE = value_state("profile", UTF8)
+#: The Python workers' ``RLIMIT_STACK``: glibc makes it every new thread's stack size, and
+#: each thread's stack counts in full against ``RLIMIT_AS`` (8 MiB by default; a worker
+#: runs ~25 threads: Kafka clients, RocksDB, the backends' timers).
+THREAD_STACK = 2 << 20
 #: Keys of the update batches: key ``(i * STRIDE + offset) % keys`` (STRIDE is prime, so
 #: the keys of one batch are distinct and spread over every key group).
 STRIDE = 1_000_003
@@ -122,6 +131,7 @@ class WorkerMemory:
     peak_vms: dict[int, int] = field(default_factory=dict)
     limits: dict[int, str] = field(default_factory=dict)
     window_rss: int = 0
+    window_vms: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -134,9 +144,10 @@ class WorkerMemory:
         if self._thread is not None:
             self._thread.join()
 
-    def take_window(self) -> int:
-        """The largest RSS of any Python worker since the last call."""
-        peak, self.window_rss = self.window_rss, 0
+    def take_window(self) -> tuple[int, int]:
+        """The largest RSS and VMS of any Python worker since the last call."""
+        peak = (self.window_rss, self.window_vms)
+        self.window_rss = self.window_vms = 0
         return peak
 
     def _run(self) -> None:
@@ -150,6 +161,7 @@ class WorkerMemory:
                 self.peak_rss[pid] = max(self.peak_rss.get(pid, 0), info.rss)
                 self.peak_vms[pid] = max(self.peak_vms.get(pid, 0), info.vms)
                 self.window_rss = max(self.window_rss, info.rss)
+                self.window_vms = max(self.window_vms, info.vms)
                 # A worker sets its limit when its first task starts: read it every time.
                 self.limits[pid] = _address_space_limit(pid)
 
@@ -217,6 +229,7 @@ class Batch:
     materializations_completed: int
     materialized_bytes: int
     worker_peak_rss: int
+    worker_peak_vms: int
 
 
 def run_batch(processor: StatefulProcessor, df: Any, batch_id: int, phase: str,
@@ -233,7 +246,7 @@ def run_batch(processor: StatefulProcessor, df: Any, batch_id: int, phase: str,
                  sum(m.state_rows for m in metrics), [m.state_source for m in metrics],
                  sum(m.materializations_started for m in metrics),
                  sum(m.materializations_completed for m in metrics),
-                 sum(m.materialized_bytes for m in metrics), memory.take_window())
+                 sum(m.materialized_bytes for m in metrics), *memory.take_window())
 
 
 def state_config(broker: Broker, backend: str, local_dir: str,
@@ -258,7 +271,8 @@ def print_batch(batch: Batch) -> None:
           f"(task {batch.task_s:6.2f}) state {batch.state_rows:>11,} keys, "
           f"{'/'.join(batch.sources):30s} materializations {batch.materializations_started}"
           f"/{batch.materializations_completed} ({batch.materialized_bytes / MiB:,.0f} MiB), "
-          f"workers' RSS <= {batch.worker_peak_rss / MiB:,.0f} MiB", flush=True)
+          f"workers' RSS <= {batch.worker_peak_rss / MiB:,.0f} MiB, VMS <= "
+          f"{batch.worker_peak_vms / MiB:,.0f} MiB", flush=True)
 
 
 def large_run(broker: Broker, spark: Any, keys: int, batches: int, update_batches: int,
@@ -271,23 +285,38 @@ def large_run(broker: Broker, spark: Any, keys: int, batches: int, update_batche
     print(f"\n[large state, rocksdb] {keys:,} keys in {batches} batches of {per_batch:,}, "
           f"then {update_batches} update batches; local state in {local_dir}", flush=True)
     started = time.perf_counter()
+    failure = ""
+    largest: dict[str, Any] = {}
     try:
-        for number in range(batches):
-            df = build_batch(spark, number * per_batch, per_batch, "build")
-            runs.append(run_batch(processor, df, number, "build", per_batch, memory))
+        plan = [("build", number) for number in range(batches)] + [
+            ("update", number) for number in range(update_batches)]
+        for phase, number in plan:
+            if phase == "build":
+                df = build_batch(spark, number * per_batch, per_batch, "build")
+                batch_id = number
+            else:
+                df = update_batch(spark, per_batch * batches, per_batch, 7 + number * 13,
+                                  f"update-{number}")
+                batch_id = batches + number
+            try:
+                runs.append(run_batch(processor, df, batch_id, phase, per_batch, memory))
+            except Exception as exc:  # a worker that hit the cap: recorded, not raised
+                failure = f"batch {batch_id}: {type(exc).__name__}: " + (
+                    str(exc).strip().splitlines() or [""])[0][:300]
+                print(f"  {phase:6s} batch {batch_id:3d} FAILED: {failure}", flush=True)
+                break
             print_batch(runs[-1])
-        for number in range(update_batches):
-            df = update_batch(spark, per_batch * batches, per_batch, 7 + number * 13,
-                              f"update-{number}")
-            runs.append(run_batch(processor, df, batches + number, "update", per_batch,
-                                  memory))
-            print_batch(runs[-1])
+            mapped = _largest_worker_maps()
+            if mapped.get("vms_mib", 0) >= largest.get("vms_mib", 0):
+                largest = mapped
         disk = _disk_bytes(local_dir)
     finally:
         processor.close()
         shutil.rmtree(local_dir, ignore_errors=True)
     total_s = time.perf_counter() - started
-    build = [b for b in runs if b.phase == "build"]
+    build = [b for b in runs if b.phase == "build"] or runs
+    if not build:
+        raise RuntimeError(f"no batch ran: {failure}")
     quiet = [b for b in build[1:] if not b.materializations_started
              and not b.materializations_completed] or build[1:] or build
     early, late = quiet[:5], quiet[-5:]
@@ -297,13 +326,14 @@ def large_run(broker: Broker, spark: Any, keys: int, batches: int, update_batche
     capped = bool(memory.limits) and all(v == str(CAP_BYTES) for v in memory.limits.values())
     return {
         "keys": per_batch * batches, "batches": batches, "keys_per_batch": per_batch,
+        "failure": failure, "largest_worker_mappings": largest,
         "final_state_rows": final_rows, "total_s": total_s, "local_disk_bytes": disk,
         "runs": [asdict(b) for b in runs],
         "worker_peak_rss": peak, "worker_peak_vms": max(memory.peak_vms.values(), default=0),
         "worker_address_space_limits": sorted(set(memory.limits.values())),
         "capped": capped,
-        "capped_verdict": verdict(capped and final_rows == per_batch * batches
-                                  and peak < CAP_BYTES),
+        "capped_verdict": verdict(capped and not failure
+                                  and final_rows == per_batch * batches and peak < CAP_BYTES),
         "growth": {"early_batches": [b.batch_id for b in early],
                    "late_batches": [b.batch_id for b in late],
                    "early_median_s": median(b.seconds for b in early),
@@ -311,11 +341,49 @@ def large_run(broker: Broker, spark: Any, keys: int, batches: int, update_batche
                    "ratio": growth, "target": GROWTH_TARGET,
                    "verdict": verdict(growth <= GROWTH_TARGET)},
         "update_median_s": median(b.seconds for b in runs if b.phase == "update")
-        if update_batches else None,
+        if any(b.phase == "update" for b in runs) else None,
         "materializing_batches": [asdict(b) for b in build if b.materializations_started
                                   or b.materializations_completed],
         "restored_subtask_batches": sum(s == "restored" for b in runs for s in b.sources),
     }
+
+
+def _largest_worker_maps() -> dict[str, Any]:
+    """Where the address space of the Python worker with the most of it goes: the heap,
+    thread stacks (anonymous 8 MiB mappings), malloc arenas (64 MiB), other anonymous
+    memory and files."""
+    best: tuple[int, int] | None = None
+    for process in _python_workers():
+        try:
+            vms = process.memory_info().vms
+        except psutil.Error:
+            continue
+        if best is None or vms > best[1]:
+            best = (process.pid, vms)
+    if best is None:
+        return {}
+    summary = {"pid": best[0], "vms_mib": best[1] >> 20, "heap_mib": 0, "stacks": 0,
+               "arenas": 0, "anon_other_mib": 0, "files_mib": 0}
+    try:
+        lines = Path(f"/proc/{best[0]}/maps").read_text().splitlines()
+    except OSError:
+        return summary
+    for line in lines:
+        parts = line.split()
+        low, high = (int(x, 16) for x in parts[0].split("-"))
+        size = high - low
+        name = parts[5] if len(parts) > 5 else ""
+        if name == "[heap]":
+            summary["heap_mib"] += size >> 20
+        elif name.startswith("/"):
+            summary["files_mib"] += size >> 20
+        elif not name and 8 << 20 <= size <= (8 << 20) + (64 << 10):
+            summary["stacks"] += 1
+        elif not name and 60 << 20 <= size <= 64 << 20:
+            summary["arenas"] += 1
+        elif not name:
+            summary["anon_other_mib"] += size >> 20
+    return summary
 
 
 def _disk_bytes(directory: str) -> int:
@@ -368,11 +436,19 @@ def _workers_rss_now() -> tuple[int, int]:
 
 
 def start_spark() -> Any:
-    """``local[2]`` with the Python workers' memory capped."""
+    """``local[2]`` with the Python workers' memory capped, started with a thread stack
+    size of ``THREAD_STACK`` (Spark's JVM, and through it the Python workers, inherit it)."""
+    import resource
+
     from spark_integration.session import local_session
 
-    return local_session("bench-large-state", parallelism=PARALLELISM, extra_config={
-        "spark.ui.showConsoleProgress": "false", "spark.executor.pyspark.memory": CAP})
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    resource.setrlimit(resource.RLIMIT_STACK, (THREAD_STACK, hard))
+    try:
+        return local_session("bench-large-state", parallelism=PARALLELISM, extra_config={
+            "spark.ui.showConsoleProgress": "false", "spark.executor.pyspark.memory": CAP})
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
 
 
 def report(results: dict[str, Any]) -> str:
@@ -381,6 +457,10 @@ def report(results: dict[str, Any]) -> str:
     rows = [
         ["keys in state (rocksdb, 2 subtasks)", f"{large['final_state_rows']:,}", "",
          "10M keys of ~100 B", ""],
+        *([["FAILED", large["failure"][:80], "", "", "MISS"]] if large["failure"] else []),
+        ["largest worker's address space", ", ".join(
+            f"{k} {v}" for k, v in large["largest_worker_mappings"].items() if k != "pid"),
+         "", "", ""],
         ["Python workers' address space limit",
          ", ".join(large["worker_address_space_limits"]), "", "1 GiB (RLIMIT_AS)", ""],
         ["Python workers' peak RSS / VMS",

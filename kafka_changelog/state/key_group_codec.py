@@ -62,9 +62,13 @@ def encode_key_group(states: Iterable[tuple[StateMeta, Iterable[tuple[bytes, Ent
 def encode_entries(entries: Iterable[tuple[bytes, Entry]]) -> tuple[list[bytes], int]:
     """The encoded entries of one state (parts to join) and how many there are."""
     body: list[bytes] = []
+    done: list[bytes] = []  # joined every JOIN_ENTRIES entries: few objects alive
     count = 0
     for key, entry in entries:
         count += 1
+        if not count % JOIN_ENTRIES:
+            done.append(b"".join(body))
+            body = []
         body += (_long(len(key)), key)
         if isinstance(entry, bytes):
             body += (b"\x02", _long(len(entry)), entry, b"\x00\x00")
@@ -82,7 +86,12 @@ def encode_entries(entries: Iterable[tuple[bytes, Entry]]) -> tuple[list[bytes],
                 for map_key, value in entry.items():
                     body += (_long(len(map_key)), map_key, _long(len(value)), value)
             body.append(b"\x00")
-    return body, count
+    return [*done, *body], count
+
+
+#: Entries whose encoded parts are joined into one bytes object as the encoding goes, so
+#: that a large key group keeps few objects (and not every key and value) alive.
+JOIN_ENTRIES = 4096
 
 
 def encode_value_entries(items: Iterable[tuple[bytes, bytes]], cut: int
@@ -91,16 +100,20 @@ def encode_value_entries(items: Iterable[tuple[bytes, bytes]], cut: int
     value) pairs whose state key is ``stored_key[cut:]`` (one loop, nothing per entry but
     the parts)."""
     body: list[bytes] = []
+    done: list[bytes] = []
     small, limit = SMALL_VARINTS, SMALL_LIMIT
     count = 0
     for stored, value in items:
+        if count and not count % JOIN_ENTRIES:
+            done.append(b"".join(body))
+            body = []
         size = len(stored) - cut
         length = len(value)
         body += (small[size + 1] if size < limit else zigzag_varint(size), stored[cut:],
                  b"\x02", small[length + 1] if length < limit else zigzag_varint(length),
                  value, b"\x00\x00")
         count += 1
-    return body, count
+    return [*done, *body], count
 
 
 def assemble_key_group(tables: Iterable[tuple[StateMeta, list[bytes], int]]) -> bytes:

@@ -171,27 +171,31 @@ class SnapshotStore(ABC):
 
     def _chunk_records(
         self, backend_id: str, materialization_id: int, key_group: int, state: bytes
-    ) -> list[tuple[ChunkRef, OutRecord]]:
+    ) -> Iterator[tuple[ChunkRef, OutRecord]]:
+        """The key group's chunk records, made one at a time (a caller that produces each
+        before taking the next holds one chunk's copies, not the key group's)."""
         partition = partition_for_key_group(key_group, self.partitions, self.max_parallelism)
-        pieces = split_chunks(state, self.max_chunk_bytes)
-        out = []
-        for chunk_no, data in enumerate(pieces):
+        size = self.max_chunk_bytes
+        count = max(1, -(-len(state) // size))
+        view = memoryview(state)
+        for chunk_no in range(count):
+            data = bytes(view[chunk_no * size:(chunk_no + 1) * size])
             crc = zlib.crc32(data)
-            ref = ChunkRef(key_group, materialization_id, chunk_no, len(pieces), partition,
+            ref = ChunkRef(key_group, materialization_id, chunk_no, count, partition,
                            0, len(data), crc)
             value = encode(CHUNK_SCHEMA, {
                 "backend_id": backend_id,
                 "key_group": key_group,
                 "materialization_id": materialization_id,
                 "chunk_no": chunk_no,
-                "chunk_count": len(pieces),
+                "chunk_count": count,
                 "data": data,
             })
+            del data
             headers = [(HEADER_SCHEMA, SCHEMA_HEADER_VALUE.encode()),
                        (HEADER_CRC32, str(crc).encode())]
             key = chunk_key(backend_id, key_group, materialization_id, chunk_no).encode()
-            out.append((ref, OutRecord(partition, key, value, headers)))
-        return out
+            yield ref, OutRecord(partition, key, value, headers)
 
 
 class _CollectingAppender(RecordAppender):
