@@ -10,8 +10,9 @@ counts in full; a worker runs ~25 threads (librdkafka's and RocksDB's, the backe
 timers). So the workers run with ``MALLOC_ARENA_MAX=2`` (set in this process's environment,
 which local mode's workers inherit) and a 2 MiB ``RLIMIT_STACK`` (glibc's default thread
 stack size; set while Spark's JVM starts, which passes it on to the workers). Without them
-a worker reserves ~800 MiB before it holds any state, and a first run at 8 MiB stacks
-failed at 7.0M keys (a RocksDB thread could not be created). What the state costs is
+a worker reserves ~750 MiB before it holds much state, and a first run with 8 MiB stacks
+lost both Python workers at 7.0M keys (C++ ``terminate called without an active
+exception``, from RocksDB, most likely out of address space). What the state costs is
 measured as resident memory: a thread on the driver samples every Python worker's RSS (and
 VMS) every 0.25 s.
 
