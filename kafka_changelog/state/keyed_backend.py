@@ -46,9 +46,12 @@ logger = logging.getLogger(__name__)
 
 
 def _raising(error: Exception) -> Callable[[], SnapshotHandle]:
+    """A materialization's write that fails with ``error`` (in the background, where a
+    failed write is counted and retried)."""
     def fail() -> SnapshotHandle:
         raise error
     return fail
+
 
 _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.VALUE: ValueState,
