@@ -36,10 +36,11 @@ workers' peak RSS during the batch. Figures:
   build batches 2-6 (the same number of keys each, 40x more state), batches that started
   or completed a materialization excluded (a materialization writes the changed state:
   O(state), reported apart); target <= 1.2x;
-- **the in-memory backend** (``--memory-probe-keys``, default 600,000, afterwards in the
-  same capped session): the Python workers' RSS growth per key of state, projected to
-  the keys a worker would hold at full size (one subtask's, and both: a worker keeps
-  every subtask it ran), against the 1 GiB cap.
+- **the in-memory backend** (``--memory-probe-keys``, default 1,000,000, afterwards in a
+  new capped session, so in new Python workers): the workers' RSS growth per key of
+  state, projected to the keys a worker would hold at full size (one subtask's, and
+  both: a worker keeps every subtask it ran), against the 1 GiB cap. (``--skip-large``
+  runs only this part, keeping the large run's results in the ``--json`` file.)
 
 Run: ``PYTHONPATH=. python -m benchmarks.bench_large_state [--keys N] [--batches N]
 [--json FILE]`` (default ``benchmarks/results/large_state.json``; ``BENCH_SCALE`` scales
@@ -51,6 +52,7 @@ end.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -101,7 +103,7 @@ PAYLOAD_CHARS = 100
 CAP = "1g"
 CAP_BYTES = 1 << 30
 GROWTH_TARGET = 1.2
-MEMORY_PROBE_KEYS = 600_000
+MEMORY_PROBE_KEYS = 1_000_000
 MEMORY_PROBE_BATCHES = 4
 PROFILE = value_state("profile", UTF8)
 #: The Python workers' ``RLIMIT_STACK``: glibc makes it every new thread's stack size, and
@@ -410,19 +412,48 @@ def memory_probe(broker: Broker, spark: Any, keys: int, memory: WorkerMemory,
             points.append((batch.state_rows, *_workers_rss_now()))
     finally:
         processor.close()
-    # RSS per key: the growth of all Python workers' RSS between the first and the last
-    # batch over the keys added meanwhile (a worker keeps the backends of the subtasks it
-    # ran; a subtask run by another worker is restored there: both count).
-    (rows0, total0, _), (rows1, total1, _) = points[0], points[-1]
+    # The workers' summed RSS growth per key of state: a subtask that moved to the other
+    # worker is restored there while the first still caches it, so keys can count twice.
+    (rows0, total0, smallest0), (rows1, total1, _) = points[0], points[-1]
     per_key = (total1 - total0) / max(1, rows1 - rows0)
-    # A worker's RSS without this state: the smallest worker at the first batch, less its
-    # share of the keys then (an estimate: workers also hold other applications' leftovers).
-    base = max(0.0, points[0][2] - per_key * rows0 / PARALLELISM)
+    # The table alone per key (in this process), and a worker without state: the smallest
+    # worker at the first batch less the table of its subtask's keys then.
+    table_per_key = table_bytes_per_key(per_batch * batches)
+    base = max(0.0, smallest0 - table_per_key * rows0 / PARALLELISM)
+    one = base + table_per_key * projected_keys / PARALLELISM
     return {"keys": per_batch * batches, "points": points, "rss_bytes_per_key": per_key,
-            "worker_base_rss": base, "projected_keys": projected_keys,
-            "projected_worker_rss_one_subtask": base + per_key * projected_keys / PARALLELISM,
-            "projected_worker_rss_both_subtasks": base + per_key * projected_keys,
-            "exceeds_cap": base + per_key * projected_keys / PARALLELISM > CAP_BYTES}
+            "table_bytes_per_key": table_per_key, "worker_base_rss": base,
+            "projected_keys": projected_keys,
+            "projected_worker_rss_one_subtask": one,
+            "projected_worker_rss_both_subtasks": base + table_per_key * projected_keys,
+            "exceeds_cap": one > CAP_BYTES}
+
+
+def table_bytes_per_key(keys: int) -> float:
+    """Memory of the in-memory table per key of this benchmark's state, measured in this
+    process (RSS growth while a ``StateTable`` takes ``keys`` such keys): the lower bound
+    of what a worker holding them needs, without Spark or the backend around it."""
+    import gc
+    import hashlib
+
+    from kafka_changelog import key_group_for_key
+    from kafka_changelog.state.descriptors import StateKind
+    from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
+    from kafka_changelog.state.table import StateTable
+
+    table = StateTable()
+    table.register(StateMeta(PROFILE.name, StateKind.VALUE, "utf8"))
+    gc.collect()
+    before = psutil.Process().memory_info().rss
+    for i in range(keys):
+        key = f"user-{i:09d}".encode()
+        value = hashlib.sha512(key).hexdigest()[:PAYLOAD_CHARS].encode()
+        table.apply(key_group_for_key(key, MAX_PARALLELISM),
+                    StateOp(PROFILE.name, OpKind.SET, key, value=value))
+    gc.collect()
+    grown: int = psutil.Process().memory_info().rss - before
+    del table
+    return grown / keys
 
 
 def _workers_rss_now() -> tuple[int, int]:
@@ -480,12 +511,15 @@ def report(results: dict[str, Any]) -> str:
                      "", "", ""])
     probe = results.get("memory_probe")
     if probe:
-        rows.append(["in-memory backend: worker RSS per key",
+        rows.append(["in-memory backend: workers' summed RSS growth per key",
                      f"{probe['rss_bytes_per_key']:.0f} B", "", "", ""])
-        rows.append([f"in-memory, projected worker RSS at {probe['projected_keys']:,} keys",
-                     f"{probe['projected_worker_rss_one_subtask'] / MiB:,.0f} MiB (one "
-                     f"subtask), {probe['projected_worker_rss_both_subtasks'] / MiB:,.0f} MiB "
-                     "(both)", "", "> 1024 MiB", verdict(probe["exceeds_cap"])])
+        rows.append(["in-memory table alone, per key (in process)",
+                     f"{probe['table_bytes_per_key']:.0f} B", "", "", ""])
+        rows.append([f"in-memory, a worker holding one subtask of {probe['projected_keys']:,} "
+                     "keys", f"{probe['projected_worker_rss_one_subtask'] / MiB:,.0f} MiB ("
+                     f"{probe['worker_base_rss'] / MiB:,.0f} MiB without state; both "
+                     f"subtasks: {probe['projected_worker_rss_both_subtasks'] / MiB:,.0f} "
+                     "MiB)", "", "> 1024 MiB", verdict(probe["exceeds_cap"])])
     return table(["", "measured", "ratio", "target", "result"], rows)
 
 
@@ -500,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="materialization interval in seconds (0: never)")
     parser.add_argument("--memory-probe-keys", type=int, default=MEMORY_PROBE_KEYS,
                         help="keys of the in-memory backend probe (0: skip it)")
+    parser.add_argument("--skip-large", action="store_true",
+                        help="run the in-memory probe only, keeping the large run of --json")
     args = parser.parse_args(argv)
     keys = args.keys or int(scaled(KEYS, minimum=10_000))
     # Local mode's Python workers inherit this process's environment: fewer malloc
@@ -510,23 +546,32 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"name": "large_state", "cap": CAP,
                                "malloc_arena_max": os.environ["MALLOC_ARENA_MAX"]}
     started = time.perf_counter()
+    if args.skip_large:  # keep the large run of an earlier run of the same file
+        results = json.loads(args.json.read_text(encoding="utf-8"))
+        results.pop("memory_probe", None)
     try:
         with kafka_broker() as broker:
-            spark = start_spark()
-            try:
-                results["large"] = large_run(broker, spark, keys, args.batches,
-                                             args.update_batches,
-                                             args.materialize_every or None, memory)
-                if args.memory_probe_keys:
-                    results["memory_probe"] = memory_probe(broker, spark,
-                                                           args.memory_probe_keys, memory,
-                                                           keys)
-            finally:
-                spark.stop()
+            if not args.skip_large:
+                spark = start_spark()
+                try:
+                    results["large"] = large_run(broker, spark, keys, args.batches,
+                                                 args.update_batches,
+                                                 args.materialize_every or None, memory)
+                finally:
+                    spark.stop()
+            if args.memory_probe_keys:
+                # A new session: new Python workers, which hold nothing yet.
+                spark = start_spark()
+                try:
+                    results["memory_probe"] = memory_probe(
+                        broker, spark, args.memory_probe_keys, memory,
+                        results["large"]["keys"])
+                finally:
+                    spark.stop()
             results["machine"] = machine_info()
     finally:
         memory.stop()
-    results["total_s"] = time.perf_counter() - started
+    results["probe_s" if args.skip_large else "total_s"] = time.perf_counter() - started
     print(f"\nlarge state ({results['total_s'] / 60:.1f} min in all)")
     print(report(results))
     write_json(args.json, results)
