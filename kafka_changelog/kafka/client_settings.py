@@ -100,6 +100,10 @@ class KafkaConnection:
             "isolation.level": "read_committed",
             # Reads are short and targeted: do not let an idle long-poll delay the next fetch.
             "fetch.wait.max.ms": 20,
+            # A reader that falls behind (decoding what it fetched) fills its prefetch
+            # queue; librdkafka then postpones the partition's next fetch by this much
+            # (default 1000 ms), which a restore waited out once per partition.
+            "fetch.queue.backoff.ms": 5,
             **defaults,
             **self.consumer_config,
         }

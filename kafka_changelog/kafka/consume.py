@@ -30,17 +30,20 @@ def end_of_partition(error: KafkaError) -> bool:
 
 def consume_range(
     consumer: Consumer, topic: str, partition: int, start: int, end: int, timeout_s: float,
-    on_error: ErrorHandler,
+    on_error: ErrorHandler, *, assigned: bool = False,
 ) -> Iterator[Message]:
     """The messages of ``topic[partition]`` at offsets ``start <= offset < end``, in order.
 
     Waits up to ``timeout_s`` for each next message (a stalled broker is an error
     naming the position). A partition-end event moves the position to the log end;
     every other error goes to ``on_error``. The consumer is unassigned afterwards.
+    ``assigned``: the caller assigned the consumer to ``topic[partition]`` at ``start``
+    already (to have it fetch while it read something else).
     """
     if end <= start:
         return
-    consumer.assign([TopicPartition(topic, partition, start)])
+    if not assigned:
+        consumer.assign([TopicPartition(topic, partition, start)])
     position = start
     deadline = time.monotonic() + timeout_s
     try:

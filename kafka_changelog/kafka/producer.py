@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..errors import BackpressureTimeoutError, ChangelogError, KafkaAccessError
-from ..state.records import OutRecord
+from ..state.records import OutRecord, RecordAppender
 from .config import KafkaChangelogConfig
 from .error_text import delivery_error, describe, is_access_error
 from .record_format import EncodedRecord
@@ -225,6 +225,16 @@ class AckedProducer:
 
         ``what`` names the records in errors ("snapshot chunks of backend b").
         """
+        session = self.session(what)
+        for record in records:
+            session.produce(record)
+        return session.finish()
+
+    def session(self, what: str, max_unacked_bytes: int | None = None) -> ProduceSession:
+        """A series of records produced as they come, acknowledged together by
+        :meth:`ProduceSession.finish`. With ``max_unacked_bytes``, producing waits while
+        more value bytes than that are unacknowledged, which bounds what the producer
+        holds for a caller that makes records faster than the broker takes them."""
         with self._lock:
             if self._producer is None:
                 raise self._error_type(f"cannot produce {what} to {self._topic}: closed")
@@ -232,51 +242,11 @@ class AckedProducer:
                 # A fatal error (e.g. an idempotence sequence error) ends a producer's life.
                 self._producer, self._fatal = self._new_producer(), None
             producer = self._producer
-        offsets: list[int | None] = [None] * len(records)
-        failures: list[tuple[int, KafkaError]] = []
-        done = threading.Semaphore(0)
+        return ProduceSession(self, producer, what, max_unacked_bytes)
 
-        def on_delivery(index: int) -> Callable[[KafkaError | None, Message], None]:
-            def delivered(error: KafkaError | None, message: Message) -> None:
-                if error is not None:
-                    failures.append((index, error))
-                else:
-                    offsets[index] = message.offset()
-                done.release()
-            return delivered
-
-        for index, record in enumerate(records):
-            headers: list[tuple[str, str | bytes | None]] = list(record.headers)
-            while True:
-                try:
-                    producer.produce(
-                        self._topic, value=record.value, key=record.key,
-                        partition=record.partition, headers=headers,
-                        on_delivery=on_delivery(index),
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.05)  # librdkafka's queue is full: let deliveries drain it
-                except KafkaException as exc:
-                    raise self._failure(record.partition, what, exc.args[0]) from exc
-            self._poll(producer, 0, records[index].partition, what)
-        waited = 0
-        deadline = time.monotonic() + self._timeout_s + float(
+    def _deadline(self) -> float:
+        return time.monotonic() + self._timeout_s + float(
             self._settings.get("delivery.timeout.ms", 300_000)) / 1000
-        while waited < len(records):
-            if done.acquire(blocking=False):
-                waited += 1
-                continue
-            if time.monotonic() > deadline:
-                raise self._error_type(
-                    f"{len(records) - waited} of {len(records)} {what} to {self._topic} were "
-                    "neither acknowledged nor failed in time: is the broker reachable?"
-                )
-            self._poll(producer, 0.05, records[0].partition, what)
-        if failures:
-            index, error = min(failures, key=lambda f: f[0])
-            raise self._failure(records[index].partition, what, error)
-        return [o for o in offsets if o is not None]
 
     def _poll(self, producer: Producer, timeout_s: float, partition: int, what: str) -> None:
         # A fatal error (e.g. no ACL for an idempotent producer id) surfaces from poll as a
@@ -300,3 +270,89 @@ class AckedProducer:
             # A producer a fatal error ended has nothing left to deliver.
             with contextlib.suppress(KafkaException):
                 producer.flush(timeout_s)
+
+
+class ProduceSession(RecordAppender):
+    """Records of one :meth:`AckedProducer.session`: produced as they come, offsets in
+    order once :meth:`finish` saw every one acknowledged."""
+
+    def __init__(self, owner: AckedProducer, producer: Producer, what: str,
+                 max_unacked_bytes: int | None) -> None:
+        self._owner = owner
+        self._producer = producer
+        self._what = what
+        self._limit = max_unacked_bytes
+        self._offsets: list[int | None] = []
+        self._partitions: list[int] = []
+        self._failures: list[tuple[int, KafkaError]] = []
+        self._done = threading.Semaphore(0)
+        self._acknowledged = 0
+        self._unacked_bytes = 0
+        self._lock = threading.Lock()
+
+    def produce(self, record: OutRecord) -> None:
+        """Produce ``record`` (waits first while too many bytes are unacknowledged)."""
+        owner = self._owner
+        if self._limit is not None:
+            deadline = owner._deadline()
+            while self._unacked_bytes > self._limit:
+                if time.monotonic() > deadline:
+                    raise self._stalled()
+                owner._poll(self._producer, 0.05, record.partition, self._what)
+                self._collect()
+        index = len(self._offsets)
+        self._offsets.append(None)
+        self._partitions.append(record.partition)
+        size = len(record.value or b"")
+        with self._lock:
+            self._unacked_bytes += size
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                self._failures.append((index, error))
+            else:
+                self._offsets[index] = message.offset()
+            with self._lock:
+                self._unacked_bytes -= size
+            self._done.release()
+
+        headers: list[tuple[str, str | bytes | None]] = list(record.headers)
+        while True:
+            try:
+                self._producer.produce(
+                    owner._topic, value=record.value, key=record.key,
+                    partition=record.partition, headers=headers, on_delivery=delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.05)  # librdkafka's queue is full: let deliveries drain
+            except KafkaException as exc:
+                raise owner._failure(record.partition, self._what, exc.args[0]) from exc
+        owner._poll(self._producer, 0, record.partition, self._what)
+
+    def _collect(self) -> None:
+        while self._done.acquire(blocking=False):
+            self._acknowledged += 1
+
+    def _stalled(self) -> ChangelogError:
+        total = len(self._offsets)
+        return self._owner._error_type(
+            f"{total - self._acknowledged} of {total} {self._what} to {self._owner._topic} "
+            "were neither acknowledged nor failed in time: is the broker reachable?")
+
+    def finish(self) -> list[int]:
+        """Wait until every record is acknowledged; their offsets, in produce order.
+        Raises (naming topic, partition and what) when one failed."""
+        owner = self._owner
+        deadline = owner._deadline()
+        total = len(self._offsets)
+        while True:
+            self._collect()
+            if self._acknowledged >= total:
+                break
+            if time.monotonic() > deadline:
+                raise self._stalled()
+            owner._poll(self._producer, 0.05, self._partitions[0], self._what)
+        if self._failures:
+            index, error = min(self._failures, key=lambda f: f[0])
+            raise owner._failure(self._partitions[index], self._what, error)
+        return [o for o in self._offsets if o is not None]

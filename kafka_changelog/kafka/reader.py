@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..change import META_KEY_GROUP, StateChange, new_unchecked
 from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
@@ -19,12 +19,18 @@ from .record_format import UnknownSchemaError, check_schema_header, decode_recor
 
 
 class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
-    """Reads the changes of Kafka handles with one reused consumer (read-only: READ ACLs)."""
+    """Reads the changes of Kafka handles with reused consumers (read-only: READ ACLs).
+
+    A handle of several ranges is read with two consumers: while one reads a range, the
+    other is already fetching the next one, so each move to another partition costs no
+    fetch round trip.
+    """
 
     def __init__(self, config: KafkaChangelogConfig, timeout_s: float | None = None) -> None:
         self._config = config
         self._timeout = timeout_s if timeout_s is not None else config.request_timeout_s
         self._consumer = Consumer(config.consumer())
+        self._spare: Consumer | None = None
         self.records_read = 0
         self.bytes_read = 0
 
@@ -38,8 +44,19 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         if not isinstance(handle, KafkaChangelogHandle):
             raise wrong_handle(self, handle)
         collected: list[tuple[int, int, int, bytes]] = []
-        for partition_range in handle.ranges:
-            self._read_range(handle, partition_range, collected)
+        ranges = [r for r in handle.ranges if r.end_offset > r.start_offset]
+        consumers = [self._consumer]
+        if len(ranges) > 1:
+            if self._spare is None:
+                self._spare = Consumer(self._config.consumer())
+            consumers.append(self._spare)
+        for index, partition_range in enumerate(ranges):
+            consumer = consumers[index % len(consumers)]
+            if index == 0:
+                _assign(consumer, handle.topic, partition_range)
+            if index + 1 < len(ranges):  # fetched while this one is read
+                _assign(consumers[(index + 1) % 2], handle.topic, ranges[index + 1])
+            self._read_range(handle, partition_range, collected, consumer)
         # Partitions arrive as sorted runs, which the sort merges cheaply; equal
         # (sequence number, position) pairs are copies from retried uploads.
         collected.sort()
@@ -54,11 +71,12 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         handle: KafkaChangelogHandle,
         r: PartitionRange,
         collected: list[tuple[int, int, int, bytes]],
+        consumer: Consumer,
     ) -> None:
         first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
         lowest, highest = handle.key_group_range.start, handle.key_group_range.end
         keep = collected.append
-        for _, changes in self.log_records(handle.topic, r, handle.log_id):
+        for _, changes in self.log_records(handle.topic, r, handle.log_id, consumer):
             for c in changes:
                 sqn, key_group = c["sequence_number"], c["key_group"]
                 if first_sqn <= sqn <= last_sqn and (
@@ -67,7 +85,7 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                     keep((sqn, c["index"], key_group, c["payload"]))
 
     def log_records(
-        self, topic: str, r: PartitionRange, log_id: str
+        self, topic: str, r: PartitionRange, log_id: str, consumer: Consumer | None = None,
     ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """(offset, decoded changes) of every record of ``log_id`` in ``r``, in offset order.
 
@@ -75,15 +93,17 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         the log end says records were lost; both are found when reading fails (the
         watermarks are only asked for then: one round trip per range less on every
         restore). Skips other logs' records, and refuses unknown schemas and undecodable
-        values naming the offset.
+        values naming the offset. ``consumer``: one already assigned at the range's start
+        (default: the reader's own, assigned here).
         """
         log_key = log_id.encode()
 
         def on_error(error: KafkaError, position: int) -> int:
             return self._after_error(topic, r, log_id, position, error)
 
-        for message in consume_range(self._consumer, topic, r.partition, r.start_offset,
-                                     r.end_offset, self._timeout, on_error):
+        for message in consume_range(consumer or self._consumer, topic, r.partition,
+                                     r.start_offset, r.end_offset, self._timeout, on_error,
+                                     assigned=consumer is not None):
             if message.key() != log_key:
                 continue
             offset = message.offset() or 0
@@ -144,5 +164,11 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         return watermarks(self._consumer, topic, partition, self._timeout)
 
     def close(self) -> None:
-        """Close the consumer."""
+        """Close the consumers."""
         self._consumer.close()
+        if self._spare is not None:
+            self._spare.close()
+
+
+def _assign(consumer: Consumer, topic: str, r: PartitionRange) -> None:
+    consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])

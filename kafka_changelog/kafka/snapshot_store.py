@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
 from ..state.errors import SnapshotWriteError
-from ..state.records import OutRecord, RecordSource, StoredRecord
+from ..state.records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from ..state.snapshot_store import (
     BROKER_DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_CHUNK_BYTES,
@@ -25,6 +25,10 @@ from .error_text import describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
+
+#: Chunk bytes a materialization written key group by key group may have produced and
+#: not yet seen acknowledged: beyond this, the next key group waits (bounded memory).
+MAX_UNACKED_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,10 @@ class KafkaSnapshotView(SnapshotStore):
     def _open_source(self, topic: str) -> RecordSource:
         return KafkaRecordSource(self.config, topic)
 
+    def _begin_append(self, what: str) -> RecordAppender:
+        raise ChangelogError(f"cannot write {what}: snapshot topic {self.topic} is open "
+                             "read-only")
+
 
 class KafkaSnapshotStore(KafkaSnapshotView):
     """Chunks in a compacted Kafka topic (created, or validated, on construction)."""
@@ -143,6 +151,11 @@ class KafkaSnapshotStore(KafkaSnapshotView):
             raise ChangelogError(f"snapshot store of topic {self.topic} is closed")
         return self._producer.produce_all(records, what)
 
+    def _begin_append(self, what: str) -> RecordAppender:
+        if self._closed:
+            raise ChangelogError(f"snapshot store of topic {self.topic} is closed")
+        return self._producer.session(what, MAX_UNACKED_CHUNK_BYTES)
+
     def close(self) -> None:
         """Wait for anything queued, then release the producer (idempotent)."""
         if not self._closed:
@@ -159,21 +172,65 @@ def header_list(message: Message) -> list[tuple[str, bytes]]:
 
 
 class KafkaRecordSource(RecordSource):
-    """Reads records by offset with one consumer, seeking only when not already there."""
+    """Reads records by offset with one consumer, seeking only when not already there.
+
+    :meth:`fetch_all` reads a known plan with two consumers: while one reads a run of
+    offsets (a partition from one offset on), the other is already fetching the next run,
+    so moving to another partition costs no fetch round trip.
+    """
 
     def __init__(self, config: SnapshotStoreConfig, topic: str) -> None:
+        self._config = config
         self._topic = topic
         self._timeout = config.request_timeout_s
         self._consumer = Consumer(config.consumer())
+        self._spare: Consumer | None = None
         self._next: tuple[int, int] | None = None
 
     def fetch(self, partition: int, offset: int) -> StoredRecord | str:
         if self._next != (partition, offset):
             self._consumer.assign([TopicPartition(self._topic, partition, offset)])
         self._next = None
+        found = self._read(self._consumer, partition, offset)
+        if not isinstance(found, str):
+            self._next = (partition, offset + 1)
+        return found
+
+    def fetch_all(self, locations: Sequence[tuple[int, int]]
+                  ) -> Iterator[StoredRecord | str]:
+        runs = _runs(locations)
+        if len(runs) < 2:
+            yield from super().fetch_all(locations)
+            return
+        if self._spare is None:
+            self._spare = Consumer(self._config.consumer())
+        consumers = (self._consumer, self._spare)
+        self._next = None
+        try:
+            for index, (partition, offsets) in enumerate(runs):
+                consumer = consumers[index % 2]
+                if index == 0:
+                    consumer.assign([TopicPartition(self._topic, partition, offsets[0])])
+                if index + 1 < len(runs):  # the next run is fetched meanwhile
+                    following, start = runs[index + 1][0], runs[index + 1][1][0]
+                    consumers[(index + 1) % 2].assign(
+                        [TopicPartition(self._topic, following, start)])
+                for position, offset in enumerate(offsets):
+                    found = self._read(consumer, partition, offset)
+                    if isinstance(found, str) and position + 1 < len(offsets):
+                        # Read past it: the run goes on from its next offset.
+                        consumer.assign([TopicPartition(self._topic, partition,
+                                                        offsets[position + 1])])
+                    yield found
+        finally:
+            for consumer in consumers:
+                consumer.unassign()
+
+    def _read(self, consumer: Consumer, partition: int, offset: int) -> StoredRecord | str:
+        """The record at ``offset`` from ``consumer``, assigned at or before it."""
         deadline = time.monotonic() + self._timeout
         while True:
-            messages = self._consumer.consume(1, timeout=0.2)
+            messages = consumer.consume(1, timeout=0.2)
             if not messages:
                 if time.monotonic() > deadline:
                     raise ChangelogError(
@@ -186,23 +243,23 @@ class KafkaRecordSource(RecordSource):
                 continue  # left over from an earlier assignment
             error = message.error()
             if error is not None:
-                found = self._after_error(partition, offset, message, error)
+                found = self._after_error(consumer, partition, offset, message, error)
                 if found is None:
                     continue
                 return found
             at = message.offset() or 0
             if at < offset:
-                continue  # prefetched before the seek
+                continue  # before the offset (prefetched before the seek, or skipped)
             if at > offset:
                 shown = (message.key() or b"").decode(errors="replace")
                 kind = "a tombstone" if message.value() is None else "a record"
                 return (f"no record at offset {offset}: it was removed by compaction (the "
                         f"next record, at offset {at}, is {kind} with key {shown!r})")
-            self._next = (partition, offset + 1)
             return StoredRecord(message.key(), message.value(), header_list(message))
 
     def _after_error(
-        self, partition: int, offset: int, message: Message, error: KafkaError
+        self, consumer: Consumer, partition: int, offset: int, message: Message,
+        error: KafkaError
     ) -> str | None:
         code = error.code()
         if code == KafkaError._PARTITION_EOF:
@@ -214,7 +271,7 @@ class KafkaRecordSource(RecordSource):
         if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
             return None  # readers never use the group; no group ACL is needed
         if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-            low, high = watermarks(self._consumer, self._topic, partition, self._timeout)
+            low, high = watermarks(consumer, self._topic, partition, self._timeout)
             return (f"no record at offset {offset}: the log holds offsets {low} to {high - 1} "
                     "(deleted records or a recreated topic)")
         if is_access_error(error):
@@ -226,3 +283,22 @@ class KafkaRecordSource(RecordSource):
 
     def close(self) -> None:
         self._consumer.close()
+        if self._spare is not None:
+            self._spare.close()
+
+
+#: Offsets further apart than this in one partition start a new run (seeking beats
+#: reading past the records in between).
+RUN_GAP = 16
+
+
+def _runs(locations: Sequence[tuple[int, int]]) -> list[tuple[int, list[int]]]:
+    """The locations as runs: consecutive ones of one partition at rising offsets, at
+    most ``RUN_GAP`` apart."""
+    runs: list[tuple[int, list[int]]] = []
+    for partition, offset in locations:
+        if runs and runs[-1][0] == partition and 0 < offset - runs[-1][1][-1] <= RUN_GAP:
+            runs[-1][1].append(offset)
+        else:
+            runs.append((partition, [offset]))
+    return runs

@@ -4,12 +4,15 @@ Materialization serializes every changed key group and a restore decodes every c
 so both are on the paths whose cost grows with the state. This codec writes the same
 bytes as fastavro with the schema file (tested) and reads any valid encoding, without
 building a dict per entry: :func:`iter_key_group` yields each entry's fields as they
-are read, so a RocksDB table writes them straight into a write batch.
+are read, and :func:`load_key_group` (what the tables' ``load_group`` use) hands them
+straight to a table's writes, in one loop per state with the usual entry shape of its
+kind read inline (no generator, no call per field).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from ..avro_binary import (
     SMALL_LIMIT,
@@ -53,36 +56,78 @@ def encode_key_group(states: Iterable[tuple[StateMeta, Iterable[tuple[bytes, Ent
     """The key group's snapshot: ``states`` in the order given (by name), each with its
     entries in the order given (by key; a map's items by map key). States without
     entries are left out, as fastavro would write them from the table's records."""
+    return assemble_key_group((meta, *encode_entries(entries)) for meta, entries in states)
+
+
+def encode_entries(entries: Iterable[tuple[bytes, Entry]]) -> tuple[list[bytes], int]:
+    """The encoded entries of one state (parts to join) and how many there are."""
+    body: list[bytes] = []
+    done: list[bytes] = []  # joined every JOIN_ENTRIES entries: few objects alive
+    count = 0
+    for key, entry in entries:
+        count += 1
+        if not count % JOIN_ENTRIES:
+            done.append(b"".join(body))
+            body = []
+        body += (_long(len(key)), key)
+        if isinstance(entry, bytes):
+            body += (b"\x02", _long(len(entry)), entry, b"\x00\x00")
+        elif isinstance(entry, list):
+            body.append(b"\x00\x02")
+            if entry:
+                body.append(_long(len(entry)))
+                for item in entry:
+                    body += (_long(len(item)), item)
+            body.append(b"\x00\x00")  # the array's end, then no map
+        else:
+            body.append(b"\x00\x00\x02")
+            if entry:
+                body.append(_long(len(entry)))
+                for map_key, value in entry.items():
+                    body += (_long(len(map_key)), map_key, _long(len(value)), value)
+            body.append(b"\x00")
+    return [*done, *body], count
+
+
+#: Entries whose encoded parts are joined into one bytes object as the encoding goes, so
+#: that a large key group keeps few objects (and not every key and value) alive.
+JOIN_ENTRIES = 4096
+
+
+def encode_value_entries(items: Iterable[tuple[bytes, bytes]], cut: int
+                         ) -> tuple[list[bytes], int]:
+    """Like :func:`encode_entries` for entries that are values, given as stored (key,
+    value) pairs whose state key is ``stored_key[cut:]`` (one loop, nothing per entry but
+    the parts)."""
+    body: list[bytes] = []
+    done: list[bytes] = []
+    small, limit = SMALL_VARINTS, SMALL_LIMIT
+    count = 0
+    for stored, value in items:
+        if count and not count % JOIN_ENTRIES:
+            done.append(b"".join(body))
+            body = []
+        size = len(stored) - cut
+        length = len(value)
+        body += (small[size + 1] if size < limit else zigzag_varint(size), stored[cut:],
+                 b"\x02", small[length + 1] if length < limit else zigzag_varint(length),
+                 value, b"\x00\x00")
+        count += 1
+    return [*done, *body], count
+
+
+def assemble_key_group(tables: Iterable[tuple[StateMeta, list[bytes], int]]) -> bytes:
+    """The key group's snapshot from each state's encoded entries (see
+    :func:`encode_entries`), in the order given; states without entries are left out."""
     parts: list[bytes] = []
-    tables = 0
-    for meta, entries in states:
-        body: list[bytes] = []
-        count = 0
-        for key, entry in entries:
-            count += 1
-            body += (_long(len(key)), key)
-            if isinstance(entry, bytes):
-                body += (b"\x02", _long(len(entry)), entry, b"\x00\x00")
-            elif isinstance(entry, list):
-                body.append(b"\x00\x02")
-                if entry:
-                    body.append(_long(len(entry)))
-                    for item in entry:
-                        body += (_long(len(item)), item)
-                body.append(b"\x00\x00")  # the array's end, then no map
-            else:
-                body.append(b"\x00\x00\x02")
-                if entry:
-                    body.append(_long(len(entry)))
-                    for map_key, value in entry.items():
-                        body += (_long(len(map_key)), map_key, _long(len(value)), value)
-                body.append(b"\x00")
+    written = 0
+    for meta, body, count in tables:
         if count:
-            tables += 1
+            written += 1
             parts += (_meta(meta), _long(count), *body, b"\x00")
-    if not tables:
+    if not written:
         return b"\x00"
-    return b"".join((_long(tables), *parts, b"\x00"))
+    return b"".join((_long(written), *parts, b"\x00"))
 
 
 def iter_key_group(data: bytes) -> Iterator[DecodedEntry]:
@@ -131,49 +176,216 @@ def _decode(p: bytes) -> Iterator[DecodedEntry]:
     tables, pos = _block(p, 0, "KeyGroupState.states")
     while tables:
         for _ in range(tables):
-            state, pos = read_string(p, pos, "StateMeta.state")
-            kind, pos = read_long(p, pos, "StateMeta.kind")
-            if not 0 <= kind < len(KINDS):
-                raise AvroDecodeError(f"malformed StateMeta.kind: enum index {kind}")
-            value_serializer, pos = read_string(p, pos, "StateMeta.value_serializer")
-            present, pos = _union(p, pos, "StateMeta.map_key_serializer")
-            map_key_serializer = None
-            if present:
-                map_key_serializer, pos = read_string(p, pos, "StateMeta.map_key_serializer")
-            meta = StateMeta(state, KINDS[kind], value_serializer, map_key_serializer)
+            meta, pos = _read_meta(p, pos)
             yield meta, None, None, None, None
             entries, pos = _block(p, pos, "StateTable.entries")
             while entries:
                 for _ in range(entries):
                     key, pos = _bytes(p, pos, "StateEntry.key")
-                    value: bytes | None = None
-                    values: list[bytes] | None = None
-                    items: list[tuple[bytes, bytes]] | None = None
-                    present, pos = _union(p, pos, "StateEntry.value")
-                    if present:
-                        value, pos = _bytes(p, pos, "StateEntry.value")
-                    present, pos = _union(p, pos, "StateEntry.values")
-                    if present:
-                        values = []
-                        count, pos = _block(p, pos, "StateEntry.values")
-                        while count:
-                            for _ in range(count):
-                                item, pos = _bytes(p, pos, "StateEntry.values")
-                                values.append(item)
-                            count, pos = _block(p, pos, "StateEntry.values")
-                    present, pos = _union(p, pos, "StateEntry.map")
-                    if present:
-                        items = []
-                        count, pos = _block(p, pos, "StateEntry.map")
-                        while count:
-                            for _ in range(count):
-                                map_key, pos = _bytes(p, pos, "MapEntry.key")
-                                item, pos = _bytes(p, pos, "MapEntry.value")
-                                items.append((map_key, item))
-                            count, pos = _block(p, pos, "StateEntry.map")
+                    value, values, items, pos = _rest(p, pos)
                     yield meta, key, value, values, items
                 entries, pos = _block(p, pos, "StateTable.entries")
         tables, pos = _block(p, pos, "KeyGroupState.states")
+    _check_end(p, pos)
+
+
+#: The entry shapes :class:`StateLoad` fast-paths.
+SHAPE_VALUE, SHAPE_LIST, SHAPE_MAP = 0, 1, 2
+
+#: ``other(key, value, values, items)``: an entry of another shape than its state's
+#: (or without data); returns how many entries it stored (0 or 1), or raises.
+OtherEntry = Callable[[bytes, "bytes | None", "list[bytes] | None",
+                       "list[tuple[bytes, bytes]] | None"], int]
+
+
+class StateLoad:
+    """How a table takes one state's entries from :func:`load_key_group`.
+
+    ``shape`` is the entry shape of the state's kind (:data:`SHAPE_VALUE` for value,
+    reducing and aggregating states). An entry of that shape is stored with one call:
+
+    - value: ``put(prefix + key, value)``;
+    - list: ``put(prefix + key, list_value(items))``;
+    - map: with ``map_start``, ``put(map_start(key) + map_key, value)`` per item (an
+      empty map stores nothing); without, ``put(prefix + key, dict(items))``.
+
+    Anything else goes to ``other``. ``put`` is best a builtin (a write batch's ``put``,
+    a dict's ``__setitem__``): it runs once per entry.
+    """
+
+    __slots__ = ("list_value", "map_start", "other", "prefix", "put", "shape")
+
+    def __init__(self, shape: int, prefix: bytes, put: Callable[[bytes, Any], Any],
+                 other: OtherEntry,
+                 list_value: Callable[[list[bytes]], Any] | None = None,
+                 map_start: Callable[[bytes], bytes] | None = None) -> None:
+        self.shape = shape
+        self.prefix = prefix
+        self.put = put
+        self.other = other
+        self.list_value = list_value
+        self.map_start = map_start
+
+
+def shape_of(kind: StateKind) -> int:
+    """The entry shape of a state kind."""
+    return (SHAPE_MAP if kind is StateKind.MAP else SHAPE_LIST if kind is StateKind.LIST
+            else SHAPE_VALUE)
+
+
+#: Entries between two calls of ``load_key_group``'s ``tick``.
+TICK_ENTRIES = 8192
+
+
+def load_key_group(data: bytes, state: Callable[[StateMeta], StateLoad],
+                   tick: Callable[[], None] | None = None) -> int:
+    """Decode a key group's snapshot into a table: ``state(meta)`` is called at each
+    state's registration (before its entries) and says how its entries are stored (see
+    :class:`StateLoad`); ``tick()``, when given, about every :data:`TICK_ENTRIES`
+    entries (e.g. to write a batch). Returns the entries stored.
+
+    Raises :class:`~kafka_changelog.avro_binary.AvroDecodeError` (a ``ValueError``) as
+    :func:`iter_key_group` does; entries before the error may have been stored."""
+    try:
+        return _load(data, state, tick)
+    except IndexError:
+        raise AvroDecodeError(
+            f"truncated key group snapshot ({len(data)} bytes)") from None
+
+
+def _load(p: bytes, state: Callable[[StateMeta], StateLoad],
+          tick: Callable[[], None] | None) -> int:
+    stored = 0
+    since_tick = 0
+    tables, pos = _block(p, 0, "KeyGroupState.states")
+    while tables:
+        for _ in range(tables):
+            meta, pos = _read_meta(p, pos)
+            load = state(meta)
+            entries, pos = _block(p, pos, "StateTable.entries")
+            load_entries = _load_values if load.shape == SHAPE_VALUE else _load_other_shapes
+            while entries:
+                while entries:  # a block in pieces, so that ``tick`` runs within it
+                    piece = min(entries, TICK_ENTRIES - since_tick)
+                    pos, count = load_entries(p, pos, piece, load)
+                    stored += count
+                    entries -= piece
+                    since_tick += piece
+                    if since_tick >= TICK_ENTRIES:
+                        if tick is not None:
+                            tick()
+                        since_tick = 0
+                entries, pos = _block(p, pos, "StateTable.entries")
+        tables, pos = _block(p, pos, "KeyGroupState.states")
+    _check_end(p, pos)
+    return stored
+
+
+def _read_meta(p: bytes, pos: int) -> tuple[StateMeta, int]:
+    state, pos = read_string(p, pos, "StateMeta.state")
+    kind, pos = read_long(p, pos, "StateMeta.kind")
+    if not 0 <= kind < len(KINDS):
+        raise AvroDecodeError(f"malformed StateMeta.kind: enum index {kind}")
+    value_serializer, pos = read_string(p, pos, "StateMeta.value_serializer")
+    present, pos = _union(p, pos, "StateMeta.map_key_serializer")
+    map_key_serializer = None
+    if present:
+        map_key_serializer, pos = read_string(p, pos, "StateMeta.map_key_serializer")
+    return StateMeta(state, KINDS[kind], value_serializer, map_key_serializer), pos
+
+
+def _load_values(p: bytes, pos: int, count: int, load: StateLoad) -> tuple[int, int]:
+    """``count`` entries of a value-shaped state: ``key, 02 value, 00, 00`` read inline
+    (lengths below 8192: one or two varint bytes), anything else through ``_rest``."""
+    put, prefix = load.put, load.prefix
+    stored = 0
+    for _ in range(count):
+        b = p[pos]
+        if b & 0x81:
+            key, pos = read_bytes(p, pos, "StateEntry.key")
+        else:
+            start = pos + 1
+            pos = start + (b >> 1)
+            key = p[start:pos]
+        if p[pos] == 2:
+            b = p[pos + 1]
+            if not b & 0x81:
+                start = pos + 2
+                end = start + (b >> 1)
+            elif b & 0x80 and not b & 1 and p[pos + 2] < 0x80:
+                start = pos + 3
+                end = start + (((b & 0x7F) | (p[pos + 2] << 7)) >> 1)
+            else:
+                start = -1
+                value, end = read_bytes(p, pos + 1, "StateEntry.value")
+            if p[end] == 0 and p[end + 1] == 0:  # no values, no map: the usual shape
+                put(prefix + key, p[start:end] if start >= 0 else value)
+                pos = end + 2
+                stored += 1
+                continue
+        found, values, items, pos = _rest(p, pos)
+        stored += load.other(key, found, values, items)
+    return pos, stored
+
+
+def _load_other_shapes(p: bytes, pos: int, count: int, load: StateLoad) -> tuple[int, int]:
+    """``count`` entries of a list- or map-shaped state."""
+    put, prefix, shape = load.put, load.prefix, load.shape
+    list_value, map_start = load.list_value, load.map_start
+    stored = 0
+    for _ in range(count):
+        key, pos = _bytes(p, pos, "StateEntry.key")
+        value, values, items, pos = _rest(p, pos)
+        if value is None and shape == SHAPE_LIST and values is not None and items is None:
+            assert list_value is not None
+            put(prefix + key, list_value(values))
+            stored += 1
+        elif value is None and shape == SHAPE_MAP and items is not None and values is None:
+            if map_start is None:
+                put(prefix + key, dict(items))
+                stored += 1
+            elif items:
+                start = map_start(key)
+                for map_key, item in items:
+                    put(start + map_key, item)
+                stored += 1
+        else:
+            stored += load.other(key, value, values, items)
+    return pos, stored
+
+
+def _rest(p: bytes, pos: int) -> tuple[bytes | None, list[bytes] | None,
+                                       list[tuple[bytes, bytes]] | None, int]:
+    """An entry's value, values and map (each None when absent), from after its key."""
+    value: bytes | None = None
+    values: list[bytes] | None = None
+    items: list[tuple[bytes, bytes]] | None = None
+    present, pos = _union(p, pos, "StateEntry.value")
+    if present:
+        value, pos = _bytes(p, pos, "StateEntry.value")
+    present, pos = _union(p, pos, "StateEntry.values")
+    if present:
+        values = []
+        count, pos = _block(p, pos, "StateEntry.values")
+        while count:
+            for _ in range(count):
+                item, pos = _bytes(p, pos, "StateEntry.values")
+                values.append(item)
+            count, pos = _block(p, pos, "StateEntry.values")
+    present, pos = _union(p, pos, "StateEntry.map")
+    if present:
+        items = []
+        count, pos = _block(p, pos, "StateEntry.map")
+        while count:
+            for _ in range(count):
+                map_key, pos = _bytes(p, pos, "MapEntry.key")
+                item, pos = _bytes(p, pos, "MapEntry.value")
+                items.append((map_key, item))
+            count, pos = _block(p, pos, "StateEntry.map")
+    return value, values, items, pos
+
+
+def _check_end(p: bytes, pos: int) -> None:
     if pos > len(p):
         raise AvroDecodeError(
             f"truncated key group snapshot: {pos - len(p)} bytes missing at its end")
@@ -183,4 +395,6 @@ def _decode(p: bytes) -> Iterator[DecodedEntry]:
             f"{pos} of {len(p)})")
 
 
-__all__ = ["KINDS", "DecodedEntry", "encode_key_group", "iter_key_group"]
+__all__ = ["KINDS", "SHAPE_LIST", "SHAPE_MAP", "SHAPE_VALUE", "TICK_ENTRIES", "DecodedEntry",
+           "StateLoad", "assemble_key_group", "encode_entries", "encode_key_group",
+           "encode_value_entries", "iter_key_group", "load_key_group", "shape_of"]

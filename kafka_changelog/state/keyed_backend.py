@@ -44,6 +44,15 @@ from .table_protocol import KeyedStateTable
 
 logger = logging.getLogger(__name__)
 
+
+def _raising(error: Exception) -> Callable[[], SnapshotHandle]:
+    """A materialization's write that fails with ``error`` (in the background, where a
+    failed write is counted and retried)."""
+    def fail() -> SnapshotHandle:
+        raise error
+    return fail
+
+
 _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.VALUE: ValueState,
     StateKind.LIST: ListState,
@@ -316,9 +325,7 @@ class ChangelogKeyedStateBackend:
         self._log_all_metas()
         materialization_id = max(self.materialization_id + 1, time.time_ns() // 1000)
         changed = set(self._changed)
-        # Serialised now (consistent with ``upto``); written while the operator goes on.
-        states = {kg: self.table.serialize_group(kg) for kg in changed
-                  if self.table.has_entries(kg)}
+        written = [kg for kg in sorted(changed) if self.table.has_entries(kg)]
         previous = self.snapshot_handle
         reused = {
             kg: previous.chunks_of(kg) for kg in self.key_group_range
@@ -328,28 +335,43 @@ class ChangelogKeyedStateBackend:
             # The files it will write, held until it is applied or has failed.
             self._local.retain(self._local_owner, MATERIALIZING, {
                 self._local.snapshot_file(self.backend_id, kg, materialization_id)
-                for kg in states}, replace=True)
-        future = self._materialization.start(
-            materialization_id, upto, changed, journal_cut,
-            lambda: self._write_snapshot(materialization_id, states, reused, upto.value))
+                for kg in written}, replace=True)
+        finish = self._write_key_groups(materialization_id, written, reused, upto.value)
+        future = self._materialization.start(materialization_id, upto, changed, journal_cut,
+                                             finish)
         self._changed = set()
         return future
 
-    def _write_snapshot(
-        self, materialization_id: int, states: dict[int, bytes],
+    def _write_key_groups(
+        self, materialization_id: int, key_groups: list[int],
         reused: dict[int, tuple[ChunkRef, ...]], upto: int,
-    ) -> SnapshotHandle:
-        handle = self._store.write(self.backend_id, materialization_id, self.key_group_range,
-                                   states, reused, upto)
-        if self._local is not None:
+    ) -> Callable[[], SnapshotHandle]:
+        """Serialize the key groups now (consistent with ``upto``), one at a time, each
+        handed to the snapshot store as it is done, so that only one key group's bytes are
+        in memory (a store in Kafka produces them at once, and holds a bounded amount
+        unacknowledged). Returns what waits for them, in the background: the handle, or
+        the store's error (a failed materialization)."""
+        try:
+            writer = self._store.begin_write(self.backend_id, materialization_id,
+                                             self.key_group_range, upto)
+        except Exception as exc:
+            return _raising(exc)
+        local = self._local
+        for key_group in key_groups:
+            data = self.table.serialize_group(key_group)
             try:
-                for key_group, data in states.items():
-                    self._local.put_key_group(self.backend_id, key_group, materialization_id,
-                                              data, self._local_owner)
-            except OSError as exc:  # the snapshot is durable; a local copy is optional
-                logger.warning("no task-local copy of materialization %d of backend %s: %s",
-                               materialization_id, self.backend_id, exc)
-        return handle
+                writer.add(key_group, data)
+            except Exception as exc:
+                return _raising(exc)
+            if local is not None:
+                try:
+                    local.put_key_group(self.backend_id, key_group, materialization_id, data,
+                                        self._local_owner)
+                except OSError as exc:  # the snapshot is durable; a local copy is optional
+                    logger.warning("no task-local copy of materialization %d of backend %s: "
+                                   "%s", materialization_id, self.backend_id, exc)
+                    local = None
+        return lambda: writer.finish(reused)
 
     def materialize_now(self, timeout: float = 120.0) -> SnapshotHandle | None:
         """Materialize and wait until the result is applied (tests, shutdown, restore)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 
@@ -30,6 +31,25 @@ class RecordSource(ABC):
     def fetch(self, partition: int, offset: int) -> StoredRecord | str:
         """The record at ``offset``, or a description of what is there instead."""
 
+    def fetch_all(self, locations: Sequence[tuple[int, int]]
+                  ) -> Iterator[StoredRecord | str]:
+        """What :meth:`fetch` gives for each (partition, offset), in order. A source may
+        read ahead (the whole plan is known)."""
+        for partition, offset in locations:
+            yield self.fetch(partition, offset)
+
     @abstractmethod
     def close(self) -> None:
         """Release what the source holds."""
+
+
+class RecordAppender(ABC):
+    """Records appended one by one, durable together at :meth:`finish`."""
+
+    @abstractmethod
+    def produce(self, record: OutRecord) -> None:
+        """Append ``record`` (it may be sent at once)."""
+
+    @abstractmethod
+    def finish(self) -> list[int]:
+        """Wait until every record is durable; their offsets, in order."""

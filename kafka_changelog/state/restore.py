@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..change import StateChange
 from ..keygroups import KeyGroupRange
 from ..reader import StateChangelogReader
 from ..storage import StateChangelogStorage
@@ -116,10 +117,33 @@ def load_keyed_state(
     changed: set[int] = set()
     for changelog in handle.changelog:
         changes = local.get_changes(changelog) if local is not None else None
-        for change in changes if changes is not None else reader.read(changelog):
-            if change.is_meta:
-                table.register(StateMeta.from_bytes(change.payload))
-            elif key_group_range.contains(change.key_group):
-                table.apply(change.key_group, StateOp.from_bytes(change.payload))
-                changed.add(change.key_group)
+        replay_changes(table, changes if changes is not None else reader.read(changelog),
+                       key_group_range, changed)
     return changed
+
+
+#: Ops a replay hands the table at once (:meth:`KeyedStateTable.apply_batch`).
+REPLAY_BATCH = 4096
+
+
+def replay_changes(table: KeyedStateTable, changes: Iterable[StateChange],
+                   key_group_range: KeyGroupRange, changed: set[int]) -> None:
+    """Apply ``changes`` (in log order) to ``table``: registrations at once, the ops of
+    ``key_group_range`` in batches; adds the key groups changed to ``changed``."""
+    ops: list[tuple[int, StateOp]] = []
+    contains = key_group_range.contains
+    decode = StateOp.from_bytes
+    for change in changes:
+        if change.is_meta:
+            if ops:
+                table.apply_batch(ops)
+                ops = []
+            table.register(StateMeta.from_bytes(change.payload))
+        elif contains(change.key_group):
+            ops.append((change.key_group, decode(change.payload)))
+            changed.add(change.key_group)
+            if len(ops) >= REPLAY_BATCH:
+                table.apply_batch(ops)
+                ops = []
+    if ops:
+        table.apply_batch(ops)

@@ -38,13 +38,22 @@ from __future__ import annotations
 import shutil
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .descriptors import StateKind
 from .errors import StateBackendUnavailableError, StateMismatchError
-from .key_group_codec import encode_key_group, iter_key_group
+from .key_group_codec import (
+    SHAPE_LIST,
+    SHAPE_MAP,
+    SHAPE_VALUE,
+    StateLoad,
+    assemble_key_group,
+    encode_entries,
+    encode_value_entries,
+    load_key_group,
+)
 from .ops import (
     DELETE,
     LIST_ADD,
@@ -107,6 +116,14 @@ def _options(rocks: Any) -> tuple[Any, Any]:
         return _shared["options"], _shared["write"]
 
 
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key after every key starting with ``prefix`` (None: there is none)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
 def _key_group_prefix(key_group: int) -> bytes:
     return key_group.to_bytes(2, "big")
 
@@ -163,6 +180,7 @@ class RocksDBStateTable:
         self.path.mkdir(parents=True, exist_ok=True)
         options, self._write_options = _options(rocks)
         self._batch_type = rocks.WriteBatch
+        self._read_options_type = rocks.ReadOptions
         self._db = rocks.Rdict(str(self.path), options)
         self._states: dict[str, _State] = {}
         self._metas: dict[str, StateMeta] = {}
@@ -270,6 +288,77 @@ class RocksDBStateTable:
         else:
             raise self._wrong_kind(key_group, op)
         self._seen = (key, True)
+
+    def apply_batch(self, ops: Sequence[tuple[int, StateOp]]) -> None:
+        """Apply (key group, op) pairs in order, as :meth:`apply` would: the stored values of
+        every key a value or list op touches are read with one multi-get (sorted: RocksDB
+        reads neighbouring keys together), the writes go into one write batch, map ops
+        run one by one (after the writes before them)."""
+        db = self._live()
+        planned: list[tuple[int, StateOp, bytes | None, int]] = []
+        failure: BaseException | None = None
+        for key_group, op in ops:
+            try:
+                found = self._prefixes.get((key_group, op.state))
+                prefix, kind = found if found is not None else self._prefix(key_group,
+                                                                           op.state)
+            except StateMismatchError as exc:
+                failure = exc  # the ops before it still apply
+                break
+            planned.append((key_group, op, None if kind == _KIND_MAP else prefix + op.key,
+                            kind))
+        keys = sorted({key for _, _, key, _ in planned if key is not None})
+        current: dict[bytes, bytes | None] = dict(zip(keys, db.get(keys), strict=True)
+                                                  ) if keys else {}
+        batch = self._batch_type(raw_mode=True)
+        write = self._write_options
+        self._seen = (b"", False)
+        try:
+            for key_group, op, key, kind in planned:
+                if key is None:
+                    if len(batch):
+                        db.write(batch, write)
+                        batch = self._batch_type(raw_mode=True)
+                    self.apply(key_group, op)
+                    continue
+                stored = current[key]
+                op_kind = op.op
+                if op_kind is DELETE:
+                    if stored is not None:
+                        batch.delete(key)
+                        self._count -= 1
+                        current[key] = None
+                elif kind == _KIND_VALUE and op_kind is SET:
+                    assert op.value is not None
+                    self._count += stored is None
+                    batch.put(key, op.value)
+                    current[key] = op.value
+                elif kind == _KIND_LIST and op_kind is LIST_ADD:
+                    assert op.values is not None
+                    added = _encode_items(op.values)
+                    if stored is None:
+                        self._count += 1
+                        current[key] = added
+                    else:
+                        current[key] = stored + added
+                    batch.put(key, current[key])
+                elif kind == _KIND_LIST and op_kind is LIST_REPLACE:
+                    assert op.values is not None
+                    if op.values:
+                        self._count += stored is None
+                        current[key] = _encode_items(op.values)
+                        batch.put(key, current[key])
+                    elif stored is not None:
+                        self._count -= 1
+                        current[key] = None
+                        batch.delete(key)
+                else:
+                    raise self._wrong_kind(key_group, op)
+        finally:
+            if len(batch):
+                db.write(batch, write)
+        if failure is not None:
+            raise failure
 
     def _apply_map(self, db: Any, prefix: bytes, op: StateOp) -> None:
         start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
@@ -403,15 +492,23 @@ class RocksDBStateTable:
 
     def serialize_group(self, key_group: int) -> bytes:
         """The key group's state (``schemas/key_group_state.avsc``): the same bytes as the
-        in-memory table's for the same state, encoded as the store is iterated."""
-        return encode_key_group(
-            (self._metas[name], ((key, entry) for _, key, entry
-                                 in self._state_entries(key_group, name)))
-            for name in sorted(self._states))
+        in-memory table's for the same state, encoded as the store is iterated (a value
+        state's entries straight from the iterator)."""
+        tables = []
+        for name in sorted(self._states):
+            prefix, kind = self._prefix(key_group, name)
+            if kind == _KIND_VALUE:
+                body, count = encode_value_entries(self._scan(prefix), len(prefix))
+            else:
+                body, count = encode_entries(
+                    (key, entry) for _, key, entry in self._state_entries(key_group, name))
+            tables.append((self._metas[name], body, count))
+        return assemble_key_group(tables)
 
     def load_group(self, key_group: int, data: bytes) -> None:
         """Replace the key group's state with a serialized one: entries go from the decoded
-        bytes straight into write batches, no table object per key."""
+        bytes straight into a write batch (written every ``_LOAD_BATCH`` entries), no
+        table object per key."""
         db = self._live()
         group = _key_group_prefix(key_group)
         batch = self._batch_type(raw_mode=True)
@@ -419,36 +516,60 @@ class RocksDBStateTable:
             self._count -= sum(1 for _ in self.entries(key_group))
             batch.delete_range(group, _key_group_prefix(key_group + 1))
         self._seen = (b"", False)
-        put = batch.put
-        prefix, kind = b"", _KIND_VALUE
-        for meta, key, value, values, items in iter_key_group(data):
-            if key is None:  # a state's registration: its entries follow
-                self.register(meta)
-                prefix, kind = self._prefix(key_group, meta.state)
-                continue
-            if kind == _KIND_VALUE and value is not None:
-                put(prefix + key, value)
-            elif kind == _KIND_LIST and values is not None:
-                put(prefix + key, _encode_items(values))
-            elif kind == _KIND_MAP and items is not None:
-                if not items:
-                    continue  # an empty map is no entry
-                start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
-                for map_key, item in items:
-                    put(start + map_key, item)
-            elif value is None and values is None and items is None:
-                continue
+        write = self._write_options
+        # The state being loaded: ``tick`` points its ``put`` at the next batch.
+        loading: list[StateLoad] = []
+
+        def state(meta: StateMeta) -> StateLoad:
+            self.register(meta)
+            prefix, kind = self._prefix(key_group, meta.state)
+
+            def start_of(key: bytes) -> bytes:
+                return prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+
+            def other(key: bytes, value: bytes | None, values: list[bytes] | None,
+                      items: list[tuple[bytes, bytes]] | None) -> int:
+                # An entry of an unusual shape: the entry of the state's kind if present.
+                put = load.put
+                if kind == _KIND_VALUE and value is not None:
+                    put(prefix + key, value)
+                elif kind == _KIND_LIST and values is not None:
+                    put(prefix + key, _encode_items(values))
+                elif kind == _KIND_MAP and items is not None:
+                    if not items:
+                        return 0  # an empty map is no entry
+                    start = start_of(key)
+                    for map_key, item in items:
+                        put(start + map_key, item)
+                elif value is None and values is None and items is None:
+                    return 0  # an entry without data
+                else:
+                    raise StateMismatchError(
+                        f"snapshot of key group {key_group} holds an entry of another kind "
+                        f"for {meta.kind.value} state {meta.state!r}")
+                return 1
+
+            if kind == _KIND_MAP:
+                load = StateLoad(SHAPE_MAP, prefix, batch.put, other, map_start=start_of)
+            elif kind == _KIND_LIST:
+                load = StateLoad(SHAPE_LIST, prefix, batch.put, other,
+                                 list_value=_encode_items)
             else:
-                raise StateMismatchError(
-                    f"snapshot of key group {key_group} holds an entry of another kind "
-                    f"for {meta.kind.value} state {meta.state!r}")
-            self._count += 1
+                load = StateLoad(SHAPE_VALUE, prefix, batch.put, other)
+            loading[:] = [load]
+            return load
+
+        def tick() -> None:
+            nonlocal batch
             if len(batch) >= _LOAD_BATCH:
-                db.write(batch, self._write_options)
+                db.write(batch, write)  # a written batch cannot be reused
                 batch = self._batch_type(raw_mode=True)
-                put = batch.put
+                for load in loading:
+                    load.put = batch.put
+
+        self._count += load_key_group(data, state, tick)
         if len(batch):
-            db.write(batch, self._write_options)
+            db.write(batch, write)
 
     # -- the store -------------------------------------------------------------------------
 
@@ -488,11 +609,18 @@ class RocksDBStateTable:
         return db
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """(key, value) of every stored key starting with ``prefix``, in key order."""
-        for key, value in self._live().items(from_key=prefix):
-            if not key.startswith(prefix):
-                return
-            yield key, value
+        """(key, value) of every stored key starting with ``prefix``, in key order (the
+        iterator is bounded above: RocksDB stops at the prefix's end)."""
+        db = self._live()
+        end = _prefix_end(prefix)
+        if end is None:
+            yield from db.items(from_key=prefix)
+            return
+        # rocksdict's iterator reads the bound from these options: they must outlive it,
+        # which this generator's frame sees to.
+        bounded = self._read_options_type()
+        bounded.set_iterate_upper_bound(end)
+        yield from db.items(from_key=prefix, read_opt=bounded)
 
     @staticmethod
     def _any(db: Any, prefix: bytes) -> bool:

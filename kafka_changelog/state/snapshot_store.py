@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..keygroups import KeyGroupRange, partition_for_key_group
 from ..serialization import decode, encode
 from .errors import SnapshotCorruptError, SnapshotMissingError
-from .records import OutRecord, RecordSource, StoredRecord
+from .records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from .snapshot import ChunkRef, SnapshotHandle, chunk_key
 
 CHUNK_SCHEMA = "snapshot_chunk"
@@ -78,32 +78,29 @@ class SnapshotStore(ABC):
         at most ``max_chunk_bytes``; ``b""`` is stored as one empty chunk);
         ``reused`` maps a key group to the chunks of an earlier materialization to
         refer to instead (unchanged key groups). Key groups in neither are empty.
+        (:meth:`begin_write` does the same one key group at a time.)
         """
         _check_write(backend_id, materialization_id, key_group_range, states, reused,
                      self.max_parallelism)
-        planned: list[tuple[ChunkRef, OutRecord]] = []
+        writer = self.begin_write(backend_id, materialization_id, key_group_range,
+                                  materialized_sequence_number)
         for key_group in sorted(states):
-            planned.extend(self._chunk_records(
-                backend_id, materialization_id, key_group, states[key_group]))
-        offsets = self._append(
-            [record for _, record in planned],
-            f"{len(planned)} snapshot chunks of backend {backend_id} materialization "
-            f"{materialization_id}",
-        ) if planned else []
-        written = [
-            ChunkRef(ref.key_group, ref.materialization_id, ref.chunk_no, ref.chunk_count,
-                     ref.partition, offset, ref.size, ref.crc32)
-            for (ref, _), offset in zip(planned, offsets, strict=True)
-        ]
-        kept = [chunk for key_group in sorted(reused) for chunk in reused[key_group]]
-        return SnapshotHandle(
-            backend_id=backend_id,
-            materialization_id=materialization_id,
-            key_group_range=key_group_range,
-            topic=self.topic,
-            chunks=tuple(written + kept),
-            materialized_sequence_number=materialized_sequence_number,
-        )
+            writer.add(key_group, states[key_group])
+        return writer.finish(reused)
+
+    def begin_write(self, backend_id: str, materialization_id: int,
+                    key_group_range: KeyGroupRange, materialized_sequence_number: int
+                    ) -> SnapshotWriter:
+        """A materialization written as its key groups come (:meth:`SnapshotWriter.add`),
+        so that only one key group's state is in memory at a time: each one's chunks are
+        produced at once (a Kafka store holds at most a bounded amount unacknowledged);
+        :meth:`SnapshotWriter.finish` waits for all of them and returns the handle."""
+        if not backend_id:
+            raise ValueError("backend_id must not be empty")
+        if materialization_id < 0:
+            raise ValueError(f"materialization id must be >= 0, got {materialization_id}")
+        return SnapshotWriter(self, backend_id, materialization_id, key_group_range,
+                              materialized_sequence_number)
 
     def read(
         self, handle: SnapshotHandle, key_group_range: KeyGroupRange | None = None
@@ -119,13 +116,15 @@ class SnapshotStore(ABC):
             return
         source = self._open_source(handle.topic)
         try:
-            for key_group in target.key_groups:
-                parts = [
-                    verify_chunk(handle.topic, handle.backend_id, chunk,
-                                 source.fetch(chunk.partition, chunk.offset))
-                    for chunk in target.chunks_of(key_group)
-                ]
-                yield key_group, b"".join(parts)
+            plan = [chunk for key_group in target.key_groups
+                    for chunk in target.chunks_of(key_group)]
+            parts: list[bytes] = []
+            for chunk, found in zip(plan, source.fetch_all(
+                    [(c.partition, c.offset) for c in plan]), strict=True):
+                parts.append(verify_chunk(handle.topic, handle.backend_id, chunk, found))
+                if chunk.chunk_no == chunk.chunk_count - 1:  # the key group's last chunk
+                    yield chunk.key_group, parts[0] if len(parts) == 1 else b"".join(parts)
+                    parts = []
         finally:
             source.close()
 
@@ -164,31 +163,115 @@ class SnapshotStore(ABC):
     def _open_source(self, topic: str) -> RecordSource:
         """A reader of single records of ``topic``."""
 
+    def _begin_append(self, what: str) -> RecordAppender:
+        """Records appended as they are given (default: collected, then :meth:`_append`)."""
+        return _CollectingAppender(self, what)
+
     # -- chunking ----------------------------------------------------------------------------
 
     def _chunk_records(
         self, backend_id: str, materialization_id: int, key_group: int, state: bytes
-    ) -> list[tuple[ChunkRef, OutRecord]]:
+    ) -> Iterator[tuple[ChunkRef, OutRecord]]:
+        """The key group's chunk records, made one at a time (a caller that produces each
+        before taking the next holds one chunk's copies, not the key group's)."""
         partition = partition_for_key_group(key_group, self.partitions, self.max_parallelism)
-        pieces = split_chunks(state, self.max_chunk_bytes)
-        out = []
-        for chunk_no, data in enumerate(pieces):
+        size = self.max_chunk_bytes
+        count = max(1, -(-len(state) // size))
+        view = memoryview(state)
+        for chunk_no in range(count):
+            data = bytes(view[chunk_no * size:(chunk_no + 1) * size])
             crc = zlib.crc32(data)
-            ref = ChunkRef(key_group, materialization_id, chunk_no, len(pieces), partition,
+            ref = ChunkRef(key_group, materialization_id, chunk_no, count, partition,
                            0, len(data), crc)
             value = encode(CHUNK_SCHEMA, {
                 "backend_id": backend_id,
                 "key_group": key_group,
                 "materialization_id": materialization_id,
                 "chunk_no": chunk_no,
-                "chunk_count": len(pieces),
+                "chunk_count": count,
                 "data": data,
             })
+            del data
             headers = [(HEADER_SCHEMA, SCHEMA_HEADER_VALUE.encode()),
                        (HEADER_CRC32, str(crc).encode())]
             key = chunk_key(backend_id, key_group, materialization_id, chunk_no).encode()
-            out.append((ref, OutRecord(partition, key, value, headers)))
-        return out
+            yield ref, OutRecord(partition, key, value, headers)
+
+
+class _CollectingAppender(RecordAppender):
+    def __init__(self, store: SnapshotStore, what: str) -> None:
+        self._store = store
+        self._what = what
+        self._records: list[OutRecord] = []
+
+    def produce(self, record: OutRecord) -> None:
+        self._records.append(record)
+
+    def finish(self) -> list[int]:
+        records, self._records = self._records, []
+        return self._store._append(records, self._what) if records else []
+
+
+class SnapshotWriter:
+    """One materialization being written key group by key group (see
+    :meth:`SnapshotStore.begin_write`). Not thread-safe; ``finish`` may run on another
+    thread than ``add`` did, after it."""
+
+    def __init__(self, store: SnapshotStore, backend_id: str, materialization_id: int,
+                 key_group_range: KeyGroupRange, materialized_sequence_number: int) -> None:
+        self._store = store
+        self.backend_id = backend_id
+        self.materialization_id = materialization_id
+        self.key_group_range = key_group_range
+        self._upto = materialized_sequence_number
+        self._refs: list[ChunkRef] = []
+        self._written: set[int] = set()
+        self._appender: RecordAppender | None = None
+        #: Bytes of state data added.
+        self.bytes_added = 0
+
+    def add(self, key_group: int, state: bytes) -> None:
+        """Write ``key_group``'s serialized state (chunks produced now)."""
+        if (not self.key_group_range.contains(key_group)
+                or key_group >= self._store.max_parallelism):
+            raise ValueError(
+                f"key group {key_group} of backend {self.backend_id} is outside the written "
+                f"key-group range {self.key_group_range} (max parallelism "
+                f"{self._store.max_parallelism})")
+        if key_group in self._written:
+            raise ValueError(f"key group {key_group} of backend {self.backend_id} was "
+                             f"written twice in materialization {self.materialization_id}")
+        self._written.add(key_group)
+        if self._appender is None:
+            self._appender = self._store._begin_append(
+                f"snapshot chunks of backend {self.backend_id} materialization "
+                f"{self.materialization_id}")
+        for ref, record in self._store._chunk_records(
+                self.backend_id, self.materialization_id, key_group, state):
+            self._appender.produce(record)
+            self._refs.append(ref)
+        self.bytes_added += len(state)
+
+    def finish(self, reused: Mapping[int, Sequence[ChunkRef]]) -> SnapshotHandle:
+        """Wait for every chunk written; the handle, with ``reused`` (earlier chunks of
+        key groups not written, see :meth:`SnapshotStore.write`)."""
+        _check_write(self.backend_id, self.materialization_id, self.key_group_range,
+                     dict.fromkeys(self._written, b""), reused, self._store.max_parallelism)
+        offsets = self._appender.finish() if self._appender is not None else []
+        written = [
+            ChunkRef(ref.key_group, ref.materialization_id, ref.chunk_no, ref.chunk_count,
+                     ref.partition, offset, ref.size, ref.crc32)
+            for ref, offset in zip(self._refs, offsets, strict=True)
+        ]
+        kept = [chunk for key_group in sorted(reused) for chunk in reused[key_group]]
+        return SnapshotHandle(
+            backend_id=self.backend_id,
+            materialization_id=self.materialization_id,
+            key_group_range=self.key_group_range,
+            topic=self._store.topic,
+            chunks=tuple(written + kept),
+            materialized_sequence_number=self._upto,
+        )
 
 
 def split_chunks(state: bytes, max_chunk_bytes: int) -> list[bytes]:

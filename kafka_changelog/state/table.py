@@ -9,12 +9,12 @@ does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .descriptors import StateKind
 from .errors import StateMismatchError
-from .key_group_codec import encode_key_group, iter_key_group
+from .key_group_codec import StateLoad, encode_key_group, load_key_group, shape_of
 from .ops import (
     DELETE,
     LIST_ADD,
@@ -95,6 +95,12 @@ class StateTable:
                 if not current:
                     del table[key]
 
+    def apply_batch(self, ops: Sequence[tuple[int, StateOp]]) -> None:
+        """Apply (key group, op) pairs in order."""
+        apply = self.apply
+        for key_group, op in ops:
+            apply(key_group, op)
+
     def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
         """The entry of ``key`` (None if absent)."""
         group = self.groups.get(key_group)
@@ -158,17 +164,26 @@ class StateTable:
     def load_group(self, key_group: int, data: bytes) -> None:
         """Replace the key group's state with a serialized one (registering its states)."""
         group: dict[str, dict[bytes, Entry]] = {}
-        entries: dict[bytes, Entry] = {}
-        for meta, key, value, values, items in iter_key_group(data):
-            if key is None:  # a state's registration: its entries follow
-                self.register(meta)
-                entries = group[meta.state] = {}
-            elif value is not None:
-                entries[key] = value
-            elif values is not None:
-                entries[key] = values
-            elif items is not None:
-                entries[key] = dict(items)
+
+        def state(meta: StateMeta) -> StateLoad:
+            self.register(meta)
+            entries = group[meta.state] = {}
+
+            def other(key: bytes, value: bytes | None, values: list[bytes] | None,
+                      items: list[tuple[bytes, bytes]] | None) -> int:
+                # Stored as found, the first of value, values and map that is present.
+                found: Entry | None = (value if value is not None else values
+                                       if values is not None else dict(items)
+                                       if items is not None else None)
+                if found is None:
+                    return 0
+                entries[key] = found
+                return 1
+
+            return StateLoad(shape_of(meta.kind), b"", entries.__setitem__, other,
+                             list_value=_same)
+
+        load_key_group(data, state)
         self.groups[key_group] = group
 
     def snapshot_view(self) -> dict[str, dict[tuple[int, bytes], Any]]:
@@ -181,6 +196,10 @@ class StateTable:
                                    else list(entry) if isinstance(entry, list) else entry)
                     view.setdefault(name, {})[(key_group, key)] = copied
         return view
+
+
+def _same(values: list[bytes]) -> list[bytes]:
+    return values
 
 
 def _ordered(entry: Entry) -> Entry:

@@ -10,7 +10,7 @@ the same bytes for the same state, so snapshots restore into either.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from .ops import StateMeta, StateOp
@@ -35,6 +35,12 @@ class KeyedStateTable(Protocol):
 
     def apply(self, key_group: int, op: StateOp) -> None:
         """Apply one logged mutation (its state must be registered)."""
+        ...
+
+    def apply_batch(self, ops: Sequence[tuple[int, StateOp]]) -> None:
+        """Apply (key group, op) pairs in order, as :meth:`apply` one by one would (a
+        restore replaying the changelog: a table may look keys up in bulk). On an error,
+        the ops before the failing one are applied."""
         ...
 
     def get(self, key_group: int, state: str, key: bytes) -> Entry | None:

@@ -233,3 +233,51 @@ def test_chunk_below_the_log_start_is_missing(
     with pytest.raises(SnapshotMissingError, match=rf"the log holds offsets {second.offset} to"):
         list(store.read(handle))
     assert dict(store.read(handle, R(1, 1))) == {1: b"second"}
+
+
+def test_key_groups_written_as_they_come_with_a_bounded_unacknowledged_window(
+    cluster: LocalKafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``begin_write``: each key group's chunks are produced when it is added (at most
+    the window unacknowledged: here two chunks), the handle reads back exactly, reused
+    chunks are kept, and a key group cannot be added twice or outside the range."""
+    from kafka_changelog.kafka import snapshot_store
+
+    monkeypatch.setattr(snapshot_store, "MAX_UNACKED_CHUNK_BYTES", 2000)
+    states = {kg: os.urandom(1000 * (kg % 4) + 17) for kg in range(0, 16, 2)}
+    with KafkaSnapshotStore(store_config(cluster)) as store:
+        first = store.write("backend", 1, R(0, 15), {1: b"one"}, {}, 5)
+        writer = store.begin_write("backend", 2, R(0, 15), 9)
+        for key_group, state in states.items():
+            writer.add(key_group, state)
+        with pytest.raises(ValueError, match=r"key group 2 .* written twice"):
+            writer.add(2, b"again")
+        with pytest.raises(ValueError, match="outside the written key-group range"):
+            writer.add(16, b"")
+        assert writer.bytes_added == sum(len(s) for s in states.values())
+        handle = writer.finish({1: first.chunks_of(1)})
+        assert handle.materialized_sequence_number == 9
+        assert dict(store.read(handle)) == {**states, 1: b"one"}
+
+
+def test_reading_a_plan_ahead_gives_what_fetching_one_by_one_gives(
+    store: KafkaSnapshotStore
+) -> None:
+    """``fetch_all`` (two consumers, the next run fetched while one is read) gives the
+    records of ``fetch``, over runs in several partitions, back and forth, with gaps, and
+    describes offsets where no record is (the rest of the run still read)."""
+    states = {kg: os.urandom(2500) for kg in range(16)}
+    handle = store.write("plan", 1, R(0, 15), states, {}, 0)
+    chunks = list(handle.chunks)
+    plan = [(c.partition, c.offset) for c in chunks]
+    high = max(offset for _, offset in plan)
+    plan = [*plan[::-1][:5], *plan, (0, high + 1000), *plan[:3], (1, plan[-1][1] + 40)]
+    source = store._open_source(store.topic)
+    try:
+        one_by_one = [source.fetch(p, o) for p, o in plan]
+        ahead = list(source.fetch_all(plan))
+    finally:
+        source.close()
+    assert ahead == one_by_one
+    assert all(not isinstance(found, str) for found in ahead[:5])
+    assert isinstance(ahead[5 + len(chunks)], str)

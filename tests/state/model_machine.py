@@ -47,6 +47,13 @@ class FailingSnapshots:
             raise OSError("injected snapshot failure")
         return self.store.write(*args, **kwargs)
 
+    def begin_write(self, *args: Any, **kwargs: Any) -> Any:
+        """How a backend materializes (key group by key group)."""
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("injected snapshot failure")
+        return self.store.begin_write(*args, **kwargs)
+
 
 @dataclass
 class Environment:

@@ -187,11 +187,11 @@ class FlakyStore(InMemorySnapshotStore):
         super().__init__()
         self.failures = failures
 
-    def write(self, *args: Any, **kwargs: Any) -> Any:
+    def begin_write(self, *args: Any, **kwargs: Any) -> Any:
         if self.failures > 0:
             self.failures -= 1
             raise OSError("snapshot topic unavailable")
-        return super().write(*args, **kwargs)
+        return super().begin_write(*args, **kwargs)
 
 
 def _failing_round(backend: ChangelogKeyedStateBackend) -> None:

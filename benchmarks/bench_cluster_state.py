@@ -1,0 +1,220 @@
+"""Where a subtask's state comes from, batch after batch, on a Spark standalone cluster of two
+workers (one host) and in ``local[2]``, with ``state_backend="rocksdb"`` and ``"memory"``.
+
+Spark hands a micro-batch's task for subtask ``i`` to any free executor, and within it to
+any free Python worker: with ``"memory"`` a task that lands elsewhere than the subtask's
+previous one restores the subtask's state from Kafka; with ``"rocksdb"`` it reattaches
+the subtask's store from the host's local state directory (both executors of the cluster
+run on this host, as executors of one host do). The processor's reports say which
+happened, per subtask and batch (``BatchReport.subtask_metrics[s].state_source``:
+``reattached``, ``reattached-local``, ``restored``, ``fresh``).
+
+Workload: the clickstream function (:func:`spark_integration.clickstream.update_user`:
+per user a count, a total, a count per kind and the last five pages), ``--users``
+(default 20,000) users, ``--events`` (default 20,000) events per batch, ``--batches``
+(default 50) batches, each a static DataFrame handed to the processor as
+``foreachBatch`` does, parallelism 2, no materialization. Per engine (the cluster:
+``LocalSparkCluster(workers=2, cores_per_worker=1)``, then ``local[2]``) and backend:
+
+- the share of subtask-batches restored from Kafka, over all batches after the first
+  (``fresh``) and over the warm ones (from batch 5 on; goal: 0 with ``"rocksdb"``);
+- median and p90 batch seconds; the cluster's median against ``local[2]``'s.
+
+Run: ``PYTHONPATH=. python -m benchmarks.bench_cluster_state [--batches N] [--json FILE]``
+(default ``benchmarks/results/cluster_state.json``; ``BENCH_SCALE`` scales users and
+events; ``PYTHONPATH`` must name this checkout: the executors' Python workers import the
+library from there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import pandas as pd
+
+if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import (
+    RESULTS_DIR,
+    Broker,
+    ForeignLoad,
+    kafka_broker,
+    machine_info,
+    percentile,
+    ratio_text,
+    scaled,
+    table,
+    unique_topic,
+    verdict,
+    write_json,
+)
+from spark_integration.clickstream import OUTPUT_SCHEMA, events, update_user
+from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+
+DEFAULT_JSON = RESULTS_DIR / "cluster_state.json"
+USERS = 20_000
+EVENTS = 20_000
+BATCHES = 50
+WARM_FROM = 5
+PARALLELISM = 2
+COLUMNS = ["user", "seq", "kind", "page", "amount"]
+BACKENDS = ("rocksdb", "memory")
+FAST_DRIVER = {"spark.driver.extraJavaOptions":
+               "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:-UsePerfData"}
+
+
+def frames(users: int, per_batch: int, batches: int) -> list[pd.DataFrame]:
+    """The batches' events (``seq`` increasing across batches)."""
+    frame = pd.DataFrame.from_records(list(events(per_batch * batches, users)),
+                                      columns=COLUMNS)
+    return [frame.iloc[i * per_batch:(i + 1) * per_batch].reset_index(drop=True)
+            for i in range(batches)]
+
+
+def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
+                batches: list[pd.DataFrame], own: list[int]) -> dict[str, Any]:
+    topics = {name: unique_topic(f"cluster-{backend}-{name}")
+              for name in ("changelog", "snapshots", "checkpoints")}
+    broker.topics.extend(topics.values())
+    local_dir = tempfile.mkdtemp(prefix="bench-cluster-state-")
+    config = StreamingStateConfig(
+        application=f"bench-cluster-{backend}-{uuid.uuid4().hex[:8]}", operator_id="users",
+        bootstrap_servers=broker.bootstrap_servers,
+        client_config={k: v for k, v in broker.client_config.items()
+                       if k != "bootstrap.servers"},
+        changelog_topic=topics["changelog"], snapshot_topic=topics["snapshots"],
+        checkpoint_topic=topics["checkpoints"], partitions=8, parallelism=PARALLELISM,
+        materialization_interval_s=None, state_backend=backend, local_state_dir=local_dir)
+    processor = stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
+                                       order_by=["seq"])
+    print(f"\n[{engine}, {backend}] {len(batches)} batches of {len(batches[0]):,} events",
+          flush=True)
+    runs = []
+    load = ForeignLoad(own)
+    try:
+        for batch_id, frame in enumerate(batches):
+            df = spark.createDataFrame(frame)
+            started = time.perf_counter()
+            processor(df, batch_id)
+            seconds = time.perf_counter() - started
+            report = processor.reports[-1]
+            sources = [report.subtask_metrics[s].state_source
+                       for s in sorted(report.subtask_metrics)]
+            restore_s = sum(report.restore_s.values())
+            runs.append({"batch_id": batch_id, "seconds": seconds, "sources": sources,
+                         "restore_s": restore_s,
+                         "state_rows": sum(m.state_rows
+                                           for m in report.subtask_metrics.values())})
+            if batch_id % 10 == 0 or "restored" in sources:
+                print(f"  batch {batch_id:3d}: {seconds:6.2f} s {'/'.join(sources)}"
+                      + (f" (restore {restore_s:.2f} s)" if restore_s else ""), flush=True)
+    finally:
+        processor.close()
+        shutil.rmtree(local_dir, ignore_errors=True)
+    after_first = runs[1:]
+    warm = runs[WARM_FROM:]
+
+    def restored_share(selected: list[dict[str, Any]]) -> float:
+        tasks = [s for r in selected for s in r["sources"]]
+        return sum(s == "restored" for s in tasks) / max(1, len(tasks))
+
+    seconds = [r["seconds"] for r in after_first]
+    counts: dict[str, int] = {}
+    for r in after_first:
+        for source in r["sources"]:
+            counts[source] = counts.get(source, 0) + 1
+    return {"engine": engine, "backend": backend, "batches": len(runs),
+            "restored_share": restored_share(after_first),
+            "restored_share_warm": restored_share(warm), "sources": counts,
+            "median_s": median(seconds), "p90_s": percentile(seconds, 90),
+            "restore_s_total": sum(r["restore_s"] for r in runs),
+            "others_cpu_share": round(load.share(), 3), "runs": runs}
+
+
+def own_pids(broker: Broker) -> list[int]:
+    import psutil
+
+    pids = set(broker.pids())
+    pids.update(child.pid for child in psutil.Process().children(recursive=True))
+    return sorted(pids)
+
+
+def run(broker: Broker, batches: int) -> dict[str, Any]:
+    from spark_integration.session import spark_session
+    from spark_integration.testing.standalone import LocalSparkCluster
+
+    users = int(scaled(USERS, minimum=200))
+    per_batch = int(scaled(EVENTS, minimum=200))
+    data = frames(users, per_batch, batches)
+    results: list[dict[str, Any]] = []
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    with LocalSparkCluster(workers=2, cores_per_worker=1) as cluster:
+        spark = spark_session(cluster.master_url, "bench-cluster-state", PARALLELISM,
+                              {**cluster.session_config(), **FAST_DRIVER})
+        try:
+            for backend in BACKENDS:
+                results.append(run_backend(broker, spark, "cluster", backend, data,
+                                           own_pids(broker)))
+        finally:
+            spark.stop()
+    spark = spark_session("local[2]", "bench-cluster-state-local", PARALLELISM, FAST_DRIVER)
+    try:
+        for backend in BACKENDS:
+            results.append(run_backend(broker, spark, "local[2]", backend, data,
+                                       own_pids(broker)))
+    finally:
+        spark.stop()
+    local = {r["backend"]: r for r in results if r["engine"] == "local[2]"}
+    for r in results:
+        r["median_vs_local"] = r["median_s"] / local[r["backend"]]["median_s"]
+        if r["backend"] == "rocksdb":
+            r["verdict"] = verdict(r["restored_share_warm"] == 0)
+    return {"name": "cluster_state", "users": users, "events_per_batch": per_batch,
+            "batches": batches, "warm_from": WARM_FROM, "cases": results}
+
+
+def report(results: dict[str, Any]) -> str:
+    rows = []
+    for r in results["cases"]:
+        sources = ", ".join(f"{k} {v}" for k, v in sorted(r["sources"].items()))
+        rows.append([
+            r["engine"], r["backend"], f"{r['restored_share']:.0%}",
+            f"{r['restored_share_warm']:.0%}", sources, f"{r['restore_s_total']:.1f}",
+            f"{r['median_s']:.2f}", f"{r['p90_s']:.2f}", ratio_text(r["median_vs_local"]),
+            f"{r['others_cpu_share']:.0%}", r.get("verdict", "-"),
+        ])
+    return table(["engine", "backend", "restored", f"restored from batch {results['warm_from']}",
+                  "subtask-batches by source", "restore s", "median s", "p90 s",
+                  "median / local[2]", "others' CPU", "0 restores warm"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    parser.add_argument("--batches", type=int, default=BATCHES)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    with kafka_broker() as broker:
+        results = run(broker, args.batches)
+        results["machine"] = machine_info()
+    results["total_s"] = time.perf_counter() - started
+    print(f"\nstate sources and batch times ({results['users']:,} users, "
+          f"{results['events_per_batch']:,} events per batch, {results['batches']} batches, "
+          f"parallelism {PARALLELISM}; batch 0 is fresh and not counted)")
+    print(report(results))
+    write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
