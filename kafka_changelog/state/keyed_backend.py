@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -141,6 +141,16 @@ class ChangelogKeyedStateBackend:
 
     def state(self, descriptor: StateDescriptor) -> Any:
         """The state object for ``descriptor`` (registered, and logged, on first use)."""
+        known = self.register(descriptor)
+        return _STATE_TYPES[known.kind](self, known)
+
+    def register(self, descriptor: StateDescriptor) -> StateDescriptor:
+        """Register ``descriptor``'s state (logged on first use, as :meth:`state` does) and
+        return the descriptor the backend knows under its name (the first one used).
+
+        A different kind or serializer under a registered name raises
+        :class:`~kafka_changelog.state.errors.StateMismatchError`.
+        """
         known = self._descriptors.get(descriptor.name)
         if known is None:
             meta = StateMeta(
@@ -150,7 +160,7 @@ class ChangelogKeyedStateBackend:
             self._descriptors[descriptor.name] = descriptor
             self._append_meta(meta)
             known = descriptor
-        return _STATE_TYPES[known.kind](self, known)
+        return known
 
     def mutate(self, key_group: int, op: StateOp) -> None:
         """Apply ``op`` to the working copy and log it (used by the state objects)."""
@@ -162,6 +172,49 @@ class ChangelogKeyedStateBackend:
         self._logged_bytes += len(payload)
         if self._local is not None:
             self._journal.append(StateChange(key_group, payload))
+
+    # -- many keys at once (kafka_changelog.state.bulk_state) -------------------------------
+
+    def prepare_keys(self, key_groups: Iterable[int]) -> None:
+        """Get ready to access keys of ``key_groups`` without a current key (bulk state):
+        refuses a key group outside this backend's range, as :meth:`set_current_key`
+        does, and acts on the materialization timer once, as a key access does."""
+        contains = self.key_group_range.contains
+        for key_group in set(key_groups):
+            if not contains(key_group):
+                from ..errors import KeyGroupOutOfRangeError
+
+                raise KeyGroupOutOfRangeError(key_group, self.key_group_range, self.backend_id)
+        self._act_on_timer()
+        self.poll_materialization()
+
+    def mutate_many(self, key_groups: Iterable[int], ops: Iterable[StateOp]) -> None:
+        """Apply and log each op of ``ops`` in the key group at the same position of
+        ``key_groups``, in order: exactly what :meth:`mutate` does for each of them (the
+        same changes logged, the same working copy), in one loop.
+
+        The key groups must be in this backend's range (checked by
+        :meth:`prepare_keys`). If an op fails to apply, the ops before it stay applied and
+        logged, as with one :meth:`mutate` call per op.
+        """
+        apply = self.table.apply
+        append = self._writer.append
+        add_changed = self._changed.add
+        journal = self._journal if self._local is not None else None
+        count = size = 0
+        try:
+            for key_group, op in zip(key_groups, ops, strict=True):
+                apply(key_group, op)
+                payload = op.to_bytes()
+                append(key_group, payload)
+                add_changed(key_group)
+                count += 1
+                size += len(payload)
+                if journal is not None:
+                    journal.append(StateChange(key_group, payload))
+        finally:
+            self._logged_changes += count
+            self._logged_bytes += size
 
     def _append_meta(self, meta: StateMeta) -> None:
         payload = meta.to_bytes()
