@@ -123,10 +123,12 @@ def update_users(rows: pd.DataFrame, state: BatchState) -> pd.DataFrame:
     kinds = state.map(KINDS)
     before = np.asarray(kinds.get_each(pair_keys, pair_kinds, 0), dtype=np.int64)
     kinds.put_each(pair_keys, pair_kinds, (before + per_kind.to_numpy()).tolist())
-    # The last five pages: the stored ones, then the batch's last five.
+    # The last five pages: the stored ones, then the batch's last five (rows are sorted
+    # by key, so a user's rows are consecutive: keep those less than 5 from its last).
+    last_row = np.flatnonzero(np.append(index[1:] != index[:-1], True))
+    tail = last_row[index] - np.arange(len(index)) < 5
     recent: list[list[str]] = [[] for _ in range(n)]
-    tail = rows.groupby(index, sort=False).tail(5)
-    for i, page in zip(index[tail.index.to_numpy()].tolist(), tail["page"].tolist(),
+    for i, page in zip(index[tail].tolist(), rows["page"].to_numpy()[tail].tolist(),
                        strict=True):
         recent[i].append(page)
     pages = state.list(LAST_PAGES)

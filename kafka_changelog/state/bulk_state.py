@@ -13,7 +13,7 @@ Keys are given by their natural value (whatever the caller uses to name them: th
 ``keys`` it was opened with); the view maps each to its key bytes and key group.
 Writes are exactly the per-key API's: for each key, in the order given, the same
 :class:`~kafka_changelog.state.ops.StateOp` is applied to the working copy and logged
-(through :meth:`ChangelogKeyedStateBackend.mutate_many`), so checkpoints, restores,
+(through :meth:`ChangelogKeyedStateBackend.mutate_columns`), so checkpoints, restores,
 rescaling, materialization and the readers see no difference. ``values.set(keys, vs)``
 logs what ``set_current_key(k); value.update(v)`` logs for each ``k, v``; a
 read-modify-write (``clear``, ``remove``, a reducing or aggregating ``add``) sees the
@@ -38,7 +38,7 @@ from .descriptors import (
 )
 from .errors import KeyNotInBatchError, StateMismatchError
 from .keyed_backend import ChangelogKeyedStateBackend
-from .ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, StateOp
+from .ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind
 from .table_protocol import Entry
 
 #: How many of the view's keys an unknown-key error shows.
@@ -182,6 +182,10 @@ class BulkState:
                 len(set(positions)) == len(positions))
 
 
+#: What a read-modify-write step returns for a key it writes nothing for.
+_SKIP = object()
+
+
 class _BulkKeyed:
     """What the bulk state objects share: the view, the backend, the state's name."""
 
@@ -208,44 +212,59 @@ class _BulkKeyed:
         get, name = self._table.get, self._name
         return [get(kg, name, kb) for kg, kb in zip(groups, key_bytes, strict=True)]
 
+    def _read_entry(self, key_group: int, key: bytes) -> Entry | None:
+        return self._table.get(key_group, self._name, key)
+
     def _read_modify_write(
-        self, groups: list[int], key_bytes: list[bytes], distinct: bool, args: list[Any],
-        step: Callable[[bytes, Entry | None, Any], tuple[StateOp | None, Any]],
+        self, op: OpKind, groups: list[int], key_bytes: list[bytes], distinct: bool,
+        args: list[Any], read: Callable[[int, bytes], Any],
+        step: Callable[[Any, Any], tuple[Any, Any]], map_key: bytes | None = None,
     ) -> list[Any]:
-        """``step(key, entry, arg) -> (op or None, result)`` per key, in order; the ops
-        applied and logged in that order. Distinct keys read all entries, then log all
-        ops in one loop; with a key given twice, each step reads after the writes before
-        it, as one per-key call after the other would."""
-        get, name = self._table.get, self._name
+        """Per key, in order: ``step(read(key group, key), arg) -> (value, result)``;
+        ``value`` is what the key's ``op`` writes (the SET value; None for a DELETE or
+        MAP_REMOVE), or ``_SKIP`` for no change. Returns the results.
+
+        Distinct keys: every read first, then all changes in one
+        :meth:`~ChangelogKeyedStateBackend.mutate_columns` call (a key's read sees no
+        other key's write). A key given twice: each change is made before the next read,
+        as one per-key call after another would."""
         results: list[Any] = []
         if distinct:
-            op_groups: list[int] = []
-            ops: list[StateOp] = []
+            changed_groups: list[int] = []
+            changed_keys: list[bytes] = []
+            changed_values: list[Any] = []
             for kg, kb, arg in zip(groups, key_bytes, args, strict=True):
-                op, result = step(kb, get(kg, name, kb), arg)
+                value, result = step(read(kg, kb), arg)
                 results.append(result)
-                if op is not None:
-                    op_groups.append(kg)
-                    ops.append(op)
-            self._backend.mutate_many(op_groups, ops)
+                if value is not _SKIP:
+                    changed_groups.append(kg)
+                    changed_keys.append(kb)
+                    changed_values.append(value)
+            self._write(op, changed_groups, changed_keys, changed_values, map_key)
         else:
-            mutate = self._backend.mutate
             for kg, kb, arg in zip(groups, key_bytes, args, strict=True):
-                op, result = step(kb, get(kg, name, kb), arg)
+                value, result = step(read(kg, kb), arg)
                 results.append(result)
-                if op is not None:
-                    mutate(kg, op)
+                if value is not _SKIP:
+                    self._write(op, [kg], [kb], [value], map_key)
         return results
+
+    def _write(self, op: OpKind, groups: list[int], key_bytes: list[bytes],
+               values: list[Any], map_key: bytes | None) -> None:
+        self._backend.mutate_columns(
+            self._name, op, groups, key_bytes,
+            None if map_key is None else [map_key] * len(key_bytes),
+            values if op is SET else None)
 
     def clear(self, keys: Iterable[Hashable]) -> None:
         """Remove the entry of each key (no change logged for keys that have none)."""
         groups, key_bytes, distinct = self._view.resolve(keys)
-        name = self._name
 
-        def step(kb: bytes, entry: Entry | None, _: Any) -> tuple[StateOp | None, None]:
-            return (None if entry is None else StateOp(name, DELETE, kb)), None
+        def step(entry: Entry | None, _: Any) -> tuple[Any, None]:
+            return (_SKIP if entry is None else None), None
 
-        self._read_modify_write(groups, key_bytes, distinct, [None] * len(groups), step)
+        self._read_modify_write(DELETE, groups, key_bytes, distinct, [None] * len(groups),
+                                self._read_entry, step)
 
 
 class BulkValueState(_BulkKeyed):
@@ -262,10 +281,8 @@ class BulkValueState(_BulkKeyed):
     def set(self, keys: Iterable[Hashable], values: Iterable[Any]) -> None:
         """Set each key's value: one ``SET`` per key, as ``ValueState.update``."""
         groups, key_bytes, _, listed = self._aligned(keys, values, "values")
-        serialize, name = self._values.serialize, self._name
-        self._backend.mutate_many(groups, [
-            StateOp(name, SET, kb, None, serialize(v), None)
-            for kb, v in zip(key_bytes, listed, strict=True)])
+        self._backend.mutate_columns(self._name, SET, groups, key_bytes,
+                                     values=list(map(self._values.serialize, listed)))
 
     #: Same as :meth:`set` (the per-key API's name).
     update = set
@@ -285,31 +302,27 @@ class BulkListState(_BulkKeyed):
     def add(self, keys: Iterable[Hashable], items: Iterable[Any]) -> None:
         """Append one item to each key's list (``ListState.add``)."""
         groups, key_bytes, _, listed = self._aligned(keys, items, "items")
-        serialize, name = self._values.serialize, self._name
-        self._backend.mutate_many(groups, [
-            StateOp(name, LIST_ADD, kb, None, None, (serialize(v),))
-            for kb, v in zip(key_bytes, listed, strict=True)])
+        serialize = self._values.serialize
+        self._backend.mutate_columns(self._name, LIST_ADD, groups, key_bytes,
+                                     items=[(serialize(v),) for v in listed])
 
     def add_all(self, keys: Iterable[Hashable], lists: Iterable[Iterable[Any]]) -> None:
         """Append a list of items to each key's list (``ListState.add_all``: nothing is
         logged for an empty one)."""
         groups, key_bytes, _, listed = self._aligned(keys, lists, "lists")
-        serialize, name = self._values.serialize, self._name
-        op_groups, ops = [], []
-        for kg, kb, items in zip(groups, key_bytes, listed, strict=True):
-            encoded = tuple(map(serialize, items))
-            if encoded:
-                op_groups.append(kg)
-                ops.append(StateOp(name, LIST_ADD, kb, None, None, encoded))
-        self._backend.mutate_many(op_groups, ops)
+        serialize = self._values.serialize
+        encoded = [tuple(map(serialize, items)) for items in listed]
+        kept = [i for i, entry in enumerate(encoded) if entry]
+        self._backend.mutate_columns(self._name, LIST_ADD, [groups[i] for i in kept],
+                                     [key_bytes[i] for i in kept],
+                                     items=[encoded[i] for i in kept])
 
     def update(self, keys: Iterable[Hashable], lists: Iterable[Iterable[Any]]) -> None:
         """Replace each key's list (``ListState.update``; an empty list removes it)."""
         groups, key_bytes, _, listed = self._aligned(keys, lists, "lists")
-        serialize, name = self._values.serialize, self._name
-        self._backend.mutate_many(groups, [
-            StateOp(name, LIST_REPLACE, kb, None, None, tuple(map(serialize, items)))
-            for kb, items in zip(key_bytes, listed, strict=True)])
+        serialize = self._values.serialize
+        self._backend.mutate_columns(self._name, LIST_REPLACE, groups, key_bytes,
+                                     items=[tuple(map(serialize, items)) for items in listed])
 
 
 class BulkMapState(_BulkKeyed):
@@ -363,10 +376,9 @@ class BulkMapState(_BulkKeyed):
         """Set each key's value under ``map_key`` (``MapState.put``)."""
         groups, key_bytes, _, listed = self._aligned(keys, values, "values")
         encoded = self._map_keys.serialize(map_key)
-        serialize, name = self._values.serialize, self._name
-        self._backend.mutate_many(groups, [
-            StateOp(name, MAP_PUT, kb, encoded, serialize(v), None)
-            for kb, v in zip(key_bytes, listed, strict=True)])
+        self._backend.mutate_columns(self._name, MAP_PUT, groups, key_bytes,
+                                     [encoded] * len(key_bytes),
+                                     list(map(self._values.serialize, listed)))
 
     def put_each(self, keys: Iterable[Hashable], map_keys: Iterable[Any],
                  values: Iterable[Any]) -> None:
@@ -376,10 +388,8 @@ class BulkMapState(_BulkKeyed):
         if len(encoded) != len(listed):
             raise ValueError(f"state {self._name!r}: {len(listed)} values but "
                              f"{len(encoded)} map keys")
-        serialize, name = self._values.serialize, self._name
-        self._backend.mutate_many(groups, [
-            StateOp(name, MAP_PUT, kb, mk, serialize(v), None)
-            for kb, mk, v in zip(key_bytes, encoded, listed, strict=True)])
+        self._backend.mutate_columns(self._name, MAP_PUT, groups, key_bytes, encoded,
+                                     list(map(self._values.serialize, listed)))
 
     def remove(self, keys: Iterable[Hashable], map_key: Any) -> None:
         """Remove ``map_key`` from each key's map (no change logged where it is absent)."""
@@ -387,34 +397,14 @@ class BulkMapState(_BulkKeyed):
         encoded = self._map_keys.serialize(map_key)
         get, name = self._table.get_map_value, self._name
 
-        def step(kb: bytes, kg: int) -> StateOp | None:
-            # A point read of the one map value, not of the whole map.
-            present = get(kg, name, kb, encoded) is not None
-            return StateOp(name, MAP_REMOVE, kb, encoded) if present else None
+        def read(kg: int, kb: bytes) -> bytes | None:
+            return get(kg, name, kb, encoded)  # the one map value, not the whole map
 
-        self._point_read_modify_write(groups, key_bytes, distinct, step)
+        def step(value: bytes | None, _: Any) -> tuple[Any, None]:
+            return (_SKIP if value is None else None), None
 
-    def _point_read_modify_write(
-        self, groups: list[int], key_bytes: list[bytes], distinct: bool,
-        step: Callable[[bytes, int], StateOp | None],
-    ) -> None:
-        """Like :meth:`_read_modify_write`, with ``step(key, key group)`` doing its own
-        read."""
-        if distinct:
-            op_groups: list[int] = []
-            ops: list[StateOp] = []
-            for kg, kb in zip(groups, key_bytes, strict=True):
-                op = step(kb, kg)
-                if op is not None:
-                    op_groups.append(kg)
-                    ops.append(op)
-            self._backend.mutate_many(op_groups, ops)
-        else:
-            mutate = self._backend.mutate
-            for kg, kb in zip(groups, key_bytes, strict=True):
-                op = step(kb, kg)
-                if op is not None:
-                    mutate(kg, op)
+        self._read_modify_write(MAP_REMOVE, groups, key_bytes, distinct,
+                                [None] * len(groups), read, step, encoded)
 
     def contains(self, keys: Iterable[Hashable], map_key: Any) -> list[bool]:
         """Whether each key's map holds ``map_key``."""
@@ -456,14 +446,14 @@ class BulkReducingState(_BulkKeyed):
         descriptor = self._descriptor
         assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
         reduce = descriptor.reduce
-        serialize, deserialize, name = (self._values.serialize, self._values.deserialize,
-                                        self._name)
+        serialize, deserialize = self._values.serialize, self._values.deserialize
 
-        def step(kb: bytes, entry: Entry | None, value: Any) -> tuple[StateOp, Any]:
+        def step(entry: Entry | None, value: Any) -> tuple[bytes, Any]:
             folded = value if entry is None else reduce(deserialize(entry), value)  # type: ignore[arg-type]
-            return StateOp(name, SET, kb, None, serialize(folded), None), folded
+            return serialize(folded), folded
 
-        return self._read_modify_write(*self._aligned(keys, values, "values"), step)
+        return self._read_modify_write(SET, *self._aligned(keys, values, "values"),
+                                       self._read_entry, step)
 
 
 class BulkAggregatingState(_BulkKeyed):
@@ -484,14 +474,14 @@ class BulkAggregatingState(_BulkKeyed):
         assert isinstance(descriptor, AggregatingStateDescriptor)
         assert descriptor.create is not None and descriptor.add is not None
         create, add = descriptor.create, descriptor.add
-        serialize, deserialize, name = (self._values.serialize, self._values.deserialize,
-                                        self._name)
+        serialize, deserialize = self._values.serialize, self._values.deserialize
 
-        def step(kb: bytes, entry: Entry | None, value: Any) -> tuple[StateOp, Any]:
+        def step(entry: Entry | None, value: Any) -> tuple[bytes, Any]:
             accumulator = add(create() if entry is None else deserialize(entry), value)  # type: ignore[arg-type]
-            return StateOp(name, SET, kb, None, serialize(accumulator), None), accumulator
+            return serialize(accumulator), accumulator
 
-        return self._read_modify_write(*self._aligned(keys, values, "values"), step)
+        return self._read_modify_write(SET, *self._aligned(keys, values, "values"),
+                                       self._read_entry, step)
 
 
 _BY_KIND: dict[StateKind, type[_BulkKeyed]] = {

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -25,11 +25,22 @@ from ..storage import StateChangelogStorage
 from ..writer import SnapshotResult, StateChangelogWriter
 from .checkpoint import KeyedStateHandle
 from .descriptors import StateDescriptor, StateKind
-from .errors import NoCurrentKeyError
+from .errors import NoCurrentKeyError, StateMismatchError
 from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
 from .materialization import MaterializationManager, MaterializationStats
 from .materializer import MaterializationConfig, PeriodicMaterializer
-from .ops import StateMeta, StateOp
+from .ops import (
+    DELETE,
+    LIST_ADD,
+    LIST_REPLACE,
+    MAP_PUT,
+    MAP_REMOVE,
+    SET,
+    OpKind,
+    StateMeta,
+    StateOp,
+    encode_ops,
+)
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
 from .state_objects import (
@@ -50,6 +61,15 @@ _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.MAP: MapState,
     StateKind.REDUCING: ReducingState,
     StateKind.AGGREGATING: AggregatingState,
+}
+
+#: The mutations that apply to each kind of state (what the state objects log).
+_OPS_OF_KIND: dict[StateKind, frozenset[OpKind]] = {
+    StateKind.VALUE: frozenset({SET, DELETE}),
+    StateKind.REDUCING: frozenset({SET, DELETE}),
+    StateKind.AGGREGATING: frozenset({SET, DELETE}),
+    StateKind.LIST: frozenset({LIST_ADD, LIST_REPLACE, DELETE}),
+    StateKind.MAP: frozenset({MAP_PUT, MAP_REMOVE, DELETE}),
 }
 
 
@@ -188,33 +208,45 @@ class ChangelogKeyedStateBackend:
         self._act_on_timer()
         self.poll_materialization()
 
-    def mutate_many(self, key_groups: Iterable[int], ops: Iterable[StateOp]) -> None:
-        """Apply and log each op of ``ops`` in the key group at the same position of
-        ``key_groups``, in order: exactly what :meth:`mutate` does for each of them (the
-        same changes logged, the same working copy), in one loop.
+    def mutate_columns(
+        self, state: str, op: OpKind, key_groups: Sequence[int], keys: Sequence[bytes],
+        map_keys: Sequence[bytes | None] | None = None,
+        values: Sequence[bytes | None] | None = None,
+        items: Sequence[tuple[bytes, ...] | None] | None = None,
+    ) -> None:
+        """Apply and log many mutations of one registered state, given column by column:
+        op ``i`` is ``StateOp(state, op, keys[i], map_keys[i], values[i], items[i])`` in
+        key group ``key_groups[i]`` (a column that is None is None for all).
 
-        The key groups must be in this backend's range (checked by
-        :meth:`prepare_keys`). If an op fails to apply, the ops before it stay applied and
-        logged, as with one :meth:`mutate` call per op.
+        The same changes are logged, in the same order, and the working copy ends the
+        same as with :meth:`mutate` of each op, without building the ops: the payloads
+        are encoded column by column (:func:`~kafka_changelog.state.ops.encode_ops`) and
+        the table applies them all (``apply_columns``) before they are appended. The key
+        groups must be in this backend's range (checked by :meth:`prepare_keys`); the op
+        must suit the state's kind (checked first). A failure while applying or
+        appending leaves the working copy and the log apart: discard the backend, as
+        after any failed task.
         """
-        apply = self.table.apply
+        descriptor = self._descriptors.get(state)
+        if descriptor is None:
+            raise StateMismatchError(f"changes for unregistered state {state!r}")
+        if op not in _OPS_OF_KIND[descriptor.kind]:
+            raise StateMismatchError(f"{op.value} on {descriptor.kind.value} state {state!r}")
+        if not keys:
+            return
+        payloads = encode_ops(state, op, keys, map_keys, values, items)
+        if len(key_groups) != len(payloads):
+            raise ValueError(f"{len(payloads)} changes of state {state!r} but "
+                             f"{len(key_groups)} key groups")
+        self.table.apply_columns(state, op, key_groups, keys, map_keys, values, items)
         append = self._writer.append
-        add_changed = self._changed.add
-        journal = self._journal if self._local is not None else None
-        count = size = 0
-        try:
-            for key_group, op in zip(key_groups, ops, strict=True):
-                apply(key_group, op)
-                payload = op.to_bytes()
-                append(key_group, payload)
-                add_changed(key_group)
-                count += 1
-                size += len(payload)
-                if journal is not None:
-                    journal.append(StateChange(key_group, payload))
-        finally:
-            self._logged_changes += count
-            self._logged_bytes += size
+        for key_group, payload in zip(key_groups, payloads, strict=True):
+            append(key_group, payload)
+        self._changed.update(key_groups)
+        self._logged_changes += len(payloads)
+        self._logged_bytes += sum(map(len, payloads))
+        if self._local is not None:
+            self._journal += map(StateChange, key_groups, payloads)
 
     def _append_meta(self, meta: StateMeta) -> None:
         payload = meta.to_bytes()

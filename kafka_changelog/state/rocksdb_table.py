@@ -38,7 +38,7 @@ from __future__ import annotations
 import shutil
 import struct
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,10 @@ from .ops import (
     MAP_PUT,
     MAP_REMOVE,
     SET,
+    OpKind,
     StateMeta,
     StateOp,
+    ops_of_columns,
 )
 from .table import describe_meta
 from .table_protocol import Entry
@@ -270,6 +272,19 @@ class RocksDBStateTable:
         else:
             raise self._wrong_kind(key_group, op)
         self._seen = (key, True)
+
+    def apply_columns(
+        self, state: str, op: OpKind, key_groups: Sequence[int], keys: Sequence[bytes],
+        map_keys: Sequence[bytes | None] | None = None,
+        values: Sequence[bytes | None] | None = None,
+        items: Sequence[tuple[bytes, ...] | None] | None = None,
+    ) -> None:
+        """Apply many mutations of one state and kind, in order: :meth:`apply` of each."""
+        apply = self.apply
+        for key_group, state_op in zip(
+                key_groups, ops_of_columns(state, op, keys, map_keys, values, items),
+                strict=True):
+            apply(key_group, state_op)
 
     def _apply_map(self, db: Any, prefix: bytes, op: StateOp) -> None:
         start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END

@@ -25,6 +25,17 @@ from kafka_changelog.state.bulk_state import BulkState
 from kafka_changelog.state.checkpoint import KeyedStateHandle
 from kafka_changelog.state.errors import KeyNotInBatchError, StateMismatchError
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.ops import (
+    LIST_ADD,
+    LIST_REPLACE,
+    MAP_PUT,
+    MAP_REMOVE,
+    SET,
+    OpKind,
+    StateOp,
+    encode_ops,
+    ops_of_columns,
+)
 from kafka_changelog.state.restore import restore_backend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
 from kafka_changelog.state.table_protocol import KeyedStateTable
@@ -327,5 +338,49 @@ def test_what_a_bulk_view_refuses(storage: Any, store: Any, new_table: TableFact
             state.value(COUNT).set(inside[:2], [1])
         with pytest.raises(StateMismatchError, match="'events' is a LIST state, not VALUE"):
             state.value(EVENTS)
+    finally:
+        backend.close()
+
+
+# -- the columnar write path -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_encode_ops_gives_each_op_s_own_bytes(seed: int) -> None:
+    """``encode_ops`` column by column = ``StateOp.to_bytes`` op by op, for every kind and
+    field sizes around the encoder's table limits (64, 1024, 16383 bytes or values)."""
+    rng = random.Random(seed)
+    sizes = [0, 1, 62, 63, 64, 65, 1023, 1024, 1025, 16383, 16384, 20000]
+
+    def data() -> bytes:
+        return rng.randbytes(rng.choice(sizes) if rng.random() < 0.3 else rng.randint(0, 9))
+
+    for op in OpKind:
+        n = rng.randint(1, 30)
+        keys = [data() for _ in range(n)]
+        map_keys = [data() for _ in range(n)] if op in (MAP_PUT, MAP_REMOVE) else None
+        values = [data() for _ in range(n)] if op in (SET, MAP_PUT) else None
+        items = ([tuple(data() for _ in range(rng.choice([0, 1, 3, 63, 64, 1024, 1030])))
+                  for _ in range(n)] if op in (LIST_ADD, LIST_REPLACE) else None)
+        state = rng.choice(["s", "é" * 70])
+        expected = [op_.to_bytes() for op_ in ops_of_columns(state, op, keys, map_keys, values,
+                                                             items)]
+        assert encode_ops(state, op, keys, map_keys, values, items) == expected
+        assert [StateOp.from_bytes(p) for p in expected] == ops_of_columns(
+            state, op, keys, map_keys, values, items)
+
+
+def test_mutate_columns_refuses_what_does_not_suit_the_state(
+        storage: Any, store: Any, new_table: TableFactory) -> None:
+    backend = new_backend(storage, store, new_table())
+    try:
+        backend.register(COUNT)
+        with pytest.raises(StateMismatchError, match="MAP_PUT on VALUE state 'count'"):
+            backend.mutate_columns("count", MAP_PUT, [0], [b"k"], [b"m"], [b"v"])
+        with pytest.raises(StateMismatchError, match="unregistered state 'nothing'"):
+            backend.mutate_columns("nothing", SET, [0], [b"k"], values=[b"v"])
+        with pytest.raises(ValueError, match="2 changes of state 'count' but 1 key groups"):
+            backend.mutate_columns("count", SET, [0], [b"a", b"b"], values=[b"1", b"2"])
+        assert backend.table.key_groups() == []
     finally:
         backend.close()
