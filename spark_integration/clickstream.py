@@ -33,6 +33,7 @@ from .streaming import (
     KeyState,
     StatefulFunction,
     StreamingStateConfig,
+    TaskListener,
     stateful_foreach_batch,
 )
 from .vectorized import BatchState
@@ -254,7 +255,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               max_per_batch: int = 2000, timeout_s: float = 600.0,
               progress: bool = True, listener: BatchListener | None = None,
               fn: StatefulFunction = update_user, master: str | None = None,
-              spark_config: dict[str, str] | None = None) -> dict[str, Any]:
+              spark_config: dict[str, str] | None = None,
+              task_listener: TaskListener | None = None) -> dict[str, Any]:
     """Run the streaming query until ``expected_events`` were processed; returns a summary.
 
     ``master``: ``local[n]`` (default: ``local[max(2, parallelism)]``) or a cluster's
@@ -266,10 +268,11 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     parallelism = max(2, config.parallelism)
     spark = spark_session(master or f"local[{parallelism}]", "clickstream", parallelism,
                           spark_config)
-    # Each batch's outputs are committed in the Kafka transaction of its checkpoint.
+    # Each task commits its outputs with its part of the checkpoint (one transaction).
     processor = stateful_foreach_batch(config, fn, "user", OUTPUT_SCHEMA,
                                        sink=KafkaOutputSink(output_topic, key_column="user"),
-                                       order_by=["seq"], listener=listener)
+                                       order_by=["seq"], listener=listener,
+                                       task_listener=task_listener)
     stream = kafka_input(spark, settings["bootstrap.servers"], input_topic, max_per_batch)
     query = (stream.writeStream.foreachBatch(processor)
              .option("checkpointLocation", checkpoint_dir)
@@ -325,11 +328,12 @@ def _processed_offsets(query: Any) -> int:
 
 
 def main(argv: list[str] | None = None, listener: BatchListener | None = None,
-         fn: StatefulFunction = update_user) -> int:
+         fn: StatefulFunction = update_user, task_listener: TaskListener | None = None
+         ) -> int:
     """Run the query in this process (the demo runs it as a child it can kill -9).
 
-    ``listener`` hears the driver's batch events and ``fn`` replaces the stateful
-    function (crash tests inject faults through both).
+    ``listener`` hears the driver's batch events, ``task_listener`` the tasks' and ``fn``
+    replaces the stateful function (crash tests inject faults through them).
     """
     parser = argparse.ArgumentParser(description="the clickstream streaming query")
     parser.add_argument("--bootstrap-servers", required=True)
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
     summary = run_query(config, settings, args.input_topic, args.output_topic,
                         args.checkpoint_dir, args.expected_events, args.max_per_batch,
                         listener=listener, fn=fn, master=args.master,
-                        spark_config=spark_config)
+                        spark_config=spark_config, task_listener=task_listener)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -1,22 +1,22 @@
-"""Exactly-once outputs: a batch's output rows to a Kafka topic, in its checkpoint's transaction.
+"""Exactly-once outputs: a batch's output rows to a Kafka topic, committed by the tasks.
 
 Give a :class:`KafkaOutputSink` as the ``sink`` of :func:`stateful_foreach_batch`
-and the outputs of a micro-batch are written to ``topic`` in the same Kafka
-transaction that commits its checkpoint: a consumer reading with
+and every subtask's task writes its outputs of a micro-batch to ``topic`` itself, in
+one Kafka transaction of its own that also commits its part of the checkpoint (a
+transactional id per application, operator and subtask): no output row goes
+through the driver. The driver completes the checkpoint once every subtask
+committed; a batch Spark runs again after a crash reuses what its subtasks committed
+instead of computing them again. A consumer reading with
 ``isolation.level=read_committed`` (librdkafka's default, so kcat and
 confluent-kafka; the Java console consumer needs ``--isolation-level
 read_committed``) sees every batch's outputs exactly once, whatever crashed when.
-
-The outputs are produced by the driver (they are collected there anyway, with the
-subtasks' state handles), so this suits outputs of up to some hundred thousand rows
-per batch; larger outputs belong in a sink of their own, idempotent per batch id.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,15 +59,22 @@ class KafkaOutputSink:
     producer_config: dict[str, Any] = field(default_factory=dict)
 
     def transactional_id_for(self, application: str, operator_id: str) -> str:
-        """The transactional id this sink commits with."""
+        """The prefix of the transactional ids this sink commits with (one per subtask:
+        ``<prefix>-<subtask>``)."""
         return self.transactional_id or f"kafka-changelog-{application}-{operator_id}"
 
     def records(self, outputs: pd.DataFrame, batch_id: int,
                 checkpoint_id: int) -> Iterator[OutputRecord]:
         """The output records of one batch, committed with checkpoint ``checkpoint_id``."""
+        return self.records_of(outputs.to_dict("records"), batch_id, checkpoint_id)
+
+    def records_of(self, rows: Iterable[dict[str, Any]], batch_id: int,
+                   checkpoint_id: int) -> Iterator[OutputRecord]:
+        """The output records of ``rows`` (plain values), committed with checkpoint
+        ``checkpoint_id``."""
         headers = ((BATCH_HEADER, str(batch_id).encode()),
                    (CHECKPOINT_HEADER, str(checkpoint_id).encode()))
-        for row in outputs.to_dict("records"):
+        for row in rows:
             key = row.get(self.key_column) if self.key_column is not None else None
             yield OutputRecord(self.topic, self.serialize(row), _key_bytes(key), headers)
 

@@ -55,6 +55,11 @@ class SubtaskMetrics:
     #: Seconds getting the backend, whatever the source (opening and reattaching a local
     #: store takes milliseconds; a restore, its restore_s).
     attach_s: float = 0.0
+    #: Output rows the subtask produced.
+    rows_out: int = 0
+    #: Whether the batch reused what an earlier run of it committed for this subtask
+    #: (the figures above are that run's; nothing was computed again).
+    reused: bool = False
 
     def to_json(self) -> str:
         """One JSON object (what a task sends to the driver)."""

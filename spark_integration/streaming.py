@@ -13,17 +13,21 @@ checkpoint (reused from the Python worker's cache when it is exactly there; with
 subtask's store is exactly there, whichever worker left it: see
 :mod:`spark_integration.local_state`; else restored from Kafka), calls the user's
 function per key in a deterministic order,
-persists the changelog, and returns its output rows plus its state handle. The
-driver commits the checkpoint only when every subtask succeeded: with a
-:class:`~spark_integration.kafka_sink.KafkaOutputSink`, in one Kafka transaction
-with the batch's outputs; with a sink function, before calling it.
+persists the changelog, and reports its state handle to the driver. With a
+:class:`~spark_integration.kafka_sink.KafkaOutputSink` the task itself commits its
+outputs together with its part of the checkpoint in a Kafka transaction of its own
+(:mod:`kafka_changelog.kafka.task_commit`), and no output row reaches the driver;
+with a sink function the outputs stay in Spark (persisted) and the function gets
+them as a DataFrame. The driver commits the checkpoint only when every subtask
+succeeded (and committed).
 
-A batch that Spark runs again after a crash (before or after our commit) starts from
-the checkpoint before it, so its state comes out the same; when the batch had
-already been committed, the recomputed state is not committed twice. Its outputs
-are then not written again by a ``KafkaOutputSink`` (they were committed with the
-checkpoint) but are given again to a sink function (make it idempotent per batch
-id, as with any ``foreachBatch`` sink).
+A batch that Spark runs again after a crash starts from the checkpoint before it.
+With a ``KafkaOutputSink``, whatever its subtasks committed before the crash is
+reused, not computed again, and a batch whose checkpoint completed is not run at
+all: every output is written once. With a sink function the batch is computed again
+from the same base (the state comes out the same and is not committed twice) and
+its outputs are given again (make the function idempotent per batch id, as with any
+``foreachBatch`` sink).
 """
 
 from __future__ import annotations
@@ -43,10 +47,15 @@ import pandas as pd
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
-from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.checkpoint_store import (
+    CheckpointStoreConfig,
+    KafkaCheckpointStore,
+    high_watermark,
+)
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
+from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, SubtaskCommitter, fence
+from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError
 from kafka_changelog.state.backend_config import KINDS, MEMORY, ROCKSDB
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
@@ -56,6 +65,7 @@ from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.local_store import remove_operator_stores
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
+from kafka_changelog.state.subtask_commit import SubtaskCommit
 
 from . import local_state
 from .batch_identity import BatchPlan, plan_batch
@@ -76,14 +86,25 @@ PARTITION_COLUMN = "__kc_partition"
 METRICS_COLUMN = "__kc_metrics"
 _INTERNAL_COLUMNS = [SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN]
 
-#: The points of a micro-batch a :data:`BatchListener` hears about, in order.
-BATCH_EVENTS = ("batch_start", "before_commit", "in_transaction", "after_commit")
+#: The points of a micro-batch a :data:`BatchListener` hears about, in order:
+#: ``before_commit`` comes when every subtask has finished (with a ``KafkaOutputSink``:
+#: committed its outputs) and the checkpoint record is not yet written.
+BATCH_EVENTS = ("batch_start", "before_commit", "after_commit")
 
-#: ``listener(event, batch_id)``: called on the driver at each of :data:`BATCH_EVENTS`
-#: (``in_transaction`` only with a ``KafkaOutputSink``: outputs and checkpoint records
-#: are produced, the transaction not yet committed). For metrics, logging, and fault
-#: injection in tests; an exception it raises fails the batch.
+#: ``listener(event, batch_id)``: called on the driver at each of :data:`BATCH_EVENTS`.
+#: For metrics, logging, and fault injection in tests; an exception it raises fails the
+#: batch.
 BatchListener = Callable[[str, int], None]
+
+#: The points of a subtask's task a :data:`TaskListener` hears about, in order
+#: (``subtask_in_transaction`` and ``subtask_committed`` only with a
+#: ``KafkaOutputSink``: its outputs and its part of the checkpoint are produced, the
+#: transaction not yet committed; then committed).
+TASK_EVENTS = ("subtask_start", "subtask_in_transaction", "subtask_committed")
+
+#: ``task_listener(event, batch_id, subtask)``: called in the Spark task at each of
+#: :data:`TASK_EVENTS` (pickled to the executors). An exception it raises fails the task.
+TaskListener = Callable[[str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -197,7 +218,7 @@ class _Process:
                                                    KafkaSnapshotStore]]] = {}
     coordinators: ClassVar[dict[tuple[str, ...], CheckpointCoordinator]] = {}
     backends: ClassVar[dict[tuple[Any, ...], CachedBackend]] = {}
-    committers: ClassVar[dict[tuple[str, ...], TransactionalCommitter]] = {}
+    committers: ClassVar[dict[tuple[str, ...], SubtaskCommitter]] = {}
 
     @staticmethod
     def _resource_key(config: StreamingStateConfig) -> tuple[str, ...]:
@@ -226,17 +247,24 @@ class _Process:
         return cls.coordinators[key]
 
     @classmethod
-    def committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink
-                  ) -> TransactionalCommitter:
-        """The transactional committer of ``sink`` (its first use fences a crashed
-        predecessor with the same transactional id and aborts what it left open)."""
-        tid = sink.transactional_id_for(config.application, config.operator_id)
+    def task_committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink,
+                       subtask: int) -> SubtaskCommitter:
+        """The transactional committer of ``subtask``'s outputs in this process."""
+        tid = subtask_transactional_id(config, sink, subtask)
         key = (*cls._resource_key(config), tid)
         if key not in cls.committers:
-            store = cls.coordinator(config).checkpoints
-            assert isinstance(store, KafkaCheckpointStore)
-            cls.committers[key] = TransactionalCommitter(store, tid, sink.producer_config)
+            cls.committers[key] = SubtaskCommitter(config.checkpoints(), tid,
+                                                   sink.producer_config)
         return cls.committers[key]
+
+    @classmethod
+    def drop_committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink,
+                       subtask: int) -> None:
+        """Close ``subtask``'s committer in this process (a failed task: start afresh)."""
+        key = (*cls._resource_key(config), subtask_transactional_id(config, sink, subtask))
+        committer = cls.committers.pop(key, None)
+        if committer is not None:
+            committer.close()
 
     @classmethod
     def release(cls, config: StreamingStateConfig) -> None:
@@ -290,6 +318,9 @@ class BatchReport:
     #: What each subtask held and did (state rows and bytes, changes persisted,
     #: materializations, reattached or restored).
     subtask_metrics: dict[int, SubtaskMetrics] = field(default_factory=dict)
+    #: Subtasks whose results an earlier run of the batch committed (with a
+    #: ``KafkaOutputSink``), reused instead of computed again.
+    reused_subtasks: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (JSON-able), e.g. for a metrics system."""
@@ -306,12 +337,14 @@ class StatefulProcessor:
     row with a null key column fails the batch with
     :class:`~kafka_changelog.keys.NullKeyError` (filter or fill nulls first).
 
-    ``sink`` is either a :class:`KafkaOutputSink` (outputs committed in the
-    checkpoint's Kafka transaction: exactly once) or a function ``sink(df, batch_id)``
-    called with every batch's outputs after the checkpoint committed (at least once:
-    a batch Spark runs again after a crash gives its outputs again; make it
-    idempotent per batch id). ``listener`` hears the batch's progress
-    (:data:`BatchListener`).
+    ``sink`` is either a :class:`KafkaOutputSink` (each task commits its outputs with
+    its part of the checkpoint in a Kafka transaction of its own: exactly once, and no
+    output row goes through the driver) or a function ``sink(df, batch_id)`` called
+    with every batch's outputs as a DataFrame after the checkpoint committed (the
+    tasks' results are kept by Spark, so handing them over runs no stateful task again;
+    at least once: a batch Spark runs again after a crash gives its outputs again; make
+    it idempotent per batch id). ``listener`` hears the batch's progress on the driver
+    (:data:`BatchListener`), ``task_listener`` each task's (:data:`TaskListener`).
 
     With ``vectorized=True``, ``fn(rows, state)`` is called once per subtask per batch
     instead, with all of the subtask's rows (sorted by key, then ``order_by``) and a
@@ -328,6 +361,7 @@ class StatefulProcessor:
         sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
         order_by: Iterable[str] = (),
         listener: BatchListener | None = None,
+        task_listener: TaskListener | None = None,
         vectorized: bool = False,
     ) -> None:
         self.config = config
@@ -340,7 +374,11 @@ class StatefulProcessor:
         self.sink = sink
         self.order_by = tuple(order_by)
         self.listener = listener
+        self.task_listener = task_listener
         self.reports: list[BatchReport] = []
+        self._struct: Any = None
+        #: Whether this processor fenced its subtasks' transactional ids (once per process).
+        self._fenced = False
 
     def _emit(self, event: str, batch_id: int) -> None:
         if self.listener is not None:
@@ -368,19 +406,29 @@ class StatefulProcessor:
         self._emit("batch_start", batch_id)
         coordinator = _Process.coordinator(config)
         sink = self.sink
-        committer = (_Process.committer(config, sink) if isinstance(sink, KafkaOutputSink)
-                     else None)
+        kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
         query_id = _query_id(batch_df)
         plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id)
-        if plan.base is None:
-            # Before the first checkpoint: keep other applications' GC off what the tasks
-            # are about to write (see CheckpointCoordinator.guard_first_writes).
-            coordinator.guard_first_writes()
         if plan.kind == "new-query":
             logger.warning(
                 "application %s: batch %d of Spark query %s follows checkpoint %d of another "
                 "query (a new checkpointLocation?): the state carries over from it",
                 config.application, batch_id, query_id or "(none)", plan.base)
+        if kafka_sink is not None and not plan.commit:
+            # The checkpoint and every subtask's outputs are committed: nothing to redo.
+            self._report(BatchReport(batch_id, plan.checkpoint_id, plan.base, False, 0,
+                                     time.monotonic() - started, kind=plan.kind,
+                                     query_id=query_id))
+            return
+        reused: dict[int, SubtaskCommit] = {}
+        floor = 0
+        if kafka_sink is not None:
+            config, reused, floor = self._pending_commits(coordinator, kafka_sink, plan,
+                                                          query_id, batch_id)
+        if plan.base is None:
+            # Before the first checkpoint: keep other applications' GC off what the tasks
+            # are about to write (see CheckpointCoordinator.guard_first_writes).
+            coordinator.guard_first_writes()
         p, max_p = config.parallelism, config.max_parallelism
         columns, types = key_columns_of(batch_df.schema, self.key_columns)
         keyed = (
@@ -390,25 +438,49 @@ class StatefulProcessor:
             .withColumn(SUBTASK_COLUMN,
                         F.floor(F.col(KEY_GROUP_COLUMN) * p / max_p).cast("int"))
         )
-        task = _SubtaskTask(config, self.fn, columns, self.order_by, plan.base,
-                            _assigned_handles(coordinator, config, plan.base),
-                            plan.checkpoint_id, self.output_schema, batch_id,
-                            vectorized=self.vectorized)
+        outputs_to_driver = sink is not None and kafka_sink is None
+        task = _SubtaskTask(
+            config, self.fn, columns, self.order_by, plan.base,
+            _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,
+            self.output_schema, batch_id,
+            _TaskCommit(kafka_sink, self._output_struct(batch_df), floor, query_id,
+                        {s: c.to_bytes() for s, c in reused.items()})
+            if kafka_sink is not None else None,
+            outputs_to_driver, self.task_listener, vectorized=self.vectorized)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
 
+        internal = (f"{SUBTASK_COLUMN} int, {PARTITION_COLUMN} int, {METRICS_COLUMN} string, "
+                    f"{HANDLE_COLUMN} binary")
         result = partition_by_subtask(
             # A null key hashes like any value (Spark's hash(null) is its seed); the task
             # that gets it refuses it, naming the column.
             keyed, SUBTASK_COLUMN, p,
-        ).mapInPandas(run_partition, f"{self.output_schema}, {SUBTASK_COLUMN} int, "
-                                     f"{PARTITION_COLUMN} int, {METRICS_COLUMN} string, "
-                                     f"{HANDLE_COLUMN} binary")
+        ).mapInPandas(run_partition, f"{self.output_schema}, {internal}"
+                      if outputs_to_driver else internal)
         tasks_started = time.monotonic()
-        collected = result.toPandas()
+        if outputs_to_driver:
+            # The sink gets the outputs as a DataFrame: keep the tasks' results so that
+            # handing them over runs no stateful task again.
+            result = result.persist()
+        handles = result.where(F.col(HANDLE_COLUMN).isNotNull()).select(
+            SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN).toPandas()
         task_s = time.monotonic() - tasks_started
-        handles = collected[collected[HANDLE_COLUMN].notnull()]
+        try:
+            self._finish(batch_df, batch_id, plan, query_id, coordinator, config, handles,
+                         result, started, task_s)
+        finally:
+            if outputs_to_driver:
+                result.unpersist()
+
+    def _finish(self, batch_df: Any, batch_id: int, plan: BatchPlan, query_id: str,
+                coordinator: CheckpointCoordinator, config: StreamingStateConfig,
+                handles: pd.DataFrame, result: Any, started: float, task_s: float) -> None:
+        """Commit the checkpoint of the subtasks' ``handles``, then call a sink function."""
+        from pyspark.sql import functions as F
+
+        p = config.parallelism
         if sorted(handles[SUBTASK_COLUMN]) != list(range(p)):
             raise ChangelogError(
                 f"batch {batch_id}: expected state handles of subtasks 0..{p - 1}, got "
@@ -417,42 +489,92 @@ class StatefulProcessor:
         partitions = {int(s): int(q) for s, q in
                       zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
         metrics = {m.subtask: m for m in map(SubtaskMetrics.from_json, handles[METRICS_COLUMN])}
-        restores = {s: m.restore_s for s, m in metrics.items() if m.state_source == "restored"}
+        restores = {s: m.restore_s for s, m in metrics.items()
+                    if m.state_source == "restored" and not m.reused}
         materializations = {
             s.subtask_index: (s.keyed.materialization_id
                               if s.keyed is not None and s.keyed.snapshot is not None else 0)
             for s in subtasks}
-        outputs = _typed_like(collected[collected[HANDLE_COLUMN].isnull()].drop(
-            columns=[SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]
-        ).reset_index(drop=True), result.schema)
         self._emit("before_commit", batch_id)
         commit_started = time.monotonic()
         if plan.commit:
-            self._commit(coordinator, committer, plan, subtasks, outputs, query_id, batch_id)
+            coordinator.complete(plan.checkpoint_id, subtasks,
+                                 properties=plan.properties(query_id, batch_id))
         commit_s = time.monotonic() - commit_started
         self._emit("after_commit", batch_id)
         sink_started = time.monotonic()
+        sink = self.sink
         if sink is not None and not isinstance(sink, KafkaOutputSink):
-            frame = batch_df.sparkSession.createDataFrame(outputs, self.output_schema)
-            sink(frame, batch_id)
-        report = BatchReport(
-            batch_id, plan.checkpoint_id, plan.base, plan.commit, len(outputs),
-            time.monotonic() - started, task_s, commit_s, time.monotonic() - sink_started,
-            partitions, restores, materializations, plan.kind, query_id, metrics)
+            outputs = result.where(F.col(HANDLE_COLUMN).isNull()).drop(
+                SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN)
+            sink(outputs, batch_id)
+        self._report(BatchReport(
+            batch_id, plan.checkpoint_id, plan.base, plan.commit,
+            sum(m.rows_out for m in metrics.values()), time.monotonic() - started, task_s,
+            commit_s, time.monotonic() - sink_started, partitions, restores,
+            materializations, plan.kind, query_id, metrics,
+            sorted(s for s, m in metrics.items() if m.reused)))
+
+    def _report(self, report: BatchReport) -> None:
         self.reports.append(report)
         log_batch(report)
 
-    def _commit(self, coordinator: CheckpointCoordinator,
-                committer: TransactionalCommitter | None, plan: BatchPlan,
-                subtasks: list[SubtaskState], outputs: pd.DataFrame, query_id: str,
-                batch_id: int) -> None:
-        persist = None
-        if committer is not None and isinstance(self.sink, KafkaOutputSink):
-            persist = committer.persister(
-                self.sink.records(outputs, batch_id, plan.checkpoint_id),
-                lambda: self._emit("in_transaction", batch_id))
-        coordinator.complete(plan.checkpoint_id, subtasks, persist=persist,
-                             properties=plan.properties(query_id, batch_id))
+    def _output_struct(self, batch_df: Any) -> Any:
+        """``output_schema`` as a Spark ``StructType`` (parsed once, by Spark)."""
+        if self._struct is None:
+            self._struct = batch_df.sparkSession.createDataFrame(
+                [], self.output_schema).schema
+        return self._struct
+
+    def _pending_commits(self, coordinator: CheckpointCoordinator, sink: KafkaOutputSink,
+                         plan: BatchPlan, query_id: str, batch_id: int
+                         ) -> tuple[StreamingStateConfig, dict[int, SubtaskCommit], int]:
+        """What subtasks of this batch committed already (an earlier run of the batch
+        crashed before the checkpoint completed): the config to run the batch with (the
+        earlier run's parallelism), those commits, and the checkpoint topic's end offset
+        (where the tasks look for commits of their own earlier attempts)."""
+        config = self.config
+        store = coordinator.checkpoints
+        assert isinstance(store, KafkaCheckpointStore)
+        if not self._fenced:
+            # A crashed driver may have left tasks behind: fence every subtask's id (of
+            # this and of the last committed parallelism) before looking.
+            last = store.latest(config.application)
+            old = {s.parallelism for s in last.subtasks_of(config.operator_id)} if last else set()
+            count = max([config.parallelism, *old,
+                         *(c.parallelism for c in store.subtask_commits(
+                             config.application, config.operator_id).values())])
+            fence(config.checkpoints(), [subtask_transactional_id(config, sink, s)
+                                         for s in range(count)], sink.producer_config)
+            self._fenced = True
+        store.catch_up(TRANSACTION_TIMEOUT_MS / 1000 + store.config.request_timeout_s)
+        pending = store.subtask_commits(config.application, config.operator_id)
+        reused = {s: c for s, c in pending.items()
+                  if c.is_for(config.application, config.operator_id, plan.checkpoint_id,
+                              batch_id, query_id)}
+        stale = sorted(s for s, c in pending.items()
+                       if c.checkpoint_id >= plan.checkpoint_id and s not in reused)
+        if stale:
+            logger.warning(
+                "application %s: subtasks %s committed outputs for checkpoint %d in a batch "
+                "that never completed and is not this one (batch %d of query %s): those "
+                "outputs stay published; the state goes on from checkpoint %s",
+                config.application, stale, plan.checkpoint_id, batch_id, query_id or "(none)",
+                plan.base)
+        if reused:
+            parallelism = {c.parallelism for c in reused.values()}
+            if len(parallelism) != 1:
+                raise ChangelogError(
+                    f"batch {batch_id}: the subtasks committed before a crash ran at "
+                    f"different parallelisms {sorted(parallelism)}")
+            earlier = parallelism.pop()
+            logger.warning(
+                "application %s: batch %d ran before and subtasks %s committed their outputs "
+                "then; reusing them%s", config.application, batch_id, sorted(reused),
+                "" if earlier == config.parallelism else
+                f" (at their parallelism {earlier}; {config.parallelism} from the next batch)")
+            config = dataclasses.replace(config, parallelism=earlier)
+        return config, reused, high_watermark(config.checkpoints())
 
 
 def _query_id(batch_df: Any) -> str:
@@ -465,6 +587,27 @@ def _query_id(batch_df: Any) -> str:
     return context.getLocalProperty("sql.streaming.queryId") or ""
 
 
+def subtask_transactional_id(config: StreamingStateConfig, sink: KafkaOutputSink,
+                             subtask: int) -> str:
+    """The transactional id subtask ``subtask`` commits its outputs with."""
+    return f"{sink.transactional_id_for(config.application, config.operator_id)}-{subtask}"
+
+
+@dataclass(frozen=True)
+class _TaskCommit:
+    """How the tasks of a batch commit their outputs to a ``KafkaOutputSink``."""
+
+    sink: KafkaOutputSink
+    #: The output schema (Spark ``StructType``): rows are cast to it before they are written.
+    struct: Any
+    #: The checkpoint topic's end offset when the batch started: an earlier attempt's
+    #: commit of this batch lies after it.
+    floor: int
+    query_id: str
+    #: ``SubtaskCommit`` bytes of subtasks an earlier run of the batch committed.
+    reused: dict[int, bytes]
+
+
 class _SubtaskTask:
     """What a Spark task runs for its subtask's rows (pickled to workers)."""
 
@@ -472,7 +615,9 @@ class _SubtaskTask:
                  fn: StatefulFunction | VectorizedFunction,
                  key_columns: list[str], order_by: tuple[str, ...], base: int | None,
                  handles: dict[int, list[KeyedStateHandle]], checkpoint_id: int,
-                 output_schema: str, batch_id: int, vectorized: bool = False) -> None:
+                 output_schema: str, batch_id: int, commit: _TaskCommit | None = None,
+                 outputs_to_driver: bool = True, listener: TaskListener | None = None,
+                 vectorized: bool = False) -> None:
         self.config = config
         self.fn = fn
         self.vectorized = vectorized
@@ -486,6 +631,13 @@ class _SubtaskTask:
         self.batch_id = batch_id
         self.output_columns = [c.strip().split()[0].strip("`")
                                for c in output_schema.split(",") if c.strip()]
+        self.commit = commit
+        self.outputs_to_driver = outputs_to_driver
+        self.listener = listener
+
+    def _columns(self) -> list[str]:
+        internal = [SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]
+        return [*self.output_columns, *internal] if self.outputs_to_driver else internal
 
     def run_partition(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         """Run the subtask of one Spark partition: partition ``i`` is subtask ``i``
@@ -508,11 +660,31 @@ class _SubtaskTask:
                     "exactly its own subtask's rows")
         frame = self(rows, subtask)
         frame[PARTITION_COLUMN] = subtask
-        yield frame[[*self.output_columns, SUBTASK_COLUMN, PARTITION_COLUMN,
-                     METRICS_COLUMN, HANDLE_COLUMN]]
+        yield frame[self._columns()]
+
+    def _emit(self, event: str, subtask: int) -> None:
+        if self.listener is not None:
+            self.listener(event, self.batch_id, subtask)
 
     def __call__(self, rows: pd.DataFrame | None, subtask: int) -> pd.DataFrame:
-        """One subtask's rows (None or empty: no input) -> its outputs and state handle."""
+        """One subtask's rows (None or empty: no input) -> its state handle row (and its
+        outputs, when they go to the driver)."""
+        self._emit("subtask_start", subtask)
+        commit = self.commit
+        committer: SubtaskCommitter | None = None
+        if commit is not None:
+            earlier = commit.reused.get(subtask)
+            if earlier is not None:
+                return self._handle_frame(subtask, SubtaskCommit.from_bytes(earlier))
+            committer = _Process.task_committer(self.config, commit.sink, subtask)
+            try:
+                # After this task's producer fenced every earlier attempt's.
+                found = committer.find(self._commit_key(subtask), commit.floor, self._same)
+            except BaseException:
+                _Process.drop_committer(self.config, commit.sink, subtask)
+                raise
+            if found is not None:
+                return self._handle_frame(subtask, found)
         attached: local_state.LocalAttachment | None = None
         if self.config.state_backend == ROCKSDB:
             storage, snapshots = _Process.stores(self.config)
@@ -525,29 +697,97 @@ class _SubtaskTask:
             backend, attach_s, source = self._backend(subtask)
         try:
             outputs, metrics, handle = self._run(backend, rows, subtask, source, attach_s)
+            metrics = dataclasses.replace(metrics, rows_out=len(outputs))
+            encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
+                                   handle, None).to_bytes()
+            holding = None
+            if committer is not None and commit is not None:
+                holding, ours = committer.commit(
+                    self._output_records(outputs, commit),
+                    self._subtask_commit(subtask, encoded, metrics, len(outputs), commit),
+                    commit.floor, lambda: self._emit("subtask_in_transaction", subtask))
+                if not ours:
+                    raise _SupersededError
+        except _SupersededError:
+            # Another attempt committed this subtask first: its results stand; this
+            # backend is at no checkpoint.
+            self._discard(backend, attached, subtask)
+            assert holding is not None
+            return self._handle_frame(subtask, holding)
         except BaseException:
             # A failed task's backend is at no checkpoint: never kept (a local store is
             # left without manifest, so the next task restores it).
-            try:
-                if attached is not None:
-                    local_state.abandon(attached)
-                else:
-                    backend.close()
-            except Exception as exc:
-                logger.warning("closing subtask %d's backend after a failure: %s", subtask, exc)
+            self._discard(backend, attached, subtask)
+            if commit is not None:
+                _Process.drop_committer(self.config, commit.sink, subtask)
             raise
-        encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
-                               handle, None).to_bytes()
+        if committer is not None:
+            self._emit("subtask_committed", subtask)
         _Process.backends[self._cache_key(subtask)] = (
             local_state.release(attached, self.config, subtask, self.checkpoint_id, encoded)
             if attached is not None else CachedBackend(backend, self.checkpoint_id))
+        return self._frame(subtask, outputs, encoded, metrics.to_json())
+
+    def _discard(self, backend: ChangelogKeyedStateBackend,
+                 attached: local_state.LocalAttachment | None, subtask: int) -> None:
+        try:
+            if attached is not None:
+                local_state.abandon(attached)
+            else:
+                backend.close()
+        except Exception as exc:
+            logger.warning("closing subtask %d's backend after a failure: %s", subtask, exc)
+
+    def _commit_key(self, subtask: int) -> str:
+        from kafka_changelog.state.subtask_commit import subtask_commit_key
+
+        return subtask_commit_key(self.config.application, self.config.operator_id, subtask)
+
+    def _same(self, found: SubtaskCommit) -> bool:
+        assert self.commit is not None
+        return found.is_for(self.config.application, self.config.operator_id,
+                            self.checkpoint_id, self.batch_id, self.commit.query_id)
+
+    def _subtask_commit(self, subtask: int, encoded: bytes, metrics: SubtaskMetrics,
+                        rows_out: int, commit: _TaskCommit) -> SubtaskCommit:
+        c = self.config
+        return SubtaskCommit(c.application, c.operator_id, self.checkpoint_id, subtask,
+                             c.parallelism, self.batch_id, commit.query_id,
+                             int(time.time() * 1000), rows_out, encoded,
+                             dataclasses.replace(metrics, reused=True).to_json())
+
+    def _output_records(self, outputs: list[dict[str, Any]], commit: _TaskCommit
+                        ) -> list[OutputRecord]:
+        """The outputs as records of the sink, cast to the output schema first (as Spark
+        casts what a task returns)."""
+        if not outputs:
+            return []
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        frame = pd.DataFrame(outputs, columns=self.output_columns)
+        table = pa.Table.from_pandas(frame, schema=to_arrow_schema(commit.struct),
+                                     preserve_index=False, safe=True)
+        return list(commit.sink.records_of(table.to_pylist(), self.batch_id,
+                                           self.checkpoint_id))
+
+    def _handle_frame(self, subtask: int, commit: SubtaskCommit) -> pd.DataFrame:
+        """The handle row of a subtask whose results an earlier attempt committed."""
+        logger.info("batch %d: subtask %d reuses what an earlier attempt committed "
+                    "(checkpoint %d)", self.batch_id, subtask, commit.checkpoint_id)
+        return self._frame(subtask, [], commit.subtask_state, commit.metrics)
+
+    def _frame(self, subtask: int, outputs: list[dict[str, Any]], encoded: bytes,
+               metrics: str) -> pd.DataFrame:
+        if not self.outputs_to_driver:
+            outputs = []
         marker: dict[str, Any] = dict.fromkeys(self.output_columns)
         marker.update({HANDLE_COLUMN: encoded})
         records = [{**row, HANDLE_COLUMN: None} for row in outputs] + [marker]
         frame = pd.DataFrame(records, columns=[*self.output_columns, HANDLE_COLUMN])
         frame[SUBTASK_COLUMN] = subtask
-        frame[METRICS_COLUMN] = [None] * len(outputs) + [metrics.to_json()]  # handle row only
-        return frame[[*self.output_columns, SUBTASK_COLUMN, METRICS_COLUMN, HANDLE_COLUMN]]
+        frame[METRICS_COLUMN] = [None] * len(outputs) + [metrics]  # handle row only
+        return frame
 
     def _run(self, backend: ChangelogKeyedStateBackend, rows: pd.DataFrame | None,
              subtask: int, source: str, attach_s: float
@@ -646,6 +886,10 @@ class _SubtaskTask:
         return backend, time.monotonic() - started, "restored"
 
 
+class _SupersededError(Exception):
+    """Another attempt of the task committed the subtask first (internal)."""
+
+
 def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingStateConfig,
                       base: int | None) -> dict[int, list[KeyedStateHandle]]:
     """Per subtask of ``config.parallelism``, the keyed state handles of checkpoint ``base``
@@ -661,21 +905,6 @@ def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingState
         assigned[subtask] = [h for h in old
                              if not h.key_group_range.intersection(key_groups).is_empty]
     return assigned
-
-
-def _typed_like(outputs: pd.DataFrame, schema: Any) -> pd.DataFrame:
-    """``outputs`` with integer and boolean columns as such again: the handle rows'
-    nulls made ``toPandas`` widen them to float/object."""
-    from pyspark.sql import types as T
-
-    for spark_field in schema.fields:
-        if spark_field.name not in outputs.columns:
-            continue
-        if isinstance(spark_field.dataType, T.IntegralType):
-            outputs[spark_field.name] = outputs[spark_field.name].astype("Int64")
-        elif isinstance(spark_field.dataType, T.BooleanType):
-            outputs[spark_field.name] = outputs[spark_field.name].astype("boolean")
-    return outputs
 
 
 def _natural(value: Any) -> Any:
@@ -705,6 +934,7 @@ def stateful_foreach_batch(
     sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
     order_by: Iterable[str] = (),
     listener: BatchListener | None = None,
+    task_listener: TaskListener | None = None,
     vectorized: bool = False,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
@@ -716,4 +946,4 @@ def stateful_foreach_batch(
     a cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
-                             vectorized)
+                             task_listener, vectorized)

@@ -54,6 +54,8 @@ class ResetPlan:
     checkpoint_ids: list[int]
     has_pointer: bool
     guard_ids: list[str]
+    #: Keys of its streaming tasks' subtask commits (outputs committed by the tasks).
+    subtask_commit_keys: list[str]
     #: When it last showed life: its latest checkpoint, or its newest guard (epoch ms).
     last_activity_ms: int | None
     chunks: list[Chunk]
@@ -69,7 +71,8 @@ class ResetPlan:
         return {
             "application": self.application, "checkpoint_topic": self.checkpoint_topic,
             "checkpoint_ids": self.checkpoint_ids, "latest_pointer": self.has_pointer,
-            "guard_ids": self.guard_ids, "last_activity_ms": self.last_activity_ms,
+            "guard_ids": self.guard_ids, "subtask_commits": len(self.subtask_commit_keys),
+            "last_activity_ms": self.last_activity_ms,
             "snapshot_chunks": {t: sum(1 for c in self.chunks if c[0] == t) for t in topics},
             "shared_snapshot_chunks_kept": self.shared_chunks,
             "changelog_topics": self.changelog_topics, "changelog_gc": self.collected,
@@ -115,6 +118,7 @@ def plan_reset(view: CheckpointTopicView, application: str,
     return ResetPlan(
         application=application, checkpoint_topic=view.topic, checkpoint_ids=ids,
         has_pointer=view.has_pointer(application), guard_ids=[g.guard_id for g in guards],
+        subtask_commit_keys=view.subtask_commit_keys(application),
         last_activity_ms=max(times) if times else None,
         chunks=sorted(own_chunks - other_chunks),
         shared_chunks=len(own_chunks & other_chunks),
@@ -159,7 +163,7 @@ def _tombstones(connected: Connection, plan: ResetPlan) -> None:
     # newest checkpoint left, so a crash in between leaves a consistent view.
     app, topic = plan.application, plan.checkpoint_topic
     keys = [latest_key(app)] + [checkpoint_key(app, i) for i in plan.checkpoint_ids] + [
-        guard_key(app, g) for g in plan.guard_ids]
+        guard_key(app, g) for g in plan.guard_ids] + plan.subtask_commit_keys
     progress(f"reset: tombstoning {len(plan.checkpoint_ids)} checkpoints, the latest pointer "
              f"and {len(plan.guard_ids)} guards of {app!r} in {topic}")
     _produce(connected.checkpoint_config(topic).producer(), topic,

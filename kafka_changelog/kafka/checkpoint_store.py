@@ -82,6 +82,19 @@ def validate_checkpoint_topic(info: TopicInfo, config: CheckpointStoreConfig) ->
     check_size(info, "checkpoint topic", 1, config.replication_factor)
 
 
+def high_watermark(config: CheckpointStoreConfig, consumer: Consumer | None = None) -> int:
+    """The checkpoint topic's high watermark: the end of everything written, committed or
+    not (a ``read_committed`` consumer's watermark stops at the first open transaction).
+    ``consumer`` must read ``read_uncommitted``; leader changes are waited out."""
+    own = consumer is None
+    reader = consumer or Consumer({**config.consumer(), "isolation.level": "read_uncommitted"})
+    try:
+        return watermarks(reader, config.topic, PARTITION, config.request_timeout_s)[1]
+    finally:
+        if own:
+            reader.close()
+
+
 class KafkaCheckpointView(CheckpointStore):
     """A read-only view of a checkpoint topic: what the store wrote, as the store sees it.
 
@@ -121,15 +134,27 @@ class KafkaCheckpointView(CheckpointStore):
 
     # -- reading the view --------------------------------------------------------------------
 
-    def _refresh(self) -> None:
+    def catch_up(self, wait_s: float) -> None:
+        """Read everything written to the topic so far, waiting up to ``wait_s`` for open
+        transactions (of streaming tasks) to end: a plain refresh stops at the first open
+        one. For decisions that must see every committed record, such as which subtasks
+        of a batch committed already."""
+        with self._lock:
+            self._refresh(until=high_watermark(self.config), wait_s=wait_s)
+
+    def _refresh(self, until: int | None = None, wait_s: float | None = None) -> None:
         self._check_open()
         timeout = self.config.request_timeout_s
         low, high = watermarks(self._consumer, self.topic, self.PARTITION, timeout)
+        if until is not None:
+            high = max(high, until)
+            timeout = wait_s if wait_s is not None else timeout
         if self._position is None or self._position < low:
             # First read, or the log was truncated under us: rebuild from the log start.
             self._checkpoints.clear()
             self._pointers.clear()
             self._guards.clear()
+            self._subtask_commits.clear()
             self._position = low
         where = f"checkpoint topic {self.topic}[{self.PARTITION}]"
         for message in consume_range(self._consumer, self.topic, self.PARTITION,

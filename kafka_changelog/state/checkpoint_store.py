@@ -34,6 +34,12 @@ from .errors import (
     CheckpointStoreError,
 )
 from .records import OutRecord
+from .subtask_commit import (
+    SUBTASK_COMMIT_SCHEMA_HEADER,
+    SubtaskCommit,
+    parse_subtask_commit_key,
+    subtask_commit_key,
+)
 
 #: The single partition of a store kept as a log (one ordered log: a checkpoint record
 #: comes before its latest pointer).
@@ -110,6 +116,8 @@ class CheckpointStore(ABC):
         self._pointers: dict[str, int] = {}
         self._guards: dict[str, dict[str, tuple[LogFloor, ...]]] = {}
         self._guard_times: dict[tuple[str, str], int] = {}
+        #: Per application, (operator, subtask) -> the subtask's latest commit.
+        self._subtask_commits: dict[str, dict[tuple[str, int], SubtaskCommit]] = {}
 
     # -- the operations ------------------------------------------------------------------
 
@@ -239,6 +247,15 @@ class CheckpointStore(ABC):
             found |= {a for a, guards in self._guards.items() if guards}
             return sorted(found)
 
+    def subtask_commits(self, application: str, operator_id: str) -> dict[int, SubtaskCommit]:
+        """The latest commit of every subtask of the operator that committed its own part
+        of a checkpoint (streaming tasks writing their outputs), by subtask index."""
+        with self._lock:
+            self._refresh()
+            return {subtask: commit for (operator, subtask), commit
+                    in sorted(self._subtask_commits.get(application, {}).items())
+                    if operator == operator_id}
+
     def has_pointer(self, application: str) -> bool:
         """Whether the store holds a latest pointer of ``application``."""
         with self._lock:
@@ -326,9 +343,31 @@ class CheckpointStore(ABC):
         return [OutRecord(PARTITION, guard_key(application, guard_id).encode(), value,
                           [(HEADER_SCHEMA, GUARD_SCHEMA_HEADER.encode())])]
 
+    def subtask_commit_records(self, commit: SubtaskCommit) -> list[OutRecord]:
+        """The record of a subtask's commit (written in the task's own transaction)."""
+        return [OutRecord(PARTITION, commit.key.encode(), commit.to_bytes(),
+                          [(HEADER_SCHEMA, SUBTASK_COMMIT_SCHEMA_HEADER.encode())])]
+
+    def subtask_commit_keys(self, application: str) -> list[str]:
+        """The record keys of every subtask commit of ``application`` (what a reset
+        tombstones)."""
+        with self._lock:
+            self._refresh()
+            return [subtask_commit_key(application, op, s)
+                    for op, s in sorted(self._subtask_commits.get(application, {}))]
+
     def apply_record(self, key_bytes: bytes | None, value: bytes | None, where: str) -> None:
         """Apply one record of the store's log (``where`` names it in errors) to the view."""
         key = (key_bytes or b"").decode(errors="replace")
+        subtask_key = parse_subtask_commit_key(key)
+        if subtask_key is not None:
+            application, operator_id, subtask = subtask_key
+            commits = self._subtask_commits.setdefault(application, {})
+            if value is None:
+                commits.pop((operator_id, subtask), None)
+            else:
+                commits[(operator_id, subtask)] = SubtaskCommit.from_bytes(value, where)
+            return
         if key.endswith(_LATEST_SUFFIX):
             application = key[: -len(_LATEST_SUFFIX)]
             if value is None:
@@ -349,8 +388,8 @@ class CheckpointStore(ABC):
         if match is None:
             raise CheckpointFormatError(
                 f"unexpected record key {key!r} at {where}; expected "
-                "'{application}/checkpoint/{id:020d}', '{application}/latest' or "
-                "'{application}/guard/{id}'"
+                "'{application}/checkpoint/{id:020d}', '{application}/latest', "
+                "'{application}/guard/{id}' or '{application}/subtask/{operator}/{subtask:05d}'"
             )
         application = match["application"]
         checkpoint_id = int(match["checkpoint_id"])

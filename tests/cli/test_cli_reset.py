@@ -124,7 +124,7 @@ def test_reset_deletes_only_its_records_and_frees_its_changelog(shared: Shared) 
     expected_start = _lowest_needed(topics.changelog, high, [shared.gamma, *shared.beta])
     assert json.loads(result.stdout) == {
         "application": "alpha", "checkpoint_topic": topics.checkpoint,
-        "checkpoint_ids": [1, 2], "latest_pointer": True, "guard_ids": [],
+        "checkpoint_ids": [1, 2], "latest_pointer": True, "guard_ids": [], "subtask_commits": 0,
         "last_activity_ms": shared.alpha[1].timestamp_ms,
         "snapshot_chunks": {topics.snapshot: len(alone)},
         "shared_snapshot_chunks_kept": len(kept),

@@ -10,7 +10,12 @@
   batch, for the test to break something under it (kill -9 the worker running it, or
   a broker): the first call of the function after ``DIR/arm`` exists claims
   ``DIR/stalled`` (once, across all processes), writes its pid there and waits until
-  ``DIR/release`` exists (at most 300 s) before doing its work.
+  ``DIR/release`` exists (at most 300 s) before doing its work. With
+  ``--stall-at EVENT``, the task stalls at that task event instead (e.g.
+  ``subtask_committed``: its outputs are committed, the driver does not know yet);
+- ``--kill-task-at EVENT:BATCH:SUBTASK`` (repeatable): a task listener that kills the
+  Python worker running the task (SIGKILL) at that task event, once (across retries:
+  a marker file in ``--fault-dir``); Spark then runs the task again.
 
 ``python -m tests.spark.crashing_clickstream EVENT:BATCH <clickstream args...>`` is
 short for ``--kill-at EVENT:BATCH --``. Fault injection lives here, in the tests; the
@@ -29,7 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from spark_integration.clickstream import main, update_user
-from spark_integration.streaming import BATCH_EVENTS, BatchListener, StatefulFunction
+from spark_integration.streaming import (
+    BATCH_EVENTS,
+    TASK_EVENTS,
+    BatchListener,
+    StatefulFunction,
+    TaskListener,
+)
 
 #: How long a stalled task waits for ``release`` at most.
 STALL_LIMIT_S = 300.0
@@ -47,12 +58,33 @@ def kill_at(event: str, batch_id: int) -> BatchListener:
     return listener
 
 
-def stall_once(directory: str) -> StatefulFunction:
-    """``update_user`` that stalls one call (see the module docstring)."""
+def kill_tasks_at(points: list[str], fault_dir: str) -> TaskListener:
+    """A task listener that SIGKILLs the task's process at each ``EVENT:BATCH:SUBTASK`` of
+    ``points``, once each (a marker in ``fault_dir`` survives the kill)."""
+    wanted = set()
+    for point in points:
+        event, batch, subtask = point.split(":")
+        if event not in TASK_EVENTS:
+            raise ValueError(f"unknown task event {event!r}; expected one of {TASK_EVENTS}")
+        wanted.add((event, int(batch), int(subtask)))
 
-    def stalling(key: Any, rows: Any, state: Any) -> Any:
-        folder = Path(directory)
-        if (folder / "arm").exists() and not (folder / "stalled").exists():
+    def listener(event: str, batch_id: int, subtask: int) -> None:
+        if (event, batch_id, subtask) not in wanted:
+            return
+        marker = Path(fault_dir) / f"killed-{event}-{batch_id}-{subtask}"
+        try:
+            marker.touch(exist_ok=False)
+        except FileExistsError:
+            return  # killed once already: this is the retry
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return listener
+
+
+def _stall(directory: str) -> None:
+    """Stall here once across all processes (see the module docstring)."""
+    folder = Path(directory)
+    if (folder / "arm").exists() and not (folder / "stalled").exists():
             mine = folder / f"stalled-{os.getpid()}.tmp"
             mine.write_text(str(os.getpid()))
             try:
@@ -65,9 +97,28 @@ def stall_once(directory: str) -> StatefulFunction:
             while claimed and not (folder / "release").exists() and (
                     time.monotonic() < deadline):
                 time.sleep(0.1)
+
+
+def stall_once(directory: str) -> StatefulFunction:
+    """``update_user`` that stalls one call (see the module docstring)."""
+
+    def stalling(key: Any, rows: Any, state: Any) -> Any:
+        _stall(directory)
         return update_user(key, rows, state)
 
     return stalling
+
+
+def stall_at(directory: str, event: str) -> TaskListener:
+    """A task listener that stalls one task at ``event`` (see the module docstring)."""
+    if event not in TASK_EVENTS:
+        raise ValueError(f"unknown task event {event!r}; expected one of {TASK_EVENTS}")
+
+    def listener(seen: str, batch_id: int, subtask: int) -> None:
+        if seen == event:
+            _stall(directory)
+
+    return listener
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -78,6 +129,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description="the clickstream job with a fault injected")
     parser.add_argument("--kill-at", metavar="EVENT:BATCH")
     parser.add_argument("--stall-dir")
+    parser.add_argument("--stall-at", metavar="TASK_EVENT")
+    parser.add_argument("--kill-task-at", action="append", default=[],
+                        metavar="TASK_EVENT:BATCH:SUBTASK")
+    parser.add_argument("--fault-dir")
     return parser.parse_args(argv[:split]), argv[split + 1:]
 
 
@@ -87,5 +142,14 @@ if __name__ == "__main__":
     if faults.kill_at:
         where, batch = faults.kill_at.split(":")
         listener = kill_at(where, int(batch))
-    fn = stall_once(faults.stall_dir) if faults.stall_dir else update_user
-    sys.exit(main(job_args, listener=listener, fn=fn))
+    fn: StatefulFunction = update_user
+    task_listener: TaskListener | None = None
+    if faults.stall_dir and faults.stall_at:
+        task_listener = stall_at(faults.stall_dir, faults.stall_at)
+    elif faults.stall_dir:
+        fn = stall_once(faults.stall_dir)
+    if faults.kill_task_at:
+        if not faults.fault_dir or task_listener is not None:
+            raise SystemExit("--kill-task-at needs --fault-dir and no --stall-at")
+        task_listener = kill_tasks_at(faults.kill_task_at, faults.fault_dir)
+    sys.exit(main(job_args, listener=listener, fn=fn, task_listener=task_listener))

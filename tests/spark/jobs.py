@@ -65,13 +65,22 @@ class Job:
     materialization_s: float = 2.0
 
     def command(self, parallelism: int, kill_at: str | None = None,
-                stall_dir: Path | None = None) -> list[str]:
-        """The job's command line (with a fault injected, if any)."""
+                stall_dir: Path | None = None, stall_at: str | None = None,
+                task_kills: tuple[str, ...] = (), fault_dir: Path | None = None,
+                master: str | None = None) -> list[str]:
+        """The job's command line (with faults injected, if any; see
+        ``tests.spark.crashing_clickstream``)."""
         faults = []
         if kill_at:
             faults += ["--kill-at", kill_at]
         if stall_dir:
             faults += ["--stall-dir", str(stall_dir)]
+        if stall_at:
+            faults += ["--stall-at", stall_at]
+        for point in task_kills:
+            faults += ["--kill-task-at", point]
+        if fault_dir:
+            faults += ["--fault-dir", str(fault_dir)]
         module = (["-m", "tests.spark.crashing_clickstream", *faults, "--"] if faults
                   else ["-m", "spark_integration.clickstream"])
         return [
@@ -82,7 +91,7 @@ class Job:
             "--parallelism", str(parallelism), "--expected-events", str(self.events),
             "--max-per-batch", str(self.per_batch),
             "--materialization-interval", str(self.materialization_s),
-            *self.engine.arguments(),
+            *self.engine.arguments(), *(["--master", master] if master else []),
         ]
 
     @property
@@ -94,17 +103,23 @@ class Job:
         return f"{self.prefix}-totals"
 
     def run(self, parallelism: int, kill_at: str | None = None,
-            timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+            timeout_s: float = 600, task_kills: tuple[str, ...] = (),
+            fault_dir: Path | None = None, master: str | None = None
+            ) -> subprocess.CompletedProcess[str]:
         """Run the job to its end (or its kill)."""
-        return subprocess.run(self.command(parallelism, kill_at), cwd=REPO,
+        command = self.command(parallelism, kill_at, task_kills=task_kills,
+                               fault_dir=fault_dir, master=master)
+        return subprocess.run(command, cwd=REPO,
                               capture_output=True, text=True, timeout=timeout_s,
                               preexec_fn=die_with_parent())
 
-    def start(self, parallelism: int, stall_dir: Path, log: Path) -> subprocess.Popen[str]:
+    def start(self, parallelism: int, stall_dir: Path, log: Path,
+              stall_at: str | None = None) -> subprocess.Popen[str]:
         """Start the job with a stalling task (see ``crashing_clickstream``); its stdout
         goes to ``log``, its stderr to ``log`` + ``.err``."""
+        command = self.command(parallelism, stall_dir=stall_dir, stall_at=stall_at)
         with open(log, "w") as out, open(f"{log}.err", "w") as err:
-            return subprocess.Popen(self.command(parallelism, stall_dir=stall_dir), cwd=REPO,
+            return subprocess.Popen(command, cwd=REPO,
                                     stdout=out, stderr=err, text=True,
                                     preexec_fn=die_with_parent())
 

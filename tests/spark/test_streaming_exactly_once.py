@@ -1,20 +1,23 @@
-"""Exactly-once state and outputs for a streaming query whose driver is killed -9.
+"""Exactly-once state and outputs for a streaming query whose driver or tasks are killed -9.
 
 The clickstream query (input through Spark's ``format("kafka")``) runs as its own
 process (Spark driver + JVM), in ``local[n]`` and on the standalone cluster (master +
-2 workers: the tasks run in executor JVMs with their own Python workers). It is
-killed with SIGKILL after our checkpoint commit but before Spark's, between batches
-(after Spark's commit), inside the Kafka transaction that commits a checkpoint with
-its outputs, and before our commit, and restarted at other parallelisms (on the
-cluster, where every run also starts executors, all but the kill between batches). On the
-cluster, the last run also loses a worker: it is killed -9 (with its executor and
-Python workers) while a task of the batch is running there, and Spark runs the task
-again on the other worker. In the end every user's state equals the state computed
-directly from all input events, and the output topic holds every batch's outputs
-exactly once, read both with librdkafka and with Spark's connector
-(``read_committed``): nothing lost, nothing counted or written twice.
+2 workers: the tasks run in executor JVMs with their own Python workers). Every task
+commits its outputs with its part of the checkpoint in a Kafka transaction of its own.
+The driver is killed with SIGKILL after our checkpoint commit but before Spark's,
+before the batch's first task, and after every subtask committed its outputs but
+before the checkpoint record (the next run reuses those commits, at their
+parallelism), and the runs go on at other parallelisms. In ``local[n]`` the last run
+also kills two tasks' Python workers: one inside its transaction (its retry fences
+and aborts it) and one just after its commit (its retry finds the commit and reuses
+it). On the cluster the last run loses a worker (killed -9 with its executor and
+Python workers) while a task it runs has committed its outputs and not yet reported
+to the driver; Spark runs the task again on the other worker, which reuses the
+commit. In the end every user's state equals the state computed directly from all
+input events, and the output topic holds every batch's outputs exactly once, read both
+with librdkafka and with Spark's connector (``read_committed``): nothing lost, nothing
+counted or written twice.
 """
-
 from __future__ import annotations
 
 import json
@@ -45,11 +48,15 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 EVENT_COUNT = 1600
 USERS = 40
 #: (parallelism, where the driver is killed) of the runs, in order; the last one finishes.
-RUNS = [(2, "after_commit:1"), (3, "batch_start:2"), (3, "in_transaction:2"),
+RUNS = [(2, "after_commit:1"), (3, "batch_start:2"), (3, "before_commit:2"),
         (2, "before_commit:3"), (1, None)]
+#: Tasks the last local run kills (``TASK_EVENT:BATCH:SUBTASK``), once each; the run's
+#: ``local[n, 4]`` master lets Spark run a failed task again.
+TASK_KILLS = ("subtask_in_transaction:4:0", "subtask_committed:5:0")
+PER_BATCH = 300
 #: On the cluster (each run starts executors too): the kills that matter most, across
 #: rescaling; the last run loses a worker instead.
-CLUSTER_RUNS = [(2, "after_commit:1"), (3, "in_transaction:2"), (2, "before_commit:3"),
+CLUSTER_RUNS = [(2, "after_commit:1"), (3, "before_commit:2"), (2, "before_commit:3"),
                 (2, None)]
 
 
@@ -78,14 +85,14 @@ def wait_for(what: str, found: Callable[[], Any], proc: subprocess.Popen[str], l
 
 
 def run_losing_a_worker(cluster: Any, job: Job, parallelism: int, tmp_path: Path) -> str:
-    """Run the job to its end on ``cluster``, killing -9 the worker that runs one of the
-    first batch's tasks while the task is in the middle of the user's function; the
-    job's output."""
+    """Run the job to its end on ``cluster``, killing -9 the worker that runs a task which
+    has just committed its outputs (before it reports to the driver); the job's
+    output."""
     stall = tmp_path / "stall"
     stall.mkdir()
     (stall / "arm").touch()
     log = tmp_path / "last-run.log"
-    proc = job.start(parallelism, stall, log)
+    proc = job.start(parallelism, stall, log, stall_at="subtask_committed")
     victim = None
     try:
         pid = int(wait_for("a stalled task", lambda: (
@@ -117,7 +124,7 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
     cluster = request.getfixturevalue("spark_cluster") if engine.master else None
     apps_before = completed_apps(cluster) if cluster else 0
     job = Job(f"cs-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-              tmp_path / "spark-checkpoint", EVENT_COUNT, engine)
+              tmp_path / "spark-checkpoint", EVENT_COUNT, engine, per_batch=PER_BATCH)
     settings = kafka_cluster.client_config()
     produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
     runs = RUNS if cluster is None else CLUSTER_RUNS
@@ -126,8 +133,14 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
         assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     parallelism = runs[-1][0]
     if cluster is None:
-        done = job.run(parallelism)
+        faults = tmp_path / "faults"
+        faults.mkdir()
+        done = job.run(parallelism, task_kills=TASK_KILLS, fault_dir=faults,
+                       master=f"local[{max(2, parallelism)},4]")
         assert done.returncode == 0, done.stderr[-3000:]
+        # Both tasks were killed (and ran again).
+        assert sorted(p.name for p in faults.iterdir()) == sorted(
+            "killed-" + point.replace(":", "-") for point in TASK_KILLS)
         output = done.stdout
     else:
         output = run_losing_a_worker(cluster, job, parallelism, tmp_path)

@@ -1,0 +1,274 @@
+"""A task's outputs and its part of a checkpoint, in one Kafka transaction of its own.
+
+Each subtask of a streaming operator commits with its own transactional id (stable
+per application, operator and subtask index). The protocol makes every subtask's
+outputs visible exactly once, whichever attempt of the task, or which re-run of the
+batch, gets there first:
+
+1. the committer's producer starts with ``init_transactions``, which fences every
+   earlier producer of the id (a zombie attempt can no longer commit) and aborts its
+   open transaction;
+2. :meth:`SubtaskCommitter.find` then reads the checkpoint topic from the batch's
+   floor (its end offset when the batch started) up to the *high watermark*, waiting
+   for open transactions of others to end, so a commit of an earlier attempt is seen
+   even when it lies beyond another subtask's open transaction;
+3. if that attempt committed, its commit is reused and nothing is computed or written;
+   else the task computes, and :meth:`SubtaskCommitter.commit` writes the outputs and
+   the :class:`~kafka_changelog.state.subtask_commit.SubtaskCommit` record in one
+   transaction. When another attempt took the id over meanwhile (this producer is
+   fenced), the committer starts a new producer (fencing that one in turn), looks
+   again, and reuses what the other attempt committed or commits its own.
+
+At most one producer of an id is current at any time and a producer commits only
+after it has looked, so two attempts never both commit a subtask's outputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+from ..errors import KafkaAccessError
+from ..state.checkpoint_store import PARTITION
+from ..state.errors import CheckpointStoreError
+from ..state.records import OutRecord
+from ..state.subtask_commit import SUBTASK_COMMIT_SCHEMA_HEADER, SubtaskCommit
+from .checkpoint_store import CheckpointStoreConfig, high_watermark
+from .consume import consume_range, end_of_partition
+from .error_text import describe, is_access_error
+from .transactional_commit import OutputRecord, TransactionAbortedError, TransactionFencedError
+
+logger = logging.getLogger(__name__)
+
+#: librdkafka's transaction timeout for task transactions: a task killed inside one
+#: holds back ``read_committed`` readers of its partitions at most this long (a retry
+#: of the task aborts it at once).
+TRANSACTION_TIMEOUT_MS = 60_000
+
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
+
+def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
+          producer_config: Mapping[str, Any] | None = None) -> None:
+    """Fence every producer of ``transactional_ids`` and abort their open transactions
+    (a driver does this before it reads which subtasks committed, after a crash)."""
+    for tid in transactional_ids:
+        producer = Producer(_transactional_settings(config, tid, producer_config))
+        try:
+            producer.init_transactions(config.request_timeout_s)
+        except KafkaException as exc:
+            raise _error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
+        finally:
+            producer.flush(0)
+
+
+class SubtaskCommitter:
+    """Commits one subtask's outputs with its :class:`SubtaskCommit` (see the module)."""
+
+    def __init__(self, config: CheckpointStoreConfig, transactional_id: str,
+                 producer_config: Mapping[str, Any] | None = None,
+                 wait_s: float | None = None) -> None:
+        self.config = config
+        self.transactional_id = transactional_id
+        self.producer_config = dict(producer_config or {})
+        #: How long :meth:`find` waits for others' open transactions to end.
+        self.wait_s = wait_s if wait_s is not None else (
+            TRANSACTION_TIMEOUT_MS / 1000 + config.request_timeout_s)
+        self._consumer = Consumer(config.consumer())
+        self._ends = Consumer({**config.consumer(), "isolation.level": "read_uncommitted"})
+        self._producer: Producer | None = None
+        self.commits = 0
+        self.fenced = 0
+
+    def start(self) -> None:
+        """Make this committer's producer current, fencing earlier ones (no-op if it is)."""
+        if self._producer is not None:
+            return
+        producer = Producer(_transactional_settings(self.config, self.transactional_id,
+                                                    self.producer_config))
+        try:
+            producer.init_transactions(self.config.request_timeout_s)
+        except KafkaException as exc:
+            producer.flush(0)
+            raise _error("starting transactions", exc.args[0], self.transactional_id) from exc
+        self._producer = producer
+
+    def find(self, key: str, since: int, matches: Callable[[SubtaskCommit], bool]
+             ) -> SubtaskCommit | None:
+        """The latest committed record with ``key`` at or after offset ``since`` of the
+        checkpoint topic, if ``matches`` accepts it (read up to the high watermark)."""
+        self.start()
+        topic = self.config.topic
+        end = high_watermark(self.config, self._ends)
+        found: SubtaskCommit | None = None
+        wanted = key.encode()
+        where = f"checkpoint topic {topic}[{PARTITION}]"
+
+        def on_error(error: KafkaError, position: int) -> int:
+            if end_of_partition(error):
+                return position
+            cls = KafkaAccessError if is_access_error(error) else CheckpointStoreError
+            raise cls(f"reading {where} at offset {position} failed: {describe(error)}")
+
+        for message in consume_range(self._consumer, topic, PARTITION, since, end,
+                                     self.wait_s, on_error):
+            if message.key() == wanted:
+                value = message.value()
+                found = (None if value is None else
+                         SubtaskCommit.from_bytes(value, f"{where}@{message.offset()}"))
+        return found if found is not None and matches(found) else None
+
+    def commit(self, outputs: list[OutputRecord], commit: SubtaskCommit, since: int,
+               in_transaction: Callable[[], None] | None = None) -> tuple[SubtaskCommit, bool]:
+        """Commit ``outputs`` with ``commit`` unless another attempt of the same subtask
+        and batch committed first: (the commit that holds, whether it is this one).
+
+        ``in_transaction`` runs once everything is produced, before the commit.
+        """
+        def same(found: SubtaskCommit) -> bool:
+            return found.is_for(commit.application, commit.operator_id,
+                                commit.checkpoint_id, commit.batch_id, commit.query_id)
+
+        for attempt in range(3):
+            try:
+                self._transaction(outputs, commit, in_transaction)
+                self.commits += 1
+                return commit, True
+            except TransactionFencedError:
+                # Another attempt took the id over: take it back, then look again.
+                self.fenced += 1
+                self._drop_producer()
+                found = self.find(commit.key, since, same)
+                if found is not None:
+                    logger.info("subtask %d of checkpoint %d: another attempt committed "
+                                "first; its outputs stand", commit.subtask_index,
+                                commit.checkpoint_id)
+                    return found, False
+            except TransactionAbortedError as exc:
+                logger.warning("retrying the transaction of subtask %d (attempt %d): %s",
+                               commit.subtask_index, attempt + 1, exc)
+        raise CheckpointStoreError(
+            f"committing subtask {commit.subtask_index} of checkpoint {commit.checkpoint_id} "
+            f"with transactional id {self.transactional_id!r} failed 3 times")
+
+    def _transaction(self, outputs: list[OutputRecord], commit: SubtaskCommit,
+                     in_transaction: Callable[[], None] | None) -> None:
+        self.start()
+        producer = self._producer
+        assert producer is not None
+        records: list[OutRecord] = [OutRecord(
+            PARTITION, commit.key.encode(), commit.to_bytes(),
+            [("kc.schema", SUBTASK_COMMIT_SCHEMA_HEADER.encode())])]
+        what = (f"subtask {commit.subtask_index} of checkpoint {commit.checkpoint_id} "
+                f"(application {commit.application!r}, operator {commit.operator_id!r}) with "
+                f"{len(outputs)} output records")
+        try:
+            producer.begin_transaction()
+            for output in outputs:
+                self._produce(output.topic, output.value, output.key, output.partition,
+                              list(output.headers))
+            for record in records:
+                self._produce(self.config.topic, record.value, record.key, record.partition,
+                              record.headers)
+            if in_transaction is not None:
+                in_transaction()
+            self._commit_transaction()
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() in _FENCED or error.fatal():
+                raise _error(f"committing {what}", error, self.transactional_id) from exc
+            if error.txn_requires_abort():
+                self._abort()
+                raise TransactionAbortedError(
+                    f"{what} was aborted, nothing of it is visible: {describe(error)}") from exc
+            raise _error(f"committing {what}", error, self.transactional_id) from exc
+        except BaseException:
+            try:
+                self._abort()
+            except Exception as exc:  # the original error matters more
+                logger.warning("aborting the transaction of %s failed: %s", what, exc)
+            raise
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None,
+                 partition: int | None, headers: list[tuple[str, bytes]]) -> None:
+        producer = self._producer
+        assert producer is not None
+        kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+
+    def _commit_transaction(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        deadline = time.monotonic() + self.config.request_timeout_s
+        while True:
+            try:
+                producer.commit_transaction(self.config.request_timeout_s)
+                return
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                # A retriable error leaves the outcome pending: committing again finishes it.
+                if not error.retriable() or time.monotonic() > deadline:
+                    raise
+
+    def _abort(self) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.abort_transaction(self.config.request_timeout_s)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() in _FENCED or error.fatal():
+                self._drop_producer()
+                return
+            raise _error("aborting a transaction", error, self.transactional_id) from exc
+
+    def _drop_producer(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(0)
+            self._producer = None
+
+    def close(self) -> None:
+        """Release the producer and consumers (idempotent)."""
+        self._drop_producer()
+        for consumer in (self._consumer, self._ends):
+            with contextlib.suppress(RuntimeError):  # closed already
+                consumer.close()
+
+
+def _transactional_settings(config: CheckpointStoreConfig, transactional_id: str,
+                            producer_config: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        **config.common(),
+        "linger.ms": 5,
+        "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+        **(producer_config or {}),
+        "transactional.id": transactional_id,
+        "enable.idempotence": True,
+        "acks": "all",
+    }
+
+
+def _error(doing: str, error: KafkaError, transactional_id: str
+           ) -> CheckpointStoreError | KafkaAccessError:
+    message = f"{doing} with transactional id {transactional_id!r} failed: {describe(error)}"
+    if is_access_error(error):
+        return KafkaAccessError(message)
+    if error.code() in _FENCED or error.fatal():
+        return TransactionFencedError(
+            f"{message}; another attempt with this transactional id took over")
+    return CheckpointStoreError(message)
+
+
+__all__ = ["TRANSACTION_TIMEOUT_MS", "SubtaskCommitter", "fence"]
