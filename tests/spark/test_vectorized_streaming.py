@@ -27,11 +27,15 @@ from spark_integration.clickstream import (
     LAST_PAGES,
     OUTPUT_SCHEMA,
     SPENT,
+    ensure_topic,
     events,
     expected_state,
+    output_problems,
+    read_outputs,
     update_user,
     update_users,
 )
+from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig, StringKey, _Process
 from spark_integration.vectorized import BatchState, call_vectorized
 
@@ -147,6 +151,30 @@ def test_vectorised_clickstream_equals_the_per_key_one(spark: Any, kafka_cluster
     if case == "user":
         expected = expected_state(e for batch in batches for e in batch)
         assert vectorized_state == {user.encode(): state for user, state in expected.items()}
+
+
+@pytest.mark.broker
+def test_vectorised_outputs_are_committed_by_the_tasks(spark: Any, kafka_cluster: Any) -> None:
+    """With a ``KafkaOutputSink`` each subtask commits the vectorised function's outputs
+    in its own transaction: every batch's outputs once, the last totals right."""
+    from spark_integration.streaming import stateful_foreach_batch
+
+    batches = event_batches()
+    prefix = f"vec-sink-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
+    settings = {"bootstrap.servers": kafka_cluster.bootstrap_servers}
+    topic = f"{prefix}-out"
+    ensure_topic(settings, topic)
+    with stateful_foreach_batch(config, update_users, "user", OUTPUT_SCHEMA, order_by=["seq"],
+                                sink=KafkaOutputSink(topic, key_column="user"),
+                                vectorized=True) as processor:
+        for batch_id, batch in enumerate(batches):
+            frame = pd.DataFrame(batch, columns=EVENT_COLUMNS)
+            processor(spark.createDataFrame(frame, EVENT_SCHEMA), batch_id)
+    rows = read_outputs(settings, topic)
+    assert output_problems(rows, expected_state(e for b in batches for e in b)) == []
+    assert len(rows) == sum(len({e["user"] for e in batch}) for batch in batches)
+    _Process.release(config)
 
 
 def test_call_vectorized_gives_each_row_its_key(tmp_path: Path) -> None:
