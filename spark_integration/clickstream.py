@@ -36,7 +36,7 @@ from .streaming import (
     TaskListener,
     stateful_foreach_batch,
 )
-from .vectorized import BatchState
+from .vectorized import BatchState, VectorizedFunction
 
 EVENTS = value_state("events", INT64)
 SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
@@ -254,13 +254,15 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               output_topic: str, checkpoint_dir: str, expected_events: int,
               max_per_batch: int = 2000, timeout_s: float = 600.0,
               progress: bool = True, listener: BatchListener | None = None,
-              fn: StatefulFunction = update_user, master: str | None = None,
-              spark_config: dict[str, str] | None = None,
-              task_listener: TaskListener | None = None) -> dict[str, Any]:
+              fn: StatefulFunction | VectorizedFunction = update_user,
+              master: str | None = None, spark_config: dict[str, str] | None = None,
+              task_listener: TaskListener | None = None,
+              vectorized: bool = False) -> dict[str, Any]:
     """Run the streaming query until ``expected_events`` were processed; returns a summary.
 
     ``master``: ``local[n]`` (default: ``local[max(2, parallelism)]``) or a cluster's
     URL; ``spark_config``: extra session settings (e.g. a cluster's executor settings).
+    ``vectorized``: ``fn`` is a vectorised function (e.g. :func:`update_users`).
     """
     from .session import spark_session
 
@@ -272,7 +274,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     processor = stateful_foreach_batch(config, fn, "user", OUTPUT_SCHEMA,
                                        sink=KafkaOutputSink(output_topic, key_column="user"),
                                        order_by=["seq"], listener=listener,
-                                       task_listener=task_listener)
+                                       task_listener=task_listener, vectorized=vectorized)
     stream = kafka_input(spark, settings["bootstrap.servers"], input_topic, max_per_batch)
     query = (stream.writeStream.foreachBatch(processor)
              .option("checkpointLocation", checkpoint_dir)
@@ -346,6 +348,9 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
     parser.add_argument("--max-per-batch", type=int, default=2000)
     parser.add_argument("--materialization-interval", type=float, default=5.0)
     parser.add_argument("--topic-prefix", default="clickstream")
+    parser.add_argument("--vectorized", action="store_true",
+                        help="run the vectorised function (update_users) instead of the "
+                             "per-key one")
     parser.add_argument("--master", default=None,
                         help="Spark master: local[n] (default local[max(2, parallelism)]) or "
                              "spark://host:port")
@@ -363,8 +368,9 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
         partitions=8, materialization_interval_s=args.materialization_interval)
     summary = run_query(config, settings, args.input_topic, args.output_topic,
                         args.checkpoint_dir, args.expected_events, args.max_per_batch,
-                        listener=listener, fn=fn, master=args.master,
-                        spark_config=spark_config, task_listener=task_listener)
+                        listener=listener, fn=update_users if args.vectorized else fn,
+                        master=args.master, spark_config=spark_config,
+                        task_listener=task_listener, vectorized=args.vectorized)
     print(json.dumps(summary), flush=True)
     return 0
 
