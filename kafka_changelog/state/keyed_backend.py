@@ -199,14 +199,17 @@ class ChangelogKeyedStateBackend:
         """Get ready to access keys of ``key_groups`` without a current key (bulk state):
         refuses a key group outside this backend's range, as :meth:`set_current_key`
         does, and acts on the materialization timer once, as a key access does."""
+        self._check_key_groups(key_groups)
+        self._act_on_timer()
+        self.poll_materialization()
+
+    def _check_key_groups(self, key_groups: Iterable[int]) -> None:
         contains = self.key_group_range.contains
         for key_group in set(key_groups):
             if not contains(key_group):
                 from ..errors import KeyGroupOutOfRangeError
 
                 raise KeyGroupOutOfRangeError(key_group, self.key_group_range, self.backend_id)
-        self._act_on_timer()
-        self.poll_materialization()
 
     def mutate_columns(
         self, state: str, op: OpKind, key_groups: Sequence[int], keys: Sequence[bytes],
@@ -222,10 +225,9 @@ class ChangelogKeyedStateBackend:
         same as with :meth:`mutate` of each op, without building the ops: the payloads
         are encoded column by column (:func:`~kafka_changelog.state.ops.encode_ops`) and
         the table applies them all (``apply_columns``) before they are appended. The key
-        groups must be in this backend's range (checked by :meth:`prepare_keys`); the op
-        must suit the state's kind (checked first). A failure while applying or
-        appending leaves the working copy and the log apart: discard the backend, as
-        after any failed task.
+        groups must be in this backend's range and the op must suit the state's kind
+        (both checked first). A failure while applying or appending leaves the working
+        copy and the log apart: discard the backend, as after any failed task.
         """
         descriptor = self._descriptors.get(state)
         if descriptor is None:
@@ -238,6 +240,7 @@ class ChangelogKeyedStateBackend:
         if len(key_groups) != len(payloads):
             raise ValueError(f"{len(payloads)} changes of state {state!r} but "
                              f"{len(key_groups)} key groups")
+        self._check_key_groups(key_groups)
         self.table.apply_columns(state, op, key_groups, keys, map_keys, values, items)
         append = self._writer.append
         for key_group, payload in zip(key_groups, payloads, strict=True):

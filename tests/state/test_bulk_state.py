@@ -381,6 +381,8 @@ def test_mutate_columns_refuses_what_does_not_suit_the_state(
             backend.mutate_columns("nothing", SET, [0], [b"k"], values=[b"v"])
         with pytest.raises(ValueError, match="2 changes of state 'count' but 1 key groups"):
             backend.mutate_columns("count", SET, [0], [b"a", b"b"], values=[b"1", b"2"])
+        with pytest.raises(KeyGroupOutOfRangeError):
+            backend.mutate_columns("count", SET, [0, 128], [b"a", b"b"], values=[b"1", b"2"])
         assert backend.table.key_groups() == []
     finally:
         backend.close()
