@@ -99,7 +99,7 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
                                        order_by=["seq"])
     print(f"\n[{engine}, {backend}] {len(batches)} batches of {len(batches[0]):,} events",
           flush=True)
-    runs = []
+    runs: list[dict[str, Any]] = []
     load = ForeignLoad(own)
     try:
         for batch_id, frame in enumerate(batches):
@@ -128,7 +128,7 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
         tasks = [s for r in selected for s in r["sources"]]
         return sum(s == "restored" for s in tasks) / max(1, len(tasks))
 
-    seconds = [r["seconds"] for r in after_first]
+    seconds: list[float] = [r["seconds"] for r in after_first]
     counts: dict[str, int] = {}
     for r in after_first:
         for source in r["sources"]:

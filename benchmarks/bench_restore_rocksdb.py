@@ -243,9 +243,10 @@ def read_raw(handle: KeyedStateHandle, snapshot_config: SnapshotStoreConfig,
     try:
         for log in handle.changelog:
             assert isinstance(log, KafkaChangelogHandle)
-            for r in log.ranges:
-                got, size = _consume(consumer, log.topic, r.partition, r.start_offset,
-                                     r.end_offset, None)
+            for offsets_range in log.ranges:
+                got, size = _consume(consumer, log.topic, offsets_range.partition,
+                                     offsets_range.start_offset, offsets_range.end_offset,
+                                     None)
                 records, value_bytes = records + got, value_bytes + size
     finally:
         consumer.close()

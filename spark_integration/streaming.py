@@ -74,6 +74,7 @@ from .keys import key_columns_of, key_sql
 from .local_state import CachedBackend
 from .metrics import SubtaskMetrics, log_batch
 from .subtask_partitioning import partition_by_subtask
+from .vectorized import VectorizedFunction, call_vectorized
 
 logger = logging.getLogger(__name__)
 
@@ -344,21 +345,28 @@ class StatefulProcessor:
     at least once: a batch Spark runs again after a crash gives its outputs again; make
     it idempotent per batch id). ``listener`` hears the batch's progress on the driver
     (:data:`BatchListener`), ``task_listener`` each task's (:data:`TaskListener`).
+
+    With ``vectorized=True``, ``fn(rows, state)`` is called once per subtask per batch
+    instead, with all of the subtask's rows (sorted by key, then ``order_by``) and a
+    :class:`~spark_integration.vectorized.BatchState` that reads and writes the state of
+    many keys per call (see :mod:`spark_integration.vectorized`).
     """
 
     def __init__(
         self,
         config: StreamingStateConfig,
-        fn: StatefulFunction,
+        fn: StatefulFunction | VectorizedFunction,
         key_column: str | Sequence[str],
         output_schema: str,
         sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
         order_by: Iterable[str] = (),
         listener: BatchListener | None = None,
         task_listener: TaskListener | None = None,
+        vectorized: bool = False,
     ) -> None:
         self.config = config
         self.fn = fn
+        self.vectorized = vectorized
         self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
         if not self.key_columns:
             raise ValueError("key_column must name at least one column")
@@ -438,7 +446,7 @@ class StatefulProcessor:
             _TaskCommit(kafka_sink, self._output_struct(batch_df), floor, query_id,
                         {s: c.to_bytes() for s, c in reused.items()})
             if kafka_sink is not None else None,
-            outputs_to_driver, self.task_listener)
+            outputs_to_driver, self.task_listener, vectorized=self.vectorized)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
@@ -603,14 +611,16 @@ class _TaskCommit:
 class _SubtaskTask:
     """What a Spark task runs for its subtask's rows (pickled to workers)."""
 
-    def __init__(self, config: StreamingStateConfig, fn: StatefulFunction,
+    def __init__(self, config: StreamingStateConfig,
+                 fn: StatefulFunction | VectorizedFunction,
                  key_columns: list[str], order_by: tuple[str, ...], base: int | None,
                  handles: dict[int, list[KeyedStateHandle]], checkpoint_id: int,
                  output_schema: str, batch_id: int, commit: _TaskCommit | None = None,
-                 outputs_to_driver: bool = True, listener: TaskListener | None = None
-                 ) -> None:
+                 outputs_to_driver: bool = True, listener: TaskListener | None = None,
+                 vectorized: bool = False) -> None:
         self.config = config
         self.fn = fn
+        self.vectorized = vectorized
         self.key_columns = key_columns
         self.order_by = order_by
         self.base = base
@@ -782,7 +792,8 @@ class _SubtaskTask:
     def _run(self, backend: ChangelogKeyedStateBackend, rows: pd.DataFrame | None,
              subtask: int, source: str, attach_s: float
              ) -> tuple[list[dict[str, Any]], SubtaskMetrics, KeyedStateHandle]:
-        """Call the user's function per key, then snapshot: outputs, metrics, handle."""
+        """Call the user's function per key (vectorised: once), then snapshot: outputs,
+        metrics, handle."""
         materialized_before = backend.materialization_stats
         # No reset of the logged counts here: a cached backend's were taken at its last
         # batch's end, and what a restore or reattach logged (registrations) is persisted
@@ -794,14 +805,21 @@ class _SubtaskTask:
             self._check_keys(rows)
             data = rows.sort_values([KEY_COLUMN, *self.order_by], kind="stable")
             user_columns = [c for c in data.columns if c not in _INTERNAL_COLUMNS]
-            single = len(self.key_columns) == 1
-            for key_bytes, group in data.groupby(KEY_COLUMN, sort=True):
-                first = group.iloc[0]
-                backend.set_current_key(bytes(key_bytes), int(first[KEY_GROUP_COLUMN]))
-                values = tuple(_natural(first[c]) for c in self.key_columns)
-                produced = self.fn(values[0] if single else values, group[user_columns], state)
-                outputs.extend(_as_records(produced))
-                keys += 1
+            if self.vectorized:
+                produced, keys = call_vectorized(
+                    self.fn, backend, data[user_columns],  # type: ignore[arg-type]
+                    data[KEY_COLUMN], data[KEY_GROUP_COLUMN], self.key_columns, _natural)
+                outputs.extend(produced)
+            else:
+                single = len(self.key_columns) == 1
+                for key_bytes, group in data.groupby(KEY_COLUMN, sort=True):
+                    first = group.iloc[0]
+                    backend.set_current_key(bytes(key_bytes), int(first[KEY_GROUP_COLUMN]))
+                    values = tuple(_natural(first[c]) for c in self.key_columns)
+                    produced = self.fn(values[0] if single else values,  # type: ignore[call-arg]
+                                       group[user_columns], state)
+                    outputs.extend(_as_records(produced))
+                    keys += 1
         handle = backend.snapshot(self.checkpoint_id).result()
         # Everything logged since the previous checkpoint of this backend (for a restored
         # one: since the restore, whose re-logged registrations this checkpoint persists).
@@ -910,19 +928,22 @@ def _as_records(produced: Any) -> Iterator[dict[str, Any]]:
 
 def stateful_foreach_batch(
     config: StreamingStateConfig,
-    fn: StatefulFunction,
+    fn: StatefulFunction | VectorizedFunction,
     key_column: str | Sequence[str],
     output_schema: str,
     sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
     order_by: Iterable[str] = (),
     listener: BatchListener | None = None,
     task_listener: TaskListener | None = None,
+    vectorized: bool = False,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
-    See :class:`StatefulProcessor`. Spark's Python workers must run an interpreter
-    with this library installed: :func:`spark_integration.session.local_session`
-    sets that up for local sessions; on a cluster, set ``spark.pyspark.python``.
+    See :class:`StatefulProcessor` (``vectorized=True``: ``fn(rows, state)`` once per
+    subtask per batch, see :mod:`spark_integration.vectorized`). Spark's Python workers
+    must run an interpreter with this library installed:
+    :func:`spark_integration.session.local_session` sets that up for local sessions; on
+    a cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
-                             task_listener)
+                             task_listener, vectorized)

@@ -6,6 +6,7 @@ needs are importable from this package.
 """
 
 from .backend_config import StateBackendConfig
+from .bulk_state import BulkState
 from .checkpoint import CompletedCheckpoint, KeyedStateHandle, OperatorStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore, InMemoryCheckpointStore
 from .coordinator import CheckpointCoordinator, GarbageReport
@@ -23,6 +24,7 @@ from .errors import (
     CheckpointNotFoundError,
     CheckpointOrderError,
     CheckpointStoreError,
+    KeyNotInBatchError,
     MaterializationFailedError,
     NoCurrentKeyError,
     SnapshotCorruptError,
@@ -46,6 +48,7 @@ __all__ = [
     "JSON",
     "UTF8",
     "AvroSerializer",
+    "BulkState",
     "ChangelogKeyedStateBackend",
     "CheckpointCoordinator",
     "CheckpointFormatError",
@@ -57,6 +60,7 @@ __all__ = [
     "GarbageReport",
     "InMemoryCheckpointStore",
     "InMemorySnapshotStore",
+    "KeyNotInBatchError",
     "KeyedStateHandle",
     "LocalRecoveryStore",
     "MaterializationConfig",

@@ -153,3 +153,14 @@ class StateBackendUnavailableError(ChangelogError, ImportError):
 
 class LocalStateError(ChangelogError):
     """A host-local state store cannot be used (locked too long, unreadable manifest)."""
+
+
+class KeyNotInBatchError(ChangelogError, LookupError):
+    """Bulk state was asked for a key that is not one of the keys it was opened for."""
+
+    def __init__(self, key: object, batch_keys: int, examples: Iterable[object]) -> None:
+        self.key = key
+        shown = ", ".join(repr(k) for k in examples)
+        super().__init__(
+            f"key {key!r} is not one of the {batch_keys} keys this bulk state was opened for "
+            f"(e.g. {shown}): bulk state reads and writes only the keys of its batch")

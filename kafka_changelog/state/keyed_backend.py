@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -25,11 +25,22 @@ from ..storage import StateChangelogStorage
 from ..writer import SnapshotResult, StateChangelogWriter
 from .checkpoint import KeyedStateHandle
 from .descriptors import StateDescriptor, StateKind
-from .errors import NoCurrentKeyError
+from .errors import NoCurrentKeyError, StateMismatchError
 from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
 from .materialization import MaterializationManager, MaterializationStats
 from .materializer import MaterializationConfig, PeriodicMaterializer
-from .ops import StateMeta, StateOp
+from .ops import (
+    DELETE,
+    LIST_ADD,
+    LIST_REPLACE,
+    MAP_PUT,
+    MAP_REMOVE,
+    SET,
+    OpKind,
+    StateMeta,
+    StateOp,
+    encode_ops,
+)
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
 from .state_objects import (
@@ -59,6 +70,15 @@ _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.MAP: MapState,
     StateKind.REDUCING: ReducingState,
     StateKind.AGGREGATING: AggregatingState,
+}
+
+#: The mutations that apply to each kind of state (what the state objects log).
+_OPS_OF_KIND: dict[StateKind, frozenset[OpKind]] = {
+    StateKind.VALUE: frozenset({SET, DELETE}),
+    StateKind.REDUCING: frozenset({SET, DELETE}),
+    StateKind.AGGREGATING: frozenset({SET, DELETE}),
+    StateKind.LIST: frozenset({LIST_ADD, LIST_REPLACE, DELETE}),
+    StateKind.MAP: frozenset({MAP_PUT, MAP_REMOVE, DELETE}),
 }
 
 
@@ -150,6 +170,16 @@ class ChangelogKeyedStateBackend:
 
     def state(self, descriptor: StateDescriptor) -> Any:
         """The state object for ``descriptor`` (registered, and logged, on first use)."""
+        known = self.register(descriptor)
+        return _STATE_TYPES[known.kind](self, known)
+
+    def register(self, descriptor: StateDescriptor) -> StateDescriptor:
+        """Register ``descriptor``'s state (logged on first use, as :meth:`state` does) and
+        return the descriptor the backend knows under its name (the first one used).
+
+        A different kind or serializer under a registered name raises
+        :class:`~kafka_changelog.state.errors.StateMismatchError`.
+        """
         known = self._descriptors.get(descriptor.name)
         if known is None:
             meta = StateMeta(
@@ -159,7 +189,7 @@ class ChangelogKeyedStateBackend:
             self._descriptors[descriptor.name] = descriptor
             self._append_meta(meta)
             known = descriptor
-        return _STATE_TYPES[known.kind](self, known)
+        return known
 
     def mutate(self, key_group: int, op: StateOp) -> None:
         """Apply ``op`` to the working copy and log it (used by the state objects)."""
@@ -171,6 +201,64 @@ class ChangelogKeyedStateBackend:
         self._logged_bytes += len(payload)
         if self._local is not None:
             self._journal.append(StateChange(key_group, payload))
+
+    # -- many keys at once (kafka_changelog.state.bulk_state) -------------------------------
+
+    def prepare_keys(self, key_groups: Iterable[int]) -> None:
+        """Get ready to access keys of ``key_groups`` without a current key (bulk state):
+        refuses a key group outside this backend's range, as :meth:`set_current_key`
+        does, and acts on the materialization timer once, as a key access does."""
+        self._check_key_groups(key_groups)
+        self._act_on_timer()
+        self.poll_materialization()
+
+    def _check_key_groups(self, key_groups: Iterable[int]) -> None:
+        contains = self.key_group_range.contains
+        for key_group in set(key_groups):
+            if not contains(key_group):
+                from ..errors import KeyGroupOutOfRangeError
+
+                raise KeyGroupOutOfRangeError(key_group, self.key_group_range, self.backend_id)
+
+    def mutate_columns(
+        self, state: str, op: OpKind, key_groups: Sequence[int], keys: Sequence[bytes],
+        map_keys: Sequence[bytes | None] | None = None,
+        values: Sequence[bytes | None] | None = None,
+        items: Sequence[tuple[bytes, ...] | None] | None = None,
+    ) -> None:
+        """Apply and log many mutations of one registered state, given column by column:
+        op ``i`` is ``StateOp(state, op, keys[i], map_keys[i], values[i], items[i])`` in
+        key group ``key_groups[i]`` (a column that is None is None for all).
+
+        The same changes are logged, in the same order, and the working copy ends the
+        same as with :meth:`mutate` of each op, without building the ops: the payloads
+        are encoded column by column (:func:`~kafka_changelog.state.ops.encode_ops`) and
+        the table applies them all (``apply_columns``) before they are appended. The key
+        groups must be in this backend's range and the op must suit the state's kind
+        (both checked first). A failure while applying or appending leaves the working
+        copy and the log apart: discard the backend, as after any failed task.
+        """
+        descriptor = self._descriptors.get(state)
+        if descriptor is None:
+            raise StateMismatchError(f"changes for unregistered state {state!r}")
+        if op not in _OPS_OF_KIND[descriptor.kind]:
+            raise StateMismatchError(f"{op.value} on {descriptor.kind.value} state {state!r}")
+        if not keys:
+            return
+        payloads = encode_ops(state, op, keys, map_keys, values, items)
+        if len(key_groups) != len(payloads):
+            raise ValueError(f"{len(payloads)} changes of state {state!r} but "
+                             f"{len(key_groups)} key groups")
+        self._check_key_groups(key_groups)
+        self.table.apply_columns(state, op, key_groups, keys, map_keys, values, items)
+        append = self._writer.append
+        for key_group, payload in zip(key_groups, payloads, strict=True):
+            append(key_group, payload)
+        self._changed.update(key_groups)
+        self._logged_changes += len(payloads)
+        self._logged_bytes += sum(map(len, payloads))
+        if self._local is not None:
+            self._journal += map(StateChange, key_groups, payloads)
 
     def _append_meta(self, meta: StateMeta) -> None:
         payload = meta.to_bytes()

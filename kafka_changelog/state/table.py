@@ -22,8 +22,10 @@ from .ops import (
     MAP_PUT,
     MAP_REMOVE,
     SET,
+    OpKind,
     StateMeta,
     StateOp,
+    ops_of_columns,
 )
 from .table_protocol import Entry
 
@@ -100,6 +102,58 @@ class StateTable:
         apply = self.apply
         for key_group, op in ops:
             apply(key_group, op)
+
+    def apply_columns(
+        self, state: str, op: OpKind, key_groups: Sequence[int], keys: Sequence[bytes],
+        map_keys: Sequence[bytes | None] | None = None,
+        values: Sequence[bytes | None] | None = None,
+        items: Sequence[tuple[bytes, ...] | None] | None = None,
+    ) -> None:
+        """Apply many mutations of one state and kind, in order (the same as :meth:`apply`
+        of each): ``SET``, ``MAP_PUT`` and ``LIST_REPLACE`` write the dicts directly."""
+        if state not in self.metas:
+            raise StateMismatchError(f"changes for unregistered state {state!r}")
+        if op is SET and values is not None:
+            for table, key, value in zip(self._tables(state, key_groups), keys, values,
+                                         strict=True):
+                assert value is not None
+                table[key] = value
+        elif op is MAP_PUT and map_keys is not None and values is not None:
+            for table, key, map_key, value in zip(self._tables(state, key_groups), keys,
+                                                  map_keys, values, strict=True):
+                assert map_key is not None and value is not None
+                entry = table.get(key)
+                if entry is None:
+                    entry = table[key] = {}
+                assert isinstance(entry, dict)
+                entry[map_key] = value
+        elif op is LIST_REPLACE and items is not None:
+            for table, key, replacement in zip(self._tables(state, key_groups), keys, items,
+                                               strict=True):
+                assert replacement is not None
+                if replacement:
+                    table[key] = list(replacement)
+                else:
+                    table.pop(key, None)
+        else:
+            for key_group, state_op in zip(
+                    key_groups, ops_of_columns(state, op, keys, map_keys, values, items),
+                    strict=True):
+                self.apply(key_group, state_op)
+
+    def _tables(self, state: str, key_groups: Sequence[int]) -> list[dict[bytes, Entry]]:
+        """The entries of ``state`` in each of ``key_groups`` (created where missing)."""
+        groups = self.groups
+        found: dict[int, dict[bytes, Entry]] = {}
+        for key_group in set(key_groups):
+            group = groups.get(key_group)
+            if group is None:
+                group = groups[key_group] = {}
+            table = group.get(state)
+            if table is None:
+                table = group[state] = {}
+            found[key_group] = table
+        return [found[kg] for kg in key_groups]
 
     def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
         """The entry of ``key`` (None if absent)."""

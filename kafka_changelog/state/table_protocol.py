@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from .ops import StateMeta, StateOp
+from .ops import OpKind, StateMeta, StateOp
 
 #: Entry of a value/reducing/aggregating state, of a list state, of a map state.
 Entry = bytes | list[bytes] | dict[bytes, bytes]
@@ -41,6 +41,18 @@ class KeyedStateTable(Protocol):
         """Apply (key group, op) pairs in order, as :meth:`apply` one by one would (a
         restore replaying the changelog: a table may look keys up in bulk). On an error,
         the ops before the failing one are applied."""
+        ...
+
+    def apply_columns(
+        self, state: str, op: OpKind, key_groups: Sequence[int], keys: Sequence[bytes],
+        map_keys: Sequence[bytes | None] | None = None,
+        values: Sequence[bytes | None] | None = None,
+        items: Sequence[tuple[bytes, ...] | None] | None = None,
+    ) -> None:
+        """Apply many mutations of one state and kind, in order: op ``i`` is
+        ``StateOp(state, op, keys[i], map_keys[i], values[i], items[i])`` in key group
+        ``key_groups[i]`` (a column that is None is None for all). The same result as
+        :meth:`apply` of each (bulk state)."""
         ...
 
     def get(self, key_group: int, state: str, key: bytes) -> Entry | None:
