@@ -182,7 +182,7 @@ class LoadSampler:
                 times = proc.cpu_times()
             except psutil.Error:
                 continue
-            total = times.user + times.system + times.children_user + times.children_system
+            total = times.user + times.system
             delta += total - self._seen.get(proc.pid, 0.0)
             self._seen[proc.pid] = total
         return delta
