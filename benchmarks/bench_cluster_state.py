@@ -126,9 +126,9 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
 
     def restored_share(selected: list[dict[str, Any]]) -> float:
         tasks = [s for r in selected for s in r["sources"]]
-        return sum(s == "restored" for s in tasks) / max(1, len(tasks))
+        return float(sum(s == "restored" for s in tasks) / max(1, len(tasks)))
 
-    seconds: list[float] = [r["seconds"] for r in after_first]
+    batch_seconds: list[float] = [r["seconds"] for r in after_first]
     counts: dict[str, int] = {}
     for r in after_first:
         for source in r["sources"]:
@@ -136,7 +136,7 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
     return {"engine": engine, "backend": backend, "batches": len(runs),
             "restored_share": restored_share(after_first),
             "restored_share_warm": restored_share(warm), "sources": counts,
-            "median_s": median(seconds), "p90_s": percentile(seconds, 90),
+            "median_s": median(batch_seconds), "p90_s": percentile(batch_seconds, 90),
             "restore_s_total": sum(r["restore_s"] for r in runs),
             "others_cpu_share": round(load.share(), 3), "runs": runs}
 

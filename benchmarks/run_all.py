@@ -10,7 +10,9 @@ share other processes used during each run is recorded next to its figures.
 
 Usage: ``./benchmarks/run.sh`` (or ``python -m benchmarks.run_all``) with
 ``BENCH_SCALE`` (default 1.0; 0.1 for a smoke run). Exits non-zero only when a
-benchmark crashes; missed targets are reported, not failed.
+benchmark crashes; missed targets are reported, not failed. ``--only spark_stateful``
+runs the Spark-against-Spark streaming benchmark (not part of the default set: hours
+at ``BENCH_SCALE=1``), with its users scaled by ``BENCH_SCALE`` too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from benchmarks import (
     bench_memory_stalled,
     bench_persist_latency,
     bench_restore,
+    bench_spark_stateful,
     bench_state_ops,
     bench_state_table,
 )
@@ -53,11 +56,17 @@ BENCHMARKS = (
     ("state_ops", "benchmarks.bench_state_ops"),
     ("state_table", "benchmarks.bench_state_table"),
 )
+#: Run only when named with ``--only`` (Spark against Spark: hours at BENCH_SCALE=1), with
+#: their extra arguments: ``spark_stateful`` scales its users by BENCH_SCALE too.
+OPTIONAL: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("spark_stateful", "benchmarks.bench_spark_stateful", ("--scale-users",)),
+)
 
 
-def run_one(module: str, out: Path) -> tuple[dict[str, Any] | None, str]:
+def run_one(module: str, out: Path, extra: tuple[str, ...] = ()
+            ) -> tuple[dict[str, Any] | None, str]:
     """Run one benchmark module in a subprocess; its results, or None and why."""
-    command = [sys.executable, "-m", module, "--json", str(out)]
+    command = [sys.executable, "-m", module, "--json", str(out), *extra]
     started = time.monotonic()
     code = subprocess.call(command, cwd=REPO_ROOT)
     elapsed = time.monotonic() - started
@@ -84,6 +93,12 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(f"FAILED: {results['errors'].get(key, 'no result')}")
         else:
             lines.append(module.report(found))
+    for key, _, _ in OPTIONAL:
+        if key in results["benchmarks"]:
+            lines.append(f"\n== {key} ==")
+            lines.append(bench_spark_stateful.report(results["benchmarks"][key]))
+        elif key in results["errors"]:
+            lines.append(f"\n== {key} ==\nFAILED: {results['errors'][key]}")
     machine = results["machine"]
     lines.append(
         f"\nmachine: {machine['cpus']} CPUs {machine['cpu_model']}, {machine['memory_gib']} GiB, "
@@ -111,6 +126,13 @@ def verdicts(results: dict[str, Any]) -> dict[str, str]:
         out["memory_stalled"] = "FAILED"
     else:
         out["memory_stalled"] = "SKIPPED" if memory.get("skipped") else memory["verdict"]
+    stateful = found.get("spark_stateful")
+    if stateful is not None:
+        for target in stateful["targets"]:
+            key = f"spark_stateful_{target['side']}: {target['target']} ({target['case']})"
+            out[key] = target["verdict"]
+    elif "spark_stateful" in results["errors"]:
+        out["spark_stateful"] = "FAILED"
     return out
 
 
@@ -118,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "latest.json",
                         help="where to write the combined results")
-    parser.add_argument("--only", choices=[name for name, _ in BENCHMARKS], action="append",
-                        help="run only this benchmark (repeatable)")
+    parser.add_argument("--only", action="append",
+                        choices=[name for name, _ in BENCHMARKS]
+                        + [name for name, _, _ in OPTIONAL],
+                        help="run only this benchmark (repeatable; "
+                             f"{', '.join(name for name, _, _ in OPTIONAL)} run only so)")
     args = parser.parse_args(argv)
     print(f"benchmarks at BENCH_SCALE={scale()}", flush=True)
     started = time.monotonic()
@@ -130,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         "errors": {},
     }
     with tempfile.TemporaryDirectory(prefix="bench-") as scratch:
-        for name, module in BENCHMARKS:
-            if args.only and name not in args.only:
-                continue
+        chosen: list[tuple[str, str, tuple[str, ...]]] = [
+            (name, module, ()) for name, module in BENCHMARKS
+            if not args.only or name in args.only]
+        chosen += [entry for entry in OPTIONAL if args.only and entry[0] in args.only]
+        for name, module, extra in chosen:
             results["quiet_waits"][name] = wait_for_quiet(label=f"[{name}] ")
-            found, error = run_one(module, Path(scratch) / f"{name}.json")
+            found, error = run_one(module, Path(scratch) / f"{name}.json", extra)
             if found is None:
                 results["errors"][name] = error
                 print(f"\n!! {error}", flush=True)
