@@ -8,8 +8,8 @@ and micro-batch one output row ``(user, events, spent)``. Sides (a registry,
 - ``stateless``: the baseline, the same per-key work without state;
 - ``ours_memory``, ``ours_rocksdb``: ``stateful_foreach_batch`` with
   ``clickstream.update_user``, state backend "memory" / "rocksdb";
-- ``ours_vectorized``: placeholder for the vectorised entry point, reported as not
-  available until it exists;
+- ``ours_vectorized``, ``ours_vectorized_memory``: the vectorised entry point
+  (``vectorized=True``, ``clickstream.update_users``), state backend "rocksdb" / "memory";
 - ``spark_apply_in_pandas_with_state``: ``applyInPandasWithState`` (NoTimeout, update);
 - ``spark_transform_with_state``: ``transformWithStateInPandas`` (ValueState,
   MapState, ListState).
@@ -53,7 +53,8 @@ side's must equal every other's. ``--corrupt SIDE`` makes a side count one event
 many for one user, to show that the checks catch it.
 
 Targets (issue #12), PASS/MISS per case and per side of ours: median <= 0.3x the
-faster Spark operator's; median <= 1.15x the stateless baseline's; p90 <= 1.15x the
+faster Spark operator's; median <= 1.15x the stateless baseline's (the vectorised
+sides: <= 0.2x, i.e. >= 5x faster than the per-key baseline); p90 <= 1.15x the
 median; no subtask restored from Kafka in a measured batch; first batch after a
 restart <= 0.5x the faster Spark operator's; median at the largest case <= 1.2x that at
 the smallest (meaningful when both touch the same number of users per batch:
@@ -133,6 +134,8 @@ OPERATOR = "clicks"
 #: Targets of issue #12.
 FASTER_SPARK_MAX = 0.3
 BASELINE_MAX = 1.15
+#: The vectorised entry point: >= 5x faster than the per-key stateless baseline.
+VECTORIZED_MAX = 0.2
 P90_MAX = 1.15
 SCALING_MAX = 1.2
 RESTART_MAX = 0.5
@@ -517,9 +520,12 @@ def case_targets(case: Case) -> list[dict[str, Any]]:
                 side["median_ms"] / fastest["median_ms"], FASTER_SPARK_MAX,
                 valid and fastest["ok"]))
         if baseline is not None:
+            # The per-key API against the same per-key work without state; the vectorised
+            # entry point against that per-key baseline (>= 5x faster).
+            limit = VECTORIZED_MAX if "vectorized" in name else BASELINE_MAX
             found.append(_target(
-                label, name, f"median <= {BASELINE_MAX}x the stateless baseline's",
-                side["median_ms"] / baseline["median_ms"], BASELINE_MAX,
+                label, name, f"median <= {limit}x the stateless baseline's",
+                side["median_ms"] / baseline["median_ms"], limit,
                 valid and baseline["ok"]))
         found.append(_target(label, name, f"p90 <= {P90_MAX}x the median",
                              side["p90_over_median"], P90_MAX, valid))
@@ -540,7 +546,10 @@ def targets(cases: list[Case]) -> list[dict[str, Any]]:
     """Every target of the issue: per case and side of ours, then the scaling from the
     first case to the last."""
     found = [t for case in cases for t in case_targets(case)]
-    if len(cases) >= 2:
+    # The scaling target compares cases that touch the same users per batch (10,000 users
+    # against 1,000,000 of which each batch draws from 10,000); other pairs differ in work.
+    if len(cases) >= 2 and abs(cases[-1].touched - cases[0].touched) \
+            <= 0.1 * cases[0].touched:
         small, large = cases[0], cases[-1]
         label = (f"{large.shape.label()} vs {small.shape.label()} (users per batch "
                  f"{large.touched:,.0f} vs {small.touched:,.0f})")

@@ -15,10 +15,10 @@ aggregate. A side is a :class:`Side` in :data:`SIDES` (add one with
   clickstream.update_user, "user", OUTPUT_SCHEMA, sink=..., order_by=["seq"])``
   as ``writeStream.foreachBatch(processor)``, with ``state_backend`` "memory" or
   "rocksdb".
-- ``ours_vectorized``: placeholder for the vectorised entry point
-  (``stateful_foreach_batch(..., vectorized=True)`` with ``fn(rows, state) ->
-  DataFrame``); reported as not available until that API and its clickstream
-  function exist (see :func:`_vectorized_unavailable`).
+- ``ours_vectorized`` / ``ours_vectorized_memory``: the vectorised entry point,
+  ``stateful_foreach_batch(..., vectorized=True)`` with ``clickstream.update_users``
+  (``fn(rows, state) -> DataFrame``: all of a subtask's rows of a batch, state read and
+  written for many keys per call), state backend "rocksdb" / "memory".
 - ``spark_apply_in_pandas_with_state``: ``groupBy("user").applyInPandasWithState``
   (``GroupStateTimeout.NoTimeout``, output mode update).
 - ``spark_transform_with_state``: ``groupBy("user").transformWithStateInPandas`` with a
@@ -46,8 +46,9 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from benchmarks.bench_streaming_overhead import BUCKET_COLUMN, BUCKET_EXPR, fold_user
 from benchmarks.stateful_workload import LAST_PAGES, UserState, sample_sql, user_state
-from spark_integration.clickstream import EVENTS, OUTPUT_SCHEMA, update_user
+from spark_integration.clickstream import EVENTS, OUTPUT_SCHEMA, update_user, update_users
 from spark_integration.streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
+from spark_integration.vectorized import BatchState
 
 BASELINE, OURS, SPARK = "baseline", "ours", "spark"
 #: What a side's outputs hold per user: its totals over all batches, or of the batch.
@@ -58,9 +59,8 @@ CUMULATIVE, BATCH_ONLY = "cumulative", "batch"
 #: 'elementType' / 'keyType'), so the count per kind and the last pages are JSON text.
 APPLY_STATE_SCHEMA = "events long, spent double, kinds string, pages string"
 
-#: Where the vectorised clickstream function is expected (``fn(rows, state) -> DataFrame``).
-#: TODO(vectorized entry point): adjust to the name its author gives it.
-VECTORIZED_FN = "spark_integration.clickstream:update_users_vectorized"
+#: The vectorised clickstream function (``fn(rows, state) -> DataFrame``).
+VECTORIZED_FN = "spark_integration.clickstream:update_users"
 
 SinkFn = Callable[[Any, int], None]
 
@@ -188,6 +188,17 @@ def corrupted_update_user(corrupt_user: str, key: str, rows: pd.DataFrame, state
     return out
 
 
+def corrupted_update_users(corrupt_user: str, rows: pd.DataFrame, state: BatchState
+                           ) -> pd.DataFrame:
+    """``update_users``, then one event too many in ``corrupt_user``'s count."""
+    out = update_users(rows, state)
+    if corrupt_user in state.keys:
+        counts = state.value(EVENTS)
+        (count,) = counts.get([corrupt_user], 0)
+        counts.set([corrupt_user], [count + 1])
+    return out
+
+
 def _ours_config(ctx: RunContext, backend: str) -> StreamingStateConfig:
     if ctx.state_config is None:
         raise ValueError("our sides need a state_config (Kafka topics, application)")
@@ -197,7 +208,8 @@ def _ours_config(ctx: RunContext, backend: str) -> StreamingStateConfig:
 def _start_ours(backend: str, vectorized: bool, ctx: RunContext) -> Any:
     config = _ours_config(ctx, backend)
     if vectorized:
-        fn: Any = _vectorized_fn()
+        fn: Any = (_vectorized_fn() if ctx.corrupt_user is None
+                   else functools.partial(corrupted_update_users, ctx.corrupt_user))
         kwargs: dict[str, Any] = {"vectorized": True}
     else:
         fn = (update_user if ctx.corrupt_user is None
@@ -265,11 +277,11 @@ register(Side("ours_memory", "ours, state_backend=memory", OURS, CUMULATIVE,
               functools.partial(_start_ours, "memory", False), _read_ours))
 register(Side("ours_rocksdb", "ours, state_backend=rocksdb", OURS, CUMULATIVE,
               functools.partial(_start_ours, "rocksdb", False), _read_ours))
-# Placeholder: the vectorised entry point (another branch builds it). Skipped, reported as
-# not available, until `vectorized` is a parameter of stateful_foreach_batch and
-# VECTORIZED_FN exists.
 register(Side("ours_vectorized", "ours, vectorized=True (rocksdb)", OURS, CUMULATIVE,
               functools.partial(_start_ours, "rocksdb", True), _read_ours,
+              _vectorized_unavailable))
+register(Side("ours_vectorized_memory", "ours, vectorized=True (memory)", OURS, CUMULATIVE,
+              functools.partial(_start_ours, "memory", True), _read_ours,
               _vectorized_unavailable))
 
 
