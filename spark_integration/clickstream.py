@@ -12,6 +12,7 @@ a cluster (``--master spark://host:port``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -351,6 +352,11 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
     parser.add_argument("--vectorized", action="store_true",
                         help="run the vectorised function (update_users) instead of the "
                              "per-key one")
+    parser.add_argument("--state-backend", choices=("memory", "rocksdb"), default=None,
+                        help="the subtasks' working copy (default: StreamingStateConfig's)")
+    parser.add_argument("--local-state-dir", default=None,
+                        help="host-local state directory of the rocksdb backend (default: "
+                             "a temporary directory)")
     parser.add_argument("--master", default=None,
                         help="Spark master: local[n] (default local[max(2, parallelism)]) or "
                              "spark://host:port")
@@ -365,7 +371,10 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
         changelog_topic=f"{args.topic_prefix}-changelog",
         snapshot_topic=f"{args.topic_prefix}-snapshots",
         checkpoint_topic=f"{args.topic_prefix}-checkpoints",
-        partitions=8, materialization_interval_s=args.materialization_interval)
+        partitions=8, materialization_interval_s=args.materialization_interval,
+        local_state_dir=args.local_state_dir)
+    if args.state_backend is not None:
+        config = dataclasses.replace(config, state_backend=args.state_backend)
     summary = run_query(config, settings, args.input_topic, args.output_topic,
                         args.checkpoint_dir, args.expected_events, args.max_per_batch,
                         listener=listener, fn=update_users if args.vectorized else fn,

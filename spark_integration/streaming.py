@@ -54,7 +54,12 @@ from kafka_changelog.kafka.checkpoint_store import (
 )
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, SubtaskCommitter, fence
+from kafka_changelog.kafka.task_commit import (
+    TRANSACTION_TIMEOUT_MS,
+    SubtaskCommitter,
+    check_output_topics,
+    fence,
+)
 from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError
 from kafka_changelog.state.backend_config import KINDS, MEMORY, ROCKSDB
@@ -544,6 +549,7 @@ class StatefulProcessor:
             count = max([config.parallelism, *old,
                          *(c.parallelism for c in store.subtask_commits(
                              config.application, config.operator_id).values())])
+            check_output_topics(config.checkpoints(), [sink.topic])
             fence(config.checkpoints(), [subtask_transactional_id(config, sink, s)
                                          for s in range(count)], sink.producer_config)
             self._fenced = True

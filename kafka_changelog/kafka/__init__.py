@@ -9,6 +9,7 @@ from .handle import KafkaChangelogHandle, PartitionRange
 from .reader import KafkaChangelogReader
 from .snapshot_store import KafkaSnapshotStore, KafkaSnapshotView, SnapshotStoreConfig
 from .storage import KafkaChangelogStorage
+from .task_commit import OutputTopicMissingError
 from .transactional_commit import (
     OutputRecord,
     TransactionAbortedError,
@@ -31,6 +32,7 @@ __all__ = [
     "KafkaSnapshotStore",
     "KafkaSnapshotView",
     "OutputRecord",
+    "OutputTopicMissingError",
     "PartitionRange",
     "SnapshotStoreConfig",
     "TransactionAbortedError",

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ..errors import KafkaAccessError
 from ..state.checkpoint_store import PARTITION
@@ -41,6 +41,7 @@ from ..state.subtask_commit import SUBTASK_COMMIT_SCHEMA_HEADER, SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import describe, is_access_error
+from .transaction_calls import commit_transaction_retrying, produce_waiting
 from .transactional_commit import OutputRecord, TransactionAbortedError, TransactionFencedError
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,39 @@ def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
             raise _error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
         finally:
             producer.flush(0)
+
+
+class OutputTopicMissingError(CheckpointStoreError):
+    """An output topic does not exist and the brokers would not create it."""
+
+
+def check_output_topics(config: CheckpointStoreConfig, topics: list[str]) -> None:
+    """Raise :class:`OutputTopicMissingError` when one of ``topics`` does not exist and the
+    cluster does not create topics on first use: a transaction producing to it would only
+    time out, far from the cause."""
+    admin = AdminClient(config.common())
+    try:
+        metadata = admin.list_topics(timeout=config.request_timeout_s)
+    except KafkaException as exc:
+        raise _error("listing topics for the outputs", exc.args[0], "-") from exc
+    missing = sorted(set(topics) - set(metadata.topics))
+    if not missing or _auto_creates(admin, metadata, config.request_timeout_s):
+        return
+    raise OutputTopicMissingError(
+        f"output topic {missing[0]!r} does not exist on {config.bootstrap_servers} and its "
+        "brokers do not create topics on first use (auto.create.topics.enable=false): "
+        f"create it first, e.g. kafka-topics.sh --create --topic {missing[0]}")
+
+
+def _auto_creates(admin: AdminClient, metadata: Any, timeout_s: float) -> bool:
+    """Whether the brokers create a topic on first use (unknown counts as no)."""
+    broker = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(metadata.brokers))))
+    try:
+        configs = admin.describe_configs([broker])[broker].result(timeout_s)
+    except KafkaException:
+        return False
+    entry = configs.get("auto.create.topics.enable")
+    return entry is not None and str(entry.value).lower() == "true"
 
 
 class SubtaskCommitter:
@@ -196,31 +230,12 @@ class SubtaskCommitter:
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None,
                  partition: int | None, headers: list[tuple[str, bytes]]) -> None:
-        producer = self._producer
-        assert producer is not None
-        kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                return
-            except BufferError:
-                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+        assert self._producer is not None
+        produce_waiting(self._producer, topic, value, key, partition, headers)
 
     def _commit_transaction(self) -> None:
-        producer = self._producer
-        assert producer is not None
-        deadline = time.monotonic() + self.config.request_timeout_s
-        while True:
-            try:
-                producer.commit_transaction(self.config.request_timeout_s)
-                return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                # A retriable error leaves the outcome pending: committing again finishes it.
-                if not error.retriable() or time.monotonic() > deadline:
-                    raise
+        assert self._producer is not None
+        commit_transaction_retrying(self._producer, self.config.request_timeout_s)
 
     def _abort(self) -> None:
         if self._producer is None:

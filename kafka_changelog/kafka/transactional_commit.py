@@ -15,7 +15,6 @@ running the step again writes them once.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from ..state.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
 from .error_text import describe, is_access_error
+from .transaction_calls import commit_transaction_retrying, produce_waiting
 
 
 class TransactionAbortedError(CheckpointStoreError):
@@ -140,28 +140,10 @@ class TransactionalCommitter:
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None,
                  partition: int | None, headers: list[tuple[str, bytes]]) -> None:
-        kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                self._producer.produce(topic, **kwargs)
-                return
-            except BufferError:
-                self._producer.poll(0.05)  # the local queue is full: let deliveries drain it
+        produce_waiting(self._producer, topic, value, key, partition, headers)
 
     def _commit_transaction(self) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                self._producer.commit_transaction(self.timeout_s)
-                return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                # A retriable commit error (e.g. a timeout) leaves the outcome pending:
-                # calling commit again is how librdkafka finishes it.
-                if not error.retriable() or time.monotonic() > deadline:
-                    raise
+        commit_transaction_retrying(self._producer, self.timeout_s)
 
     def _abort(self) -> None:
         try:

@@ -19,7 +19,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.kafka.task_commit import SubtaskCommitter, fence
+from kafka_changelog.kafka.task_commit import (
+    OutputTopicMissingError,
+    SubtaskCommitter,
+    check_output_topics,
+    fence,
+)
 from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
@@ -159,3 +164,16 @@ def test_the_driver_sees_commits_behind_an_open_transaction(
     finally:
         committer.close()
         store.close()
+
+
+def test_a_missing_output_topic_is_named_before_any_transaction(
+        names: tuple[CheckpointStoreConfig, str]) -> None:
+    config, topic = names
+    check_output_topics(config, [topic])  # exists: no error
+    missing = f"{topic}-not-created"
+    with pytest.raises(OutputTopicMissingError) as raised:
+        check_output_topics(config, [topic, missing])
+    assert str(raised.value) == (
+        f"output topic {missing!r} does not exist on {config.bootstrap_servers} and its "
+        "brokers do not create topics on first use (auto.create.topics.enable=false): "
+        f"create it first, e.g. kafka-topics.sh --create --topic {missing}")

@@ -63,6 +63,8 @@ class Job:
     engine: Engine = LOCAL
     per_batch: int = 400
     materialization_s: float = 2.0
+    #: More clickstream arguments (e.g. ``("--vectorized", "--state-backend", "rocksdb")``).
+    options: tuple[str, ...] = ()
 
     def command(self, parallelism: int, kill_at: str | None = None,
                 stall_dir: Path | None = None, stall_at: str | None = None,
@@ -92,6 +94,7 @@ class Job:
             "--max-per-batch", str(self.per_batch),
             "--materialization-interval", str(self.materialization_s),
             *self.engine.arguments(), *(["--master", master] if master else []),
+            *self.options,
         ]
 
     @property

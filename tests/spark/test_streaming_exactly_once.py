@@ -16,7 +16,8 @@ to the driver; Spark runs the task again on the other worker, which reuses the
 commit. In the end every user's state equals the state computed directly from all
 input events, and the output topic holds every batch's outputs exactly once, read both
 with librdkafka and with Spark's connector (``read_committed``): nothing lost, nothing
-counted or written twice.
+counted or written twice. The vectorised function (``update_users``) over the RocksDB
+backend goes through driver kills across a rescale and task kills the same way (local).
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ PER_BATCH = 300
 #: rescaling; the last run loses a worker instead.
 CLUSTER_RUNS = [(2, "after_commit:1"), (3, "before_commit:2"), (2, "before_commit:3"),
                 (2, None)]
+#: The vectorised run (local): driver kills across a rescale, then task kills in the last.
+VECTORIZED_RUNS = [(2, "before_commit:1"), (3, "after_commit:2")]
+VECTORIZED_TASK_KILLS = ("subtask_in_transaction:3:1", "subtask_committed:4:0")
 
 
 @pytest.fixture(params=["local", "cluster"])
@@ -150,6 +154,37 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
     if cluster is not None:
         # Every run was an application of the cluster (its tasks ran in the executors).
         assert completed_apps(cluster) - apps_before == len(CLUSTER_RUNS)
+    assert_exactly_once(job, kafka_cluster, spark)
+
+
+def test_vectorized_state_is_exactly_once_across_kills_and_rescaling(
+        kafka_cluster: Any, spark: Any, tmp_path: Path) -> None:
+    """The vectorised function over the RocksDB backend: the driver killed after the
+    subtasks committed and after the checkpoint, across rescaling, then two tasks killed
+    in and after their transactions."""
+    job = Job(f"csv-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
+              tmp_path / "spark-checkpoint", EVENT_COUNT, per_batch=PER_BATCH,
+              options=("--vectorized", "--state-backend", "rocksdb",
+                       "--local-state-dir", str(tmp_path / "local-state")))
+    produce_events(kafka_cluster.client_config(), job.input_topic, EVENT_COUNT, USERS)
+    for parallelism, crash_at in VECTORIZED_RUNS:
+        done = job.run(parallelism, crash_at)
+        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    done = job.run(2, task_kills=VECTORIZED_TASK_KILLS, fault_dir=faults, master="local[2,4]")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in faults.iterdir()) == sorted(
+        "killed-" + point.replace(":", "-") for point in VECTORIZED_TASK_KILLS)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["restore_s"] is not None and summary["restore_s"] > 0, summary
+    assert_exactly_once(job, kafka_cluster, spark)
+
+
+def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any) -> None:
+    """The job's final state, outputs (ours and through Spark's connector), materialization
+    and garbage collection are what the events give, each batch's outputs once."""
+    settings = kafka_cluster.client_config()
     config = job.config()
     coordinator = _Process.coordinator(config)
     latest = coordinator.checkpoint()

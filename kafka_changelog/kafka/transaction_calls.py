@@ -1,0 +1,43 @@
+"""Producer calls inside a Kafka transaction that wait out transient conditions.
+
+Shared by the driver's transactional checkpoint commit and the tasks' subtask commits:
+``produce`` on a full local queue and ``commit_transaction`` on a retriable error both
+mean "not yet", never "failed".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+
+def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
+                    partition: int | None, headers: list[tuple[str, bytes]]) -> None:
+    """Produce one record; while the producer's local queue is full, serve deliveries so
+    that it drains, then try again."""
+    kwargs: dict[str, Any] = {"value": value, "key": key, "headers": headers}
+    if partition is not None:
+        kwargs["partition"] = partition
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def commit_transaction_retrying(producer: Producer, timeout_s: float) -> None:
+    """Commit the open transaction. A retriable error (a timeout, say) leaves the outcome
+    pending, and calling commit again is how librdkafka finishes it: retry until
+    ``timeout_s`` has passed, then raise the last error."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            producer.commit_transaction(timeout_s)
+            return
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if not error.retriable() or time.monotonic() > deadline:
+                raise
