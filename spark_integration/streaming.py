@@ -62,7 +62,7 @@ from kafka_changelog.kafka.task_commit import (
 )
 from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError
-from kafka_changelog.state.backend_config import KINDS, MEMORY, ROCKSDB
+from kafka_changelog.state.backend_config import KINDS, ROCKSDB
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
@@ -137,11 +137,12 @@ class StreamingStateConfig:
     retain: int = 3
     #: Any librdkafka setting for every client (security included).
     client_config: dict[str, Any] = field(default_factory=dict)
-    #: Each subtask's working copy: "memory" (kept by the Python worker that ran the
-    #: subtask last; another worker restores from Kafka) or "rocksdb" (a store per
-    #: subtask in ``local_state_dir`` that any Python worker on the host reattaches; needs
-    #: ``rocksdict``). See docs/spark.md, "Local state directory".
-    state_backend: str = MEMORY
+    #: Each subtask's working copy: "rocksdb" (the default: a store per subtask in
+    #: ``local_state_dir`` that any Python worker on the host reattaches; state may exceed
+    #: the worker's memory; needs ``rocksdict``, in the ``spark`` extra) or "memory" (kept
+    #: by the Python worker that ran the subtask last; a task in another worker restores
+    #: from Kafka). See docs/spark.md, "State backends".
+    state_backend: str = ROCKSDB
     #: Where "rocksdb" keeps the host-local subtask stores (None:
     #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
     #: disk of every executor host.
@@ -801,6 +802,9 @@ class _SubtaskTask:
         """Call the user's function per key (vectorised: once), then snapshot: outputs,
         metrics, handle."""
         materialized_before = backend.materialization_stats
+        # A due materialization runs to its end before the batch, so that this batch's
+        # checkpoint refers to it: the backend may not outlive this task.
+        backend.materialize_if_due()
         # No reset of the logged counts here: a cached backend's were taken at its last
         # batch's end, and what a restore or reattach logged (registrations) is persisted
         # by this batch's checkpoint.

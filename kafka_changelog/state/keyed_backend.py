@@ -472,6 +472,25 @@ class ChangelogKeyedStateBackend:
             raise future.exception()  # type: ignore[misc]
         return self.snapshot_handle
 
+    def materialize_if_due(self) -> bool:
+        """If the timer says materialization is due (or one is in flight): run it to its
+        end and apply it, so that the next snapshot refers to it. For a backend that may
+        not outlive the current unit of work (a Spark task: the subtask's next batch may
+        run in another Python worker, and a materialization started at one snapshot and
+        applied at a later one would be lost with it). Returns whether one was applied;
+        a failed one counts as usual (see :meth:`poll_materialization`)."""
+        self.poll_materialization()
+        future = self.materialization_in_flight
+        if future is None:
+            if not self._materialization.take_due():
+                return False
+            future = self.materialize()
+            if future is None:
+                return False
+        future.exception()  # waits; the outcome is applied (or counted) just below
+        self.poll_materialization()
+        return future.exception() is None
+
     def poll_materialization(self) -> None:
         """Apply a finished materialization (operator thread only)."""
         flight = self._materialization.finished()

@@ -77,6 +77,13 @@ def restore_backend(
             changelog.close()
     if adopt:
         backend.adopt_base(narrowed[0], replayed)
+        if materialization is not None and materialization.interval_s:
+            # Keep the restored state's schedule: the next materialization is due an
+            # interval after its snapshot was made (at once when it has none), not an
+            # interval after this restore (a subtask restored at every batch would
+            # otherwise never materialize). Materialization ids are its times in µs.
+            backend.schedule_materialization(
+                narrowed[0].materialization_id / 1e6 + materialization.interval_s)
     else:
         backend.materialize_restored()
     logger.info("restored operator %s key groups %s from %d handle(s): %d key groups with "
