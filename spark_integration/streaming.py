@@ -9,8 +9,8 @@ runs one Spark task per subtask, in parallel (``partition_by_subtask`` then
 ``mapInPandas``; Spark calls the function for empty partitions too, so every subtask
 checkpoints). A task gets a keyed state backend for its key-group range at the base
 checkpoint (reused from the Python worker's cache when it is exactly there; with
-``state_backend="rocksdb"`` reattached from the host's local state directory when the
-subtask's store is exactly there, whichever worker left it: see
+``state_backend="rocksdb"``, the default, reattached from the host's local state
+directory when the subtask's store is exactly there, whichever worker left it: see
 :mod:`spark_integration.local_state`; else restored from Kafka), calls the user's
 function per key in a deterministic order,
 persists the changelog, and reports its state handle to the driver. With a
