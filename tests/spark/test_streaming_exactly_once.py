@@ -7,12 +7,12 @@ commits its outputs with its part of the checkpoint in a Kafka transaction of it
 The driver is killed with SIGKILL after our checkpoint commit but before Spark's,
 before the batch's first task, and after every subtask committed its outputs but
 before the checkpoint record (the next run reuses those commits, at their
-parallelism), and the runs go on at other parallelisms. In ``local[n]`` the last run
-also kills two tasks' Python workers: one inside its transaction (its retry fences
-and aborts it) and one just after its commit (its retry finds the commit and reuses
-it). On the cluster the last run loses a worker (killed -9 with its executor and
-Python workers) while a task it runs has committed its outputs and not yet reported
-to the driver; Spark runs the task again on the other worker, which reuses the
+parallelism), and the runs go on at other parallelisms. In ``local[n]`` (one broker)
+the last run also kills two tasks' Python workers: one inside its transaction (its
+retry fences and aborts it) and one just after its commit (its retry finds the commit
+and reuses it). On the cluster (three brokers) the last run loses a worker (killed -9
+with its executor and Python workers) while a task it runs has committed its outputs
+and not yet reported to the driver; Spark runs the task again on the other worker, which reuses the
 commit. In the end every user's state equals the state computed directly from all
 input events, and the output topic holds every batch's outputs exactly once, read both
 with librdkafka and with Spark's connector (``read_committed``): nothing lost, nothing
@@ -126,6 +126,9 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
     request: pytest.FixtureRequest,
 ) -> None:
     cluster = request.getfixturevalue("spark_cluster") if engine.master else None
+    if cluster is not None:
+        # On the cluster, against three brokers (topics replicated 3 times).
+        kafka_cluster = request.getfixturevalue("kafka_cluster_3")
     apps_before = completed_apps(cluster) if cluster else 0
     job = Job(f"cs-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
               tmp_path / "spark-checkpoint", EVENT_COUNT, engine, per_batch=PER_BATCH)
