@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
@@ -40,8 +40,7 @@ from kafka_changelog.state.rocksdb_table import RocksDBStateTable
 from kafka_changelog.state.snapshot_store import SnapshotStore
 from kafka_changelog.storage import StateChangelogStorage
 
-if TYPE_CHECKING:
-    from .streaming import StreamingStateConfig
+from .streaming_config import StreamingStateConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """State metrics of each micro-batch, where Spark users look for them.
 
 Every subtask reports :class:`SubtaskMetrics` with its state handle; the driver keeps
-them in the batch's :class:`~spark_integration.streaming.BatchReport`, logs a summary at
+them in the batch's :class:`BatchReport`, logs a summary at
 INFO, and :class:`StateMetricsListener` hands each report to a function of yours when
 Spark reports the batch's progress (a ``StreamingQueryListener``), next to Spark's own
 ``StreamingQueryProgress``.
@@ -9,16 +9,14 @@ Spark reports the batch's progress (a ``StreamingQueryListener``), next to Spark
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
-
-if TYPE_CHECKING:
-    from .streaming import BatchReport, StatefulProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +69,51 @@ class SubtaskMetrics:
         return SubtaskMetrics(**json.loads(text))
 
 
+@dataclass
+class BatchReport:
+    """What one micro-batch did."""
+
+    batch_id: int
+    #: The checkpoint the batch committed (for a re-run: committed before).
+    checkpoint_id: int
+    #: The checkpoint its state started from (None: empty state).
+    restored_from: int | None
+    committed: bool
+    rows_out: int
+    seconds: float
+    #: Seconds in the subtask tasks (Spark job), the commit, and the sink.
+    task_s: float = 0.0
+    commit_s: float = 0.0
+    sink_s: float = 0.0
+    #: The Spark partition that ran each subtask (one each: subtasks run in parallel).
+    subtask_partitions: dict[int, int] = field(default_factory=dict)
+    #: Seconds each subtask spent restoring its backend from Kafka (subtasks that reattached
+    #: a backend or a local store, or started empty, are not listed).
+    restore_s: dict[int, float] = field(default_factory=dict)
+    #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
+    materializations: dict[int, int] = field(default_factory=dict)
+    #: "first", "new", "rerun" or "new-query" (see ``spark_integration.batch_identity``).
+    kind: str = "new"
+    #: The Spark query that ran the batch ("" outside a streaming query).
+    query_id: str = ""
+    #: What each subtask held and did (state rows and bytes, changes persisted,
+    #: materializations, reattached or restored).
+    subtask_metrics: dict[int, SubtaskMetrics] = field(default_factory=dict)
+    #: Subtasks whose results an earlier run of the batch committed (with a
+    #: ``KafkaOutputSink``), reused instead of computed again.
+    reused_subtasks: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data (JSON-able), e.g. for a metrics system."""
+        return dataclasses.asdict(self)
+
+
+class ReportingProcessor(Protocol):
+    """What :class:`StateMetricsListener` reads of a processor: its batch reports."""
+
+    reports: list[BatchReport]
+
+
 def log_batch(report: BatchReport) -> None:
     """One INFO line per batch with the state metrics summed over subtasks."""
     metrics = report.subtask_metrics.values()
@@ -96,13 +139,13 @@ class StateMetricsListener(StreamingQueryListener):
 
     ``spark.streams.addListener(StateMetricsListener(processor, on_batch))`` calls
     ``on_batch(report, progress)`` when Spark reports a batch's progress: ``report`` is
-    the :class:`~spark_integration.streaming.BatchReport` of the processor for that
+    the :class:`BatchReport` of the processor for that
     batch and query, ``progress`` Spark's ``StreamingQueryProgress`` (rows per second,
     durations, Spark's own ``stateOperators``). Batches the processor did not run (other
     queries) are passed over.
     """
 
-    def __init__(self, processor: StatefulProcessor,
+    def __init__(self, processor: ReportingProcessor,
                  on_batch: Callable[[BatchReport, Any], None]) -> None:
         super().__init__()
         self._processor = processor

@@ -34,26 +34,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
 
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import (
-    CheckpointStoreConfig,
     KafkaCheckpointStore,
     high_watermark,
 )
-from kafka_changelog.kafka.client_settings import KafkaConnection
-from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.kafka.task_commit import (
     TRANSACTION_TIMEOUT_MS,
     SubtaskCommitter,
@@ -62,7 +58,7 @@ from kafka_changelog.kafka.task_commit import (
 )
 from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError
-from kafka_changelog.state.backend_config import KINDS, ROCKSDB
+from kafka_changelog.state.backend_config import ROCKSDB
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
@@ -77,7 +73,9 @@ from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink
 from .keys import key_columns_of, key_sql
 from .local_state import CachedBackend
+from .metrics import BatchReport as BatchReport  # public here too
 from .metrics import SubtaskMetrics, log_batch
+from .streaming_config import StreamingStateConfig as StreamingStateConfig  # public here too
 from .subtask_partitioning import partition_by_subtask
 from .vectorized import VectorizedFunction, call_vectorized
 
@@ -110,75 +108,6 @@ TASK_EVENTS = ("subtask_start", "subtask_in_transaction", "subtask_committed")
 #: ``task_listener(event, batch_id, subtask)``: called in the Spark task at each of
 #: :data:`TASK_EVENTS` (pickled to the executors). An exception it raises fails the task.
 TaskListener = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class StreamingStateConfig:
-    """Where and how a streaming operator keeps its state (picklable: tasks get a copy)."""
-
-    #: Application name: the checkpoint store keeps checkpoints per application.
-    application: str
-    #: Operator id (one stateful function of the application).
-    operator_id: str
-    #: Kafka brokers for the changelog, snapshot and checkpoint topics.
-    bootstrap_servers: str
-    #: Key groups in all; fixed for the life of the application.
-    max_parallelism: int = 128
-    #: Tasks per micro-batch; may change between runs (state follows key groups).
-    parallelism: int = 2
-    changelog_topic: str = "kafka-changelog"
-    snapshot_topic: str = "kafka-changelog-snapshots"
-    checkpoint_topic: str = "kafka-changelog-checkpoints"
-    #: Partitions of the changelog and snapshot topics when they are created.
-    partitions: int = 16
-    #: Seconds between materializations (None: never).
-    materialization_interval_s: float | None = 600.0
-    #: Checkpoints kept (at least 2).
-    retain: int = 3
-    #: Any librdkafka setting for every client (security included).
-    client_config: dict[str, Any] = field(default_factory=dict)
-    #: Each subtask's working copy: "rocksdb" (the default: a store per subtask in
-    #: ``local_state_dir`` that any Python worker on the host reattaches; state may exceed
-    #: the worker's memory; needs ``rocksdict``, in the ``spark`` extra) or "memory" (kept
-    #: by the Python worker that ran the subtask last; a task in another worker restores
-    #: from Kafka). See docs/spark.md, "State backends".
-    state_backend: str = ROCKSDB
-    #: Where "rocksdb" keeps the host-local subtask stores (None:
-    #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
-    #: disk of every executor host.
-    local_state_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.state_backend not in KINDS:
-            raise ValueError(f"state_backend must be one of {KINDS}, got "
-                             f"{self.state_backend!r}")
-
-    def local_state_root(self) -> Path:
-        """The host-local state directory of ``state_backend="rocksdb"``."""
-        return (Path(self.local_state_dir) if self.local_state_dir
-                else Path(tempfile.gettempdir()) / "kafka-changelog-state")
-
-    def connection(self) -> KafkaConnection:
-        """How every client of the operator connects."""
-        return KafkaConnection(bootstrap_servers=self.bootstrap_servers,
-                               client_config=dict(self.client_config))
-
-    def changelog(self) -> KafkaChangelogConfig:
-        """The changelog storage's config."""
-        return KafkaChangelogConfig.on(
-            self.connection(), topic=self.changelog_topic, partitions=self.partitions,
-            max_parallelism=self.max_parallelism)
-
-    def snapshots(self) -> SnapshotStoreConfig:
-        """The snapshot store's config."""
-        return SnapshotStoreConfig.on(
-            self.connection(), topic=self.snapshot_topic, partitions=self.partitions,
-            max_parallelism=self.max_parallelism)
-
-    def checkpoints(self) -> CheckpointStoreConfig:
-        """The checkpoint store's config."""
-        return CheckpointStoreConfig.on(self.connection(), topic=self.checkpoint_topic,
-                                        retain=self.retain)
 
 
 class StringKey(str):
@@ -292,45 +221,6 @@ class _Process:
             storage, snapshots = stores
             snapshots.close()
             storage.close()
-
-
-@dataclass
-class BatchReport:
-    """What one micro-batch did."""
-
-    batch_id: int
-    #: The checkpoint the batch committed (for a re-run: committed before).
-    checkpoint_id: int
-    #: The checkpoint its state started from (None: empty state).
-    restored_from: int | None
-    committed: bool
-    rows_out: int
-    seconds: float
-    #: Seconds in the subtask tasks (Spark job), the commit, and the sink.
-    task_s: float = 0.0
-    commit_s: float = 0.0
-    sink_s: float = 0.0
-    #: The Spark partition that ran each subtask (one each: subtasks run in parallel).
-    subtask_partitions: dict[int, int] = field(default_factory=dict)
-    #: Seconds each subtask spent restoring its backend from Kafka (subtasks that reattached
-    #: a backend or a local store, or started empty, are not listed).
-    restore_s: dict[int, float] = field(default_factory=dict)
-    #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
-    materializations: dict[int, int] = field(default_factory=dict)
-    #: "first", "new", "rerun" or "new-query" (see ``spark_integration.batch_identity``).
-    kind: str = "new"
-    #: The Spark query that ran the batch ("" outside a streaming query).
-    query_id: str = ""
-    #: What each subtask held and did (state rows and bytes, changes persisted,
-    #: materializations, reattached or restored).
-    subtask_metrics: dict[int, SubtaskMetrics] = field(default_factory=dict)
-    #: Subtasks whose results an earlier run of the batch committed (with a
-    #: ``KafkaOutputSink``), reused instead of computed again.
-    reused_subtasks: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as plain data (JSON-able), e.g. for a metrics system."""
-        return dataclasses.asdict(self)
 
 
 class StatefulProcessor:

@@ -1,0 +1,87 @@
+"""Where and how a streaming operator keeps its state: :class:`StreamingStateConfig`.
+
+Its own module so that the streaming processor, the host-local stores and the tools
+that only read an application's state share it without importing one another.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka_changelog.kafka import KafkaChangelogConfig
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
+from kafka_changelog.kafka.client_settings import KafkaConnection
+from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
+from kafka_changelog.state.backend_config import KINDS, ROCKSDB
+
+
+@dataclass(frozen=True)
+class StreamingStateConfig:
+    """Where and how a streaming operator keeps its state (picklable: tasks get a copy)."""
+
+    #: Application name: the checkpoint store keeps checkpoints per application.
+    application: str
+    #: Operator id (one stateful function of the application).
+    operator_id: str
+    #: Kafka brokers for the changelog, snapshot and checkpoint topics.
+    bootstrap_servers: str
+    #: Key groups in all; fixed for the life of the application.
+    max_parallelism: int = 128
+    #: Tasks per micro-batch; may change between runs (state follows key groups).
+    parallelism: int = 2
+    changelog_topic: str = "kafka-changelog"
+    snapshot_topic: str = "kafka-changelog-snapshots"
+    checkpoint_topic: str = "kafka-changelog-checkpoints"
+    #: Partitions of the changelog and snapshot topics when they are created.
+    partitions: int = 16
+    #: Seconds between materializations (None: never).
+    materialization_interval_s: float | None = 600.0
+    #: Checkpoints kept (at least 2).
+    retain: int = 3
+    #: Any librdkafka setting for every client (security included).
+    client_config: dict[str, Any] = field(default_factory=dict)
+    #: Each subtask's working copy: "rocksdb" (the default: a store per subtask in
+    #: ``local_state_dir`` that any Python worker on the host reattaches; state may exceed
+    #: the worker's memory; needs ``rocksdict``, in the ``spark`` extra) or "memory" (kept
+    #: by the Python worker that ran the subtask last; a task in another worker restores
+    #: from Kafka). See docs/spark.md, "State backends".
+    state_backend: str = ROCKSDB
+    #: Where "rocksdb" keeps the host-local subtask stores (None:
+    #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
+    #: disk of every executor host.
+    local_state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state_backend not in KINDS:
+            raise ValueError(f"state_backend must be one of {KINDS}, got "
+                             f"{self.state_backend!r}")
+
+    def local_state_root(self) -> Path:
+        """The host-local state directory of ``state_backend="rocksdb"``."""
+        return (Path(self.local_state_dir) if self.local_state_dir
+                else Path(tempfile.gettempdir()) / "kafka-changelog-state")
+
+    def connection(self) -> KafkaConnection:
+        """How every client of the operator connects."""
+        return KafkaConnection(bootstrap_servers=self.bootstrap_servers,
+                               client_config=dict(self.client_config))
+
+    def changelog(self) -> KafkaChangelogConfig:
+        """The changelog storage's config."""
+        return KafkaChangelogConfig.on(
+            self.connection(), topic=self.changelog_topic, partitions=self.partitions,
+            max_parallelism=self.max_parallelism)
+
+    def snapshots(self) -> SnapshotStoreConfig:
+        """The snapshot store's config."""
+        return SnapshotStoreConfig.on(
+            self.connection(), topic=self.snapshot_topic, partitions=self.partitions,
+            max_parallelism=self.max_parallelism)
+
+    def checkpoints(self) -> CheckpointStoreConfig:
+        """The checkpoint store's config."""
+        return CheckpointStoreConfig.on(self.connection(), topic=self.checkpoint_topic,
+                                        retain=self.retain)
