@@ -185,6 +185,14 @@ def _busy_cpu_s() -> float:
     return float(t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0))
 
 
+def _descendants() -> list[int]:
+    """This process's children, grandchildren and so on, alive now."""
+    try:
+        return [child.pid for child in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def _own_cpu_s(pids: Sequence[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -204,7 +212,7 @@ class ForeignLoad:
     """
 
     def __init__(self, own_pids: Sequence[int] = ()) -> None:
-        self._pids = [os.getpid(), *own_pids]
+        self._pids = sorted({os.getpid(), *own_pids, *_descendants()})
         self._wall = time.monotonic()
         self._busy = _busy_cpu_s()
         self._own = _own_cpu_s(self._pids)
@@ -213,7 +221,11 @@ class ForeignLoad:
         wall = time.monotonic() - self._wall
         if wall <= 0:
             return 0.0
-        foreign = (_busy_cpu_s() - self._busy) - (_own_cpu_s(self._pids) - self._own)
+        # Processes of ours started since (Spark's Python workers, executors) count as
+        # ours with all their CPU time.
+        started = sorted(set(_descendants()) - set(self._pids))
+        own = _own_cpu_s(self._pids) - self._own + _own_cpu_s(started)
+        foreign = (_busy_cpu_s() - self._busy) - own
         return max(0.0, foreign / (wall * (os.cpu_count() or 1)))
 
 
