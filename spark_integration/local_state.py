@@ -13,13 +13,17 @@ manifest, lock). A task for subtask ``i`` starting from checkpoint ``c``:
   (the manifest names ``c`` and the very handle the driver assigned): a backend is
   built on the store as it is, continuing that backend's snapshot, changelog and
   materialization schedule. Milliseconds, no Kafka read;
-- **restored**: anything else (no store, another checkpoint, a store changed after its
-  manifest, a rescale): the store is emptied and restored from Kafka (snapshot chunks
-  streamed into RocksDB, then the changelog tail);
+- **rolled-back**: the store went past ``c`` (a batch whose checkpoint never completed:
+  the function failed, the driver died before the commit) but the copy kept at ``c`` is
+  there: the store becomes that copy (hard links) and is reattached as above;
+- **restored**: anything else (no store, no copy at ``c``, a rescale): the store is
+  emptied and restored from Kafka (snapshot chunks streamed into RocksDB, then the
+  changelog tail);
 - **fresh**: no checkpoint yet.
 
-After the snapshot the task flushes the store, writes the manifest and lets the store
-go (closed and unlocked), so the next batch's task can take it wherever it runs.
+After the snapshot the task flushes the store, writes the manifest, keeps a copy of the
+store at that checkpoint (the next task deletes every copy but its base's) and lets the
+store go (closed and unlocked), so the next batch's task can take it wherever it runs.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ class LocalAttachment:
 
     backend: ChangelogKeyedStateBackend
     store: SubtaskStore
-    #: "reattached", "reattached-local", "restored" or "fresh".
+    #: "reattached", "reattached-local", "rolled-back", "restored" or "fresh".
     source: str
     #: Seconds getting the backend (opening, reattaching or restoring).
     seconds: float
@@ -119,9 +123,12 @@ def attach(config: StreamingStateConfig, subtask: int, base: int | None,
     store.lock(LOCK_TIMEOUT_S)
     try:
         store.remove_stale()
+        # Only the base can be started from again: a copy of any other checkpoint is
+        # superseded (older) or of a batch that is being re-run (newer).
+        store.prune_retained(base)
         manifest = store.read_manifest()
-        at_base = _at_base(manifest, config, subtask, key_groups, base,
-                           expected_handle(config, subtask, key_groups, handles))
+        expected = expected_handle(config, subtask, key_groups, handles)
+        at_base = _at_base(manifest, config, subtask, key_groups, base, expected)
         if cached is not None:
             if (at_base and manifest is not None and manifest.owner == cached.owner
                     and cached.checkpoint_id == base):
@@ -134,13 +141,18 @@ def attach(config: StreamingStateConfig, subtask: int, base: int | None,
                                        time.monotonic() - started, cached.owner)
             cached.backend.close()  # its store is closed already and not its to delete
         owner = uuid.uuid4().hex
+        source = "reattached-local"
+        if not at_base and base is not None:
+            copy = store.read_retained_manifest(base)
+            if _at_base(copy, config, subtask, key_groups, base, expected):
+                store.roll_back(base)
+                manifest, at_base, source = copy, True, "rolled-back"
         if at_base:
             assert manifest is not None
             store.mark_changing()
             backend = _reattach(config, key_groups, manifest, handles[0], store, storage,
                                 snapshots, materialization)
-            return LocalAttachment(backend, store, "reattached-local",
-                                   time.monotonic() - started, owner)
+            return LocalAttachment(backend, store, source, time.monotonic() - started, owner)
         store.reset()
         table = RocksDBStateTable(store.db_path)
         if handles:
@@ -194,15 +206,23 @@ def release(attachment: LocalAttachment, config: StreamingStateConfig, subtask: 
     assert isinstance(table, RocksDBStateTable)
     try:
         table.flush()
-        store.write_manifest(StoreManifest(
+        manifest = StoreManifest(
             config.application, config.operator_id, subtask, config.parallelism,
             backend.key_group_range, config.max_parallelism, checkpoint_id,
             backend.backend_id, encoded_handle,
             tuple(sorted(backend.unmaterialized_key_groups())),
-            backend.materialization_due_at, attachment.owner))
+            backend.materialization_due_at, attachment.owner)
+        store.write_manifest(manifest)
     except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
         logger.warning("local state store %s not kept at checkpoint %d (the next task "
                        "restores from Kafka): %s", store.directory, checkpoint_id, exc)
+    else:
+        try:
+            store.retain_copy(manifest, table.copy_to)
+        except Exception as exc:
+            logger.warning("no copy of local state store %s at checkpoint %d (a re-run of "
+                           "the next batch would restore from Kafka): %s", store.directory,
+                           checkpoint_id, exc)
     finally:
         table.close()
         store.unlock()

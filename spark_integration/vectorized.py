@@ -29,6 +29,8 @@ import pandas as pd
 from kafka_changelog.state.bulk_state import BulkState
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 
+from .key_runs import keys_at, run_starts
+
 
 class BatchState(BulkState):
     """The bulk state of one subtask's micro-batch: :attr:`keys` are the batch's distinct
@@ -59,17 +61,9 @@ def call_vectorized(fn: VectorizedFunction, backend: ChangelogKeyedStateBackend,
     column's value into the key the per-key API would give. Returns the output records
     and the number of keys."""
     encoded = key_bytes.to_numpy()
-    starts_key = np.empty(len(encoded), dtype=bool)
-    starts_key[:1] = True
-    starts_key[1:] = encoded[1:] != encoded[:-1]
-    starts = np.flatnonzero(starts_key)
-    key_index = np.cumsum(starts_key) - 1
-    firsts = rows.iloc[starts]
-    if len(key_columns) == 1:
-        keys: list[Any] = list(map(natural, firsts[key_columns[0]].tolist()))
-    else:
-        columns = [list(map(natural, firsts[c].tolist())) for c in key_columns]
-        keys = list(zip(*columns, strict=True))
+    starts = run_starts(encoded)
+    key_index = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(encoded))))
+    keys = keys_at(rows, starts, key_columns, natural)
     state = BatchState(
         backend, keys, [k if type(k) is bytes else bytes(k) for k in encoded[starts]],
         key_groups.to_numpy()[starts].tolist(), key_index)

@@ -26,6 +26,7 @@ from ..writer import SnapshotResult, StateChangelogWriter
 from .checkpoint import KeyedStateHandle
 from .descriptors import StateDescriptor, StateKind
 from .errors import NoCurrentKeyError, StateMismatchError
+from .key_buffer import KeyChangeBuffer
 from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
 from .materialization import MaterializationManager, MaterializationStats
 from .materializer import MaterializationConfig, PeriodicMaterializer
@@ -51,7 +52,7 @@ from .state_objects import (
     ValueState,
 )
 from .table import StateTable
-from .table_protocol import KeyedStateTable
+from .table_protocol import Entry, KeyedStateTable
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,10 @@ class ChangelogKeyedStateBackend:
         self.operator_id = operator_id
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
-        self.table: KeyedStateTable = table if table is not None else StateTable()
+        self._table: KeyedStateTable = table if table is not None else StateTable()
+        # The current key's changes, applied and logged when the key changes (or before
+        # anything else reads the table or the log).
+        self._buffer = KeyChangeBuffer(self._table, self._apply_and_log)
         self._storage = storage
         self._store = snapshot_store
         self._writer: StateChangelogWriter[Any] = storage.create_writer(
@@ -158,6 +162,7 @@ class ChangelogKeyedStateBackend:
             from ..errors import KeyGroupOutOfRangeError
 
             raise KeyGroupOutOfRangeError(key_group, self.key_group_range, self.backend_id)
+        self._buffer.switch(key_group, key)
         self._current = (key_group, key)
         self._act_on_timer()
         self.poll_materialization()
@@ -167,6 +172,32 @@ class ChangelogKeyedStateBackend:
         if self._current is None:
             raise NoCurrentKeyError("no current key: call set_current_key(key) first")
         return self._current
+
+    @property
+    def table(self) -> KeyedStateTable:
+        """The working copy, with the current key's buffered changes applied (and logged)."""
+        if self._buffer.pending:
+            self._buffer.flush()
+        return self._table
+
+    def flush_current_key(self) -> None:
+        """Apply and log the current key's buffered changes now (they are, anyway, when the
+        key changes and before a snapshot, a materialization or any read of :attr:`table`)."""
+        self._buffer.flush()
+
+    def read(self, state: str) -> Entry | None:
+        """The current key's entry of ``state`` (buffered changes included)."""
+        return self._buffer.read(state)
+
+    def read_map_value(self, state: str, map_key: bytes) -> bytes | None:
+        """One value of the current key's map ``state`` (buffered changes included)."""
+        return self._buffer.read_map_value(state, map_key)
+
+    def write(self, state: str, op: OpKind, map_key: bytes | None = None,
+              value: bytes | None = None, values: tuple[bytes, ...] | None = None) -> None:
+        """Change the current key's ``state`` (used by the state objects): buffered as
+        the state's net change until the key changes, then applied and logged once."""
+        self._buffer.write(state, op, map_key, value, values)
 
     def state(self, descriptor: StateDescriptor) -> Any:
         """The state object for ``descriptor`` (registered, and logged, on first use)."""
@@ -185,15 +216,19 @@ class ChangelogKeyedStateBackend:
             meta = StateMeta(
                 descriptor.name, descriptor.kind, descriptor.value_serializer.name,
                 descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
-            self.table.register(meta)  # refuses a different kind or serializer
+            self._table.register(meta)  # refuses a different kind or serializer
             self._descriptors[descriptor.name] = descriptor
             self._append_meta(meta)
             known = descriptor
         return known
 
     def mutate(self, key_group: int, op: StateOp) -> None:
-        """Apply ``op`` to the working copy and log it (used by the state objects)."""
-        self.table.apply(key_group, op)
+        """Apply ``op`` to the working copy and log it now (after the buffered changes)."""
+        self._buffer.flush()
+        self._apply_and_log(key_group, op)
+
+    def _apply_and_log(self, key_group: int, op: StateOp) -> None:
+        self._table.apply(key_group, op)
         payload = op.to_bytes()
         self._writer.append(key_group, payload)
         self._changed.add(key_group)
@@ -209,6 +244,7 @@ class ChangelogKeyedStateBackend:
         refuses a key group outside this backend's range, as :meth:`set_current_key`
         does, and acts on the materialization timer once, as a key access does."""
         self._check_key_groups(key_groups)
+        self._buffer.flush()
         self._act_on_timer()
         self.poll_materialization()
 
@@ -250,7 +286,8 @@ class ChangelogKeyedStateBackend:
             raise ValueError(f"{len(payloads)} changes of state {state!r} but "
                              f"{len(key_groups)} key groups")
         self._check_key_groups(key_groups)
-        self.table.apply_columns(state, op, key_groups, keys, map_keys, values, items)
+        self._buffer.flush()
+        self._table.apply_columns(state, op, key_groups, keys, map_keys, values, items)
         append = self._writer.append
         for key_group, payload in zip(key_groups, payloads, strict=True):
             append(key_group, payload)
@@ -271,7 +308,7 @@ class ChangelogKeyedStateBackend:
     def _log_all_metas(self) -> None:
         # Every log segment a checkpoint may start from begins with the registrations, so
         # replaying it never meets a change of a state it does not know.
-        for meta in self.table.metas.values():
+        for meta in self._table.metas.values():
             self._append_meta(meta)
 
     # -- checkpoints -----------------------------------------------------------------------
@@ -306,6 +343,7 @@ class ChangelogKeyedStateBackend:
         as at a key access: a subtask that gets no keys still materializes (started here,
         applied at a later snapshot), so its checkpoints' changelog tail stays bounded.
         """
+        self._buffer.flush()  # the checkpoint holds every change made before it
         self.poll_materialization()
         self._materialization.check()
         self._act_on_timer()
@@ -402,6 +440,7 @@ class ChangelogKeyedStateBackend:
 
     def materialize(self) -> Future[SnapshotHandle] | None:
         """Start a materialization; None when one is in flight or nothing changed."""
+        self._buffer.flush()
         self.poll_materialization()
         if self._materialization.running is not None:
             return None
@@ -413,7 +452,7 @@ class ChangelogKeyedStateBackend:
         self._log_all_metas()
         materialization_id = max(self.materialization_id + 1, time.time_ns() // 1000)
         changed = set(self._changed)
-        written = [kg for kg in sorted(changed) if self.table.has_entries(kg)]
+        written = [kg for kg in sorted(changed) if self._table.has_entries(kg)]
         previous = self.snapshot_handle
         reused = {
             kg: previous.chunks_of(kg) for kg in self.key_group_range
@@ -446,7 +485,7 @@ class ChangelogKeyedStateBackend:
             return _raising(exc)
         local = self._local
         for key_group in key_groups:
-            data = self.table.serialize_group(key_group)
+            data = self._table.serialize_group(key_group)
             try:
                 writer.add(key_group, data)
             except Exception as exc:
@@ -622,7 +661,8 @@ class ChangelogKeyedStateBackend:
         self._drop_unused_chunks(self.snapshot_handle, None)
         self._materialization.close()
         self._writer.close()
-        self.table.close()
+        self._buffer.discard()
+        self._table.close()
         if self._local is not None:
             try:
                 self._local.close_owner(self._local_owner)

@@ -15,8 +15,19 @@ The protocol that keeps this safe:
 5. close the store and unlock.
 
 Layout: ``root/<application>/<operator>/p<parallelism>-s<subtask>/{lock, manifest.json,
-db/}``. Stores of another parallelism of the same operator are stale once a task of the
-new parallelism runs, and are deleted then (when nobody holds their lock).
+db/, retained/c<checkpoint>/{manifest.json, db/}}``. Stores of another parallelism of
+the same operator are stale once a task of the new parallelism runs, and are deleted
+then (when nobody holds their lock).
+
+**Rolling back.** A batch that changed the store but whose checkpoint never completed
+(the function failed, the driver died before the commit) leaves a store at no
+checkpoint, or at one the re-run does not start from. So that its re-run need not
+restore from Kafka, the task keeps a copy of the store at each checkpoint it leaves
+it at (:meth:`SubtaskStore.retain_copy`: a RocksDB checkpoint, hard links to the
+immutable files); the next task keeps only the copy of the checkpoint it starts from
+(:meth:`SubtaskStore.prune_retained`) and, when the live store is not exactly there,
+rolls back to that copy (:meth:`SubtaskStore.roll_back`). At most two copies exist:
+the base's and the newest.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 1
 _TRASH = ".trash-"
+_STAGING = ".staging-"
 
 
 @dataclass(frozen=True)
@@ -120,6 +133,7 @@ class SubtaskStore:
         self.directory = self.operator_directory / f"p{parallelism}-s{subtask}"
         self.db_path = self.directory / "db"
         self.manifest_path = self.directory / "manifest.json"
+        self.retained_path = self.directory / "retained"
         self._parallelism = parallelism
         self._lock_fd: int | None = None
 
@@ -162,31 +176,81 @@ class SubtaskStore:
 
     def read_manifest(self) -> StoreManifest | None:
         """The manifest, or None when there is none (or it cannot be read: logged)."""
-        try:
-            text = self.manifest_path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            logger.warning("cannot read the local state manifest %s: %s", self.manifest_path,
-                           exc)
-            return None
-        try:
-            return StoreManifest.from_json(text)
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("ignoring the unreadable local state manifest %s: %s",
-                           self.manifest_path, exc)
-            return None
+        return _read_manifest(self.manifest_path)
 
     def write_manifest(self, manifest: StoreManifest) -> None:
         """Write the manifest atomically and durably (the store must be flushed first)."""
         self._require_lock()
-        temporary = self.directory / f"manifest.{uuid.uuid4().hex}.tmp"
-        with open(temporary, "w", encoding="utf-8") as out:
-            out.write(manifest.to_json())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.manifest_path)
-        self._sync_directory()
+        _write_manifest(self.directory, manifest)
+
+    # -- retained copies (rolling back) -----------------------------------------------------
+
+    def _retained(self, checkpoint_id: int) -> Path:
+        return self.retained_path / f"c{checkpoint_id}"
+
+    def retain_copy(self, manifest: StoreManifest, copy_store: Callable[[Path], None]
+                    ) -> None:
+        """Keep a copy of the store at ``manifest``'s checkpoint: ``copy_store(path)``
+        writes it into a new directory (the table's ``copy_to``); the copy and its
+        manifest appear together or not at all."""
+        self._require_lock()
+        self.retained_path.mkdir(exist_ok=True)
+        staging = self.retained_path / f"{_STAGING}{uuid.uuid4().hex}"
+        try:
+            staging.mkdir()
+            copy_store(staging / "db")
+            _write_manifest(staging, manifest)
+            target = self._retained(manifest.checkpoint_id)
+            if target.exists():
+                _discard(target)
+            os.rename(staging, target)
+            _sync(self.retained_path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def retained_checkpoints(self) -> list[int]:
+        """The checkpoints a copy is kept of, ascending."""
+        try:
+            names = [p.name for p in self.retained_path.iterdir()]
+        except FileNotFoundError:
+            return []
+        return sorted(int(n[1:]) for n in names if n.startswith("c") and n[1:].isdigit())
+
+    def read_retained_manifest(self, checkpoint_id: int) -> StoreManifest | None:
+        """The manifest of the copy kept at ``checkpoint_id`` (None: no such copy)."""
+        return _read_manifest(self._retained(checkpoint_id) / "manifest.json")
+
+    def prune_retained(self, keep: int | None) -> None:
+        """Delete every copy but the one of checkpoint ``keep``, and what a crash left
+        half made or half deleted."""
+        self._require_lock()
+        for path in self.directory.iterdir():
+            if path.name.startswith((_TRASH, _STAGING)):
+                shutil.rmtree(path, ignore_errors=True)
+        try:
+            paths = list(self.retained_path.iterdir())
+        except FileNotFoundError:
+            return
+        for path in paths:
+            if keep is None or path != self._retained(keep):
+                _discard(path)
+
+    def roll_back(self, checkpoint_id: int) -> None:
+        """Make the live store the copy kept at ``checkpoint_id`` (which stays, for a
+        later roll-back to the same checkpoint); the manifest is not written (the store
+        is about to change). The immutable files are hard-linked, the others copied."""
+        self.mark_changing()
+        source = self._retained(checkpoint_id) / "db"
+        if not source.is_dir():
+            raise LocalStateError(f"no copy of checkpoint {checkpoint_id} in {self.directory}")
+        if self.db_path.exists():
+            _discard(self.db_path)
+        staging = self.directory / f"{_STAGING}{uuid.uuid4().hex}"
+        try:
+            shutil.copytree(source, staging, copy_function=_link_immutable)
+            os.rename(staging, self.db_path)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def mark_changing(self) -> None:
         """The store is about to change: it is at no checkpoint until the next manifest."""
@@ -196,7 +260,7 @@ class SubtaskStore:
             self._sync_directory()
 
     def reset(self) -> None:
-        """Delete the store and its manifest (a restore starts from an empty one)."""
+        """Delete the live store and its manifest (a restore starts from an empty one)."""
         self.mark_changing()
         shutil.rmtree(self.db_path, ignore_errors=True)
 
@@ -230,11 +294,64 @@ class SubtaskStore:
             raise LocalStateError(f"the local state store {self.directory} is not locked")
 
     def _sync_directory(self) -> None:
-        fd = os.open(self.directory, os.O_RDONLY)
+        _sync(self.directory)
+
+
+def _sync(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_manifest(path: Path) -> StoreManifest | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("cannot read the local state manifest %s: %s", path, exc)
+        return None
+    try:
+        return StoreManifest.from_json(text)
+    except (ValueError, KeyError, TypeError) as exc:
+        logger.warning("ignoring the unreadable local state manifest %s: %s", path, exc)
+        return None
+
+
+def _write_manifest(directory: Path, manifest: StoreManifest) -> None:
+    """``directory/manifest.json``, atomically and durably."""
+    temporary = directory / f"manifest.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "w", encoding="utf-8") as out:
+        out.write(manifest.to_json())
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, directory / "manifest.json")
+    _sync(directory)
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory; renamed first, so nobody finds it half deleted."""
+    trash = path.parent / f"{_TRASH}{uuid.uuid4().hex}"
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _link_immutable(source: str, target: str) -> None:
+    # RocksDB never changes a table file (.sst) once written: a hard link shares it
+    # safely. Its other files (MANIFEST, CURRENT, OPTIONS, logs) may be appended to or
+    # replaced, so each store gets its own.
+    if source.endswith(".sst"):
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            os.link(source, target)
+            return
+        except OSError:
+            pass  # another file system, or no hard links: copy
+    shutil.copy2(source, target)
 
 
 def remove_store_directory(path: Path) -> bool:

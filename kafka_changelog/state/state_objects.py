@@ -1,7 +1,7 @@
 """User-facing keyed state objects, scoped to the current key of a :class:`KeyContext`.
 
-State objects read the working copy and log every change through the context (the
-keyed backend is one); they know nothing else of it.
+State objects read and change the current key's state through the context (the keyed
+backend is one, which buffers each key's net changes); they know nothing else of it.
 """
 
 from __future__ import annotations
@@ -10,27 +10,27 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
-from .ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind, StateOp
-from .table_protocol import KeyedStateTable
+from .ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind
+from .table_protocol import Entry
 
 V = TypeVar("V")
 K = TypeVar("K")
 
 
 class KeyContext(Protocol):
-    """The current key, the working copy, and the change log a state object works on."""
+    """The current key's state, read and changed by name (the keyed backend is one)."""
 
-    @property
-    def table(self) -> KeyedStateTable:
-        """The working copy (read)."""
+    def read(self, state: str) -> Entry | None:
+        """The current key's entry of ``state`` (None if absent)."""
         ...
 
-    def current(self) -> tuple[int, bytes]:
-        """(key group, key) of the current key."""
+    def read_map_value(self, state: str, map_key: bytes) -> bytes | None:
+        """One value of the current key's map ``state`` (None if absent)."""
         ...
 
-    def mutate(self, key_group: int, op: StateOp) -> None:
-        """Apply ``op`` to the working copy and log it."""
+    def write(self, state: str, op: OpKind, map_key: bytes | None = None,
+              value: bytes | None = None, values: tuple[bytes, ...] | None = None) -> None:
+        """Change the current key's ``state`` (applied to the working copy and logged)."""
         ...
 
 
@@ -40,10 +40,12 @@ class _KeyedState:
         self._descriptor = descriptor
         self._name = descriptor.name
         self._values = descriptor.value_serializer
+        # Bound once: state objects are called per event.
+        self._read = backend.read
+        self._write = backend.write
 
     def _entry(self) -> Any:
-        key_group, key = self._backend.current()
-        return self._backend.table.get(key_group, self._name, key)
+        return self._read(self._name)
 
     def _log(
         self,
@@ -53,9 +55,7 @@ class _KeyedState:
         values: tuple[bytes, ...] | None = None,
     ) -> None:
         # Named parameters passed on positionally: no kwargs dict built and unpacked per op.
-        backend = self._backend
-        key_group, key = backend.current()
-        backend.mutate(key_group, StateOp(self._name, op, key, map_key, value, values))
+        self._write(self._name, op, map_key, value, values)
 
     def clear(self) -> None:
         """Remove the current key's entry."""
@@ -113,8 +113,7 @@ class MapState(_KeyedState, Generic[K, V]):
 
     def _value_of(self, encoded_key: bytes) -> bytes | None:
         # A point lookup: the whole map is never built for one value.
-        key_group, key = self._backend.current()
-        return self._backend.table.get_map_value(key_group, self._name, key, encoded_key)
+        return self._backend.read_map_value(self._name, encoded_key)
 
     def get(self, map_key: K, default: V | None = None) -> V | None:
         """The value under ``map_key`` (``default`` if none)."""

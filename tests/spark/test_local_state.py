@@ -150,11 +150,12 @@ def test_state_stays_exact_across_batches_and_a_rescale(
     processor.close()
 
 
-def test_a_failing_function_leaves_no_store_to_reattach(
+def test_a_failed_batch_is_rolled_back_from_the_copy_kept_at_its_base(
     spark: Any, kafka_cluster: Any, tmp_path: Path
 ) -> None:
-    """A batch whose function fails changed the stores after their manifests: the retry
-    restores from Kafka and the state is as if the failed batch never ran."""
+    """A batch whose function fails changed the stores after their checkpoint: the retry
+    rolls each store back to the copy kept at the checkpoint it starts from (no Kafka
+    read), and the state is as if the failed batch never ran."""
     spec = {"bootstrap_servers": kafka_cluster.bootstrap_servers,
             "prefix": f"fail-{uuid.uuid4().hex[:8]}",
             "local_state_dir": str(tmp_path / "state"), "parallelism": 2}
@@ -177,5 +178,14 @@ def test_a_failing_function_leaves_no_store_to_reattach(
             p(spark.createDataFrame(batches[1], "user string, page string"), 1)
         failing["on"] = False
         sources = run_batches(spark, p, batches[1:], 1, model)
-        # The subtask that failed restored; the other one's store was changed too.
-        assert set(sources[0].values()) == {"restored"}
+        # The subtask that failed left its store changed, the other one at a checkpoint
+        # that never completed: both roll back, nothing is restored from Kafka.
+        assert sources[0] == {0: "rolled-back", 1: "rolled-back"}
+        assert p.reports[-1].restore_s == {}
+        stores = [SubtaskStore(config.local_state_root(), config.application, "op", s, 2)
+                  for s in range(2)]
+        # Each store keeps two copies: of the base it started from and of the checkpoint
+        # it is at now (the next task keeps only its base's).
+        for store in stores:
+            assert store.retained_checkpoints() == [p.reports[0].checkpoint_id,
+                                                    p.reports[-1].checkpoint_id]

@@ -1,5 +1,6 @@
 """Host-local subtask stores: one holder at a time across processes, manifests written
-atomically and removed before a change, stale stores of other parallelisms deleted."""
+atomically and removed before a change, stale stores of other parallelisms deleted,
+copies kept at checkpoints to roll back to."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from pathlib import Path
 import pytest
 
 from kafka_changelog import KeyGroupRange
+from kafka_changelog.state.descriptors import StateKind
 from kafka_changelog.state.errors import LocalStateError
 from kafka_changelog.state.local_store import (
     StoreManifest,
     SubtaskStore,
     remove_operator_stores,
 )
+from kafka_changelog.state.ops import SET, StateMeta, StateOp
+from kafka_changelog.state.rocksdb_table import RocksDBStateTable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,3 +135,78 @@ def test_any_name_is_one_directory_below_the_root(tmp_path: Path) -> None:
     store = SubtaskStore(tmp_path / "root", "..", "a/b", 0, 1)
     assert store.directory.resolve().is_relative_to((tmp_path / "root").resolve())
     assert store.operator_directory.parent.parent == tmp_path / "root"
+
+
+# -- retained copies: rolling a store back to the checkpoint a re-run starts from ---------------
+
+
+def table_at(path: Path) -> RocksDBStateTable:
+    table = RocksDBStateTable(path)
+    table.register(StateMeta("count", StateKind.VALUE, "int64", None))
+    return table
+
+
+def count_of(table: RocksDBStateTable, key: bytes) -> bytes | None:
+    return table.get(0, "count", key)  # type: ignore[return-value]
+
+
+def test_a_store_rolls_back_to_the_copy_kept_at_its_checkpoint(tmp_path: Path) -> None:
+    store = SubtaskStore(tmp_path, "app", "op", 1, 2)
+    store.lock()
+    table = table_at(store.db_path)
+    table.apply(0, StateOp("count", SET, b"ann", None, b"1"))
+    store.write_manifest(manifest(7))
+    store.retain_copy(manifest(7), table.copy_to)
+    # The next batch changes the store, then its checkpoint never completes.
+    store.mark_changing()
+    table.apply(0, StateOp("count", SET, b"ann", None, b"2"))
+    table.apply(0, StateOp("count", SET, b"bob", None, b"1"))
+    table.flush()
+    store.write_manifest(manifest(8))
+    store.retain_copy(manifest(8), table.copy_to)
+    table.close()
+    assert store.retained_checkpoints() == [7, 8]
+
+    # The re-run starts from checkpoint 7: only its copy is kept, and the store is it.
+    store.prune_retained(7)
+    assert store.retained_checkpoints() == [7]
+    assert store.read_retained_manifest(7) == manifest(7)
+    assert store.read_retained_manifest(8) is None
+    store.roll_back(7)
+    assert store.read_manifest() is None  # about to change: at no checkpoint
+    table = RocksDBStateTable(store.db_path)
+    assert (count_of(table, b"ann"), count_of(table, b"bob")) == (b"1", None)
+    assert table.entry_count() == 1
+    # Changing the rolled-back store leaves the copy as it was: rolling back again works.
+    table.apply(0, StateOp("count", SET, b"ann", None, b"5"))
+    table.close()
+    store.roll_back(7)
+    table = RocksDBStateTable(store.db_path)
+    assert count_of(table, b"ann") == b"1"
+    table.close()
+    # Nothing half made or half deleted is left.
+    assert sorted(p.name for p in store.directory.iterdir()) == ["db", "lock", "retained"]
+    assert sorted(p.name for p in store.retained_path.iterdir()) == ["c7"]
+    store.prune_retained(None)
+    assert store.retained_checkpoints() == []
+    store.unlock()
+
+
+def test_rolling_back_without_a_copy_names_the_checkpoint(tmp_path: Path) -> None:
+    store = SubtaskStore(tmp_path, "app", "op", 0, 1)
+    store.lock()
+    with pytest.raises(LocalStateError, match="no copy of checkpoint 3"):
+        store.roll_back(3)
+    store.unlock()
+
+
+def test_leftovers_of_a_crash_in_the_middle_of_a_copy_are_removed(tmp_path: Path) -> None:
+    store = SubtaskStore(tmp_path, "app", "op", 0, 1)
+    store.lock()
+    (store.directory / ".staging-dead").mkdir(parents=True)
+    (store.retained_path / ".staging-dead").mkdir(parents=True)
+    (store.retained_path / "c4" / "db").mkdir(parents=True)
+    store.prune_retained(4)
+    assert sorted(p.name for p in store.directory.iterdir()) == ["lock", "retained"]
+    assert sorted(p.name for p in store.retained_path.iterdir()) == ["c4"]
+    store.unlock()
