@@ -312,6 +312,11 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             # Per batch: the subtasks restored from Kafka (the others reused the backend
             # cached in their Python worker).
             "restored": [sorted(r.restore_s) for r in processor.reports],
+            # Per batch id: where each subtask's state came from (reattached, rolled-back,
+            # restored, ...: see SubtaskMetrics.state_source).
+            "state_sources": {str(r.batch_id): {str(s): m.state_source
+                                                for s, m in sorted(r.subtask_metrics.items())}
+                              for r in processor.reports},
             "batch_seconds": [(round(r.seconds, 2), round(r.task_s, 2), round(r.commit_s, 2),
                                round(r.sink_s, 2)) for r in processor.reports],
             "seconds": time.monotonic() - started}

@@ -167,6 +167,9 @@ class BulkState:
         Raises :class:`~kafka_changelog.state.errors.KeyNotInBatchError` naming the first
         key that is not one of the view's.
         """
+        # Every bulk call resolves its keys first: changes the per-key API buffered for
+        # its current key are applied before the call reads or writes the working copy.
+        self.backend.flush_current_key()
         wanted = _as_list(keys)
         own = self._keys
         if len(wanted) == len(own) and (wanted is own or wanted == own):

@@ -79,6 +79,8 @@ _COUNT_FORMAT = struct.Struct(">q")
 _KIND_VALUE, _KIND_LIST, _KIND_MAP = 0, 1, 2
 #: Puts per write batch when a key group is loaded (bounds the batch's memory).
 _LOAD_BATCH = 20_000
+#: Stored keys whose existence a table remembers (see ``RocksDBStateTable._seen``).
+_SEEN_LIMIT = 200_000
 #: RocksDB's memtable per store before it is flushed to a file.
 _WRITE_BUFFER_BYTES = 32 << 20
 
@@ -188,9 +190,10 @@ class RocksDBStateTable:
         self._metas: dict[str, StateMeta] = {}
         # (key group, state) -> (key prefix, storage kind): built once per pair.
         self._prefixes: dict[tuple[int, str], tuple[bytes, int]] = {}
-        # The last point read (RocksDB key, found): a write of the same key right after
-        # reading it (value.update after value()) needs no second lookup to keep count.
-        self._seen: tuple[bytes, bool] = (b"", False)
+        # Whether stored keys exist, as last read or written here (this table is the only
+        # writer of its store): a write of a key read just before (value.update after
+        # value(), a bulk set after a bulk get) needs no second lookup to keep count.
+        self._seen: dict[bytes, bool] = {}
         for _, value in self._scan(_META):
             meta = StateMeta.from_bytes(value[2:])
             self._add_state(meta, value[:2])
@@ -239,10 +242,23 @@ class RocksDBStateTable:
         return found
 
     def _exists(self, db: Any, key: bytes) -> bool:
-        seen_key, found = self._seen
-        if seen_key == key:
-            return found
-        return db.get(key) is not None
+        found = self._seen.get(key)
+        if found is None:
+            return db.get(key) is not None
+        return found
+
+    def _saw(self, key: bytes, found: bool) -> None:
+        seen = self._seen
+        if len(seen) >= _SEEN_LIMIT:
+            seen.clear()  # a bound on memory: only lookups are lost
+        seen[key] = found
+
+    def _saw_all(self, found: dict[bytes, bool]) -> None:
+        seen = self._seen
+        if len(seen) + len(found) > _SEEN_LIMIT:
+            seen.clear()
+        if len(found) <= _SEEN_LIMIT:
+            seen.update(found)
 
     def apply(self, key_group: int, op: StateOp) -> None:
         """Apply one logged mutation (an op of another state kind is refused)."""
@@ -260,7 +276,7 @@ class RocksDBStateTable:
             if self._exists(db, key):
                 db.delete(key, write)
                 self._count -= 1
-            self._seen = (key, False)
+            self._saw(key, False)
             return
         if kind == _KIND_VALUE and op_kind is SET:
             assert op.value is not None
@@ -285,11 +301,11 @@ class RocksDBStateTable:
                 if existed:
                     db.delete(key, write)
                 self._count -= existed
-                self._seen = (key, False)
+                self._saw(key, False)
                 return
         else:
             raise self._wrong_kind(key_group, op)
-        self._seen = (key, True)
+        self._saw(key, True)
 
     def apply_batch(self, ops: Sequence[tuple[int, StateOp]]) -> None:
         """Apply (key group, op) pairs in order, as :meth:`apply` would: the stored values of
@@ -314,7 +330,7 @@ class RocksDBStateTable:
                                                   ) if keys else {}
         batch = self._batch_type(raw_mode=True)
         write = self._write_options
-        self._seen = (b"", False)
+        self._seen.clear()
         try:
             for key_group, op, key, kind in planned:
                 if key is None:
@@ -398,7 +414,7 @@ class RocksDBStateTable:
                        items: Sequence[tuple[bytes, ...] | None] | None) -> None:
         """``SET`` of ``values`` or ``LIST_REPLACE`` of ``items``, in write batches."""
         db = self._live()
-        get, write_options = db.get, self._write_options
+        get, write_options, seen = db.get, self._write_options, self._seen
         batch = self._batch_type(raw_mode=True)
         # Stored keys this call wrote (present or deleted): the store does not see them yet.
         written: dict[bytes, bool] = {}
@@ -411,7 +427,9 @@ class RocksDBStateTable:
                 stored = prefix + key
                 existed = written.get(stored)
                 if existed is None:
-                    existed = get(stored) is not None
+                    existed = seen.get(stored)
+                    if existed is None:
+                        existed = get(stored) is not None
                 assert data is not None
                 if values is None and not data:  # LIST_REPLACE with nothing: removed
                     if existed:
@@ -428,18 +446,22 @@ class RocksDBStateTable:
                     batch = self._batch_type(raw_mode=True)
             if len(batch):
                 db.write(batch, write_options)
+        except BaseException:
+            seen.clear()  # what was written is not known
+            raise
+        else:
+            self._saw_all(written)
         finally:
             self._count += count
-            self._seen = (b"", False)
 
     def _put_map_columns(self, state: str, key_groups: Sequence[int], keys: Sequence[bytes],
                          map_keys: Sequence[bytes | None], values: Sequence[bytes | None]
                          ) -> None:
         """``MAP_PUT`` of many map entries, in write batches."""
         db = self._live()
-        get, write_options = db.get, self._write_options
+        get, write_options, seen = db.get, self._write_options, self._seen
         batch = self._batch_type(raw_mode=True)
-        written: set[bytes] = set()  # map entries this call wrote
+        written: dict[bytes, bool] = {}  # map entries this call wrote
         filled: set[bytes] = set()  # keys (their entry prefix) whose map has an entry
         count = 0
         try:
@@ -449,10 +471,13 @@ class RocksDBStateTable:
                 assert map_key is not None and value is not None
                 start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
                 stored = start + map_key
-                if (stored not in written and start not in filled
-                        and get(stored) is None and not self._any(db, start)):
-                    count += 1  # the key's first map entry
-                written.add(stored)
+                if stored not in written and start not in filled:
+                    exists = seen.get(stored)
+                    if exists is None:
+                        exists = get(stored) is not None
+                    if not exists and not self._any(db, start):
+                        count += 1  # the key's first map entry
+                written[stored] = True
                 filled.add(start)
                 batch.put(stored, value)
                 if len(batch) >= _LOAD_BATCH:
@@ -460,9 +485,13 @@ class RocksDBStateTable:
                     batch = self._batch_type(raw_mode=True)
             if len(batch):
                 db.write(batch, write_options)
+        except BaseException:
+            seen.clear()  # what was written is not known
+            raise
+        else:
+            self._saw_all(written)
         finally:
             self._count += count
-            self._seen = (b"", False)
 
     def _apply_map(self, db: Any, prefix: bytes, op: StateOp) -> None:
         start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
@@ -473,7 +502,7 @@ class RocksDBStateTable:
             if not self._exists(db, key) and not self._any(db, start):
                 self._count += 1  # the key's first map entry
             db.put(key, op.value, self._write_options)
-            self._seen = (key, True)
+            self._saw(key, True)
         elif op_kind is MAP_REMOVE:
             assert op.map_key is not None
             key = start + op.map_key
@@ -481,15 +510,15 @@ class RocksDBStateTable:
                 db.delete(key, self._write_options)
                 if not self._any(db, start):
                     self._count -= 1  # the key's last map entry
-            self._seen = (key, False)
+            self._saw(key, False)
         elif op_kind is DELETE:
             batch = self._batch_type(raw_mode=True)
             for key, _ in self._scan(start):
                 batch.delete(key)
+                self._seen.pop(key, None)
             if len(batch):
                 db.write(batch, self._write_options)
                 self._count -= 1
-            self._seen = (b"", False)
         else:
             raise StateMismatchError(
                 f"{op_kind.value} on map state {op.state!r} (only MAP_PUT, MAP_REMOVE and "
@@ -518,7 +547,7 @@ class RocksDBStateTable:
             return items or None
         stored_key = prefix + key
         data = db.get(stored_key)
-        self._seen = (stored_key, data is not None)
+        self._saw(stored_key, data is not None)
         if data is None or kind == _KIND_VALUE:
             return data  # type: ignore[no-any-return]
         return _decode_items(data)
@@ -537,7 +566,7 @@ class RocksDBStateTable:
             return None
         stored_key = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END + map_key
         data = db.get(stored_key)
-        self._seen = (stored_key, data is not None)
+        self._saw(stored_key, data is not None)
         return data  # type: ignore[no-any-return]
 
     def key_groups(self) -> list[int]:
@@ -619,7 +648,7 @@ class RocksDBStateTable:
         if self._any(db, group):
             self._count -= sum(1 for _ in self.entries(key_group))
             batch.delete_range(group, _key_group_prefix(key_group + 1))
-        self._seen = (b"", False)
+        self._seen.clear()
         write = self._write_options
         # The state being loaded: ``tick`` points its ``put`` at the next batch.
         loading: list[StateLoad] = []

@@ -204,3 +204,21 @@ def test_the_table_and_entry_counts_include_the_current_keys_changes() -> None:
     finally:
         backend.close()
         storage.close()
+
+
+def test_bulk_calls_see_the_per_key_changes_made_before_them() -> None:
+    from kafka_changelog.state.bulk_state import BulkState
+
+    storage, store = InMemoryChangelogStorage(), InMemorySnapshotStore()
+    backend = new_backend(storage, store)
+    try:
+        bulk = BulkState(backend, ["ann", "bob"], [b"ann", b"bob"])
+        counts = bulk.value(COUNT)
+        backend.set_current_key(b"ann")
+        backend.state(COUNT).update(7)  # buffered: ann is still the current key
+        assert counts.get(["ann", "bob"], 0) == [7, 0]
+        counts.set(["ann"], [8])
+        assert backend.state(COUNT).value() == 8
+    finally:
+        backend.close()
+        storage.close()
