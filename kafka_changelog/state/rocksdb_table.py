@@ -20,7 +20,9 @@ and materialization, rescaling and readers iterate it per key group):
 
 ``kg`` is the key group and ``sid`` the state's number (in registration order), both
 big-endian. The entry count is kept as entries come and go: a write first looks its key
-up, unless it is the key read just before (a read-modify-write of the state API).
+up, unless the table already knows whether it exists (it remembers, up to a bound, the
+keys it read or wrote last: the table is its store's only writer), which makes the
+read-modify-writes of the state API and of bulk state one lookup per key, not two.
 Iterating a state's prefix gives its entries ordered by key and map key, which is the
 order of :meth:`RocksDBStateTable.serialize_group`: it writes exactly the bytes of the
 in-memory table's for the same state, so snapshots are interchangeable.
