@@ -28,7 +28,11 @@ from .descriptors import StateDescriptor, StateKind
 from .errors import NoCurrentKeyError, StateMismatchError
 from .key_buffer import KeyChangeBuffer
 from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
-from .materialization import MaterializationManager, MaterializationStats
+from .materialization import (
+    MaterializationManager,
+    MaterializationStats,
+    next_materialization_id,
+)
 from .materializer import MaterializationConfig, PeriodicMaterializer
 from .ops import (
     DELETE,
@@ -450,7 +454,7 @@ class ChangelogKeyedStateBackend:
         upto = self._writer.next_sequence_number()
         journal_cut = len(self._journal)
         self._log_all_metas()
-        materialization_id = max(self.materialization_id + 1, time.time_ns() // 1000)
+        materialization_id = next_materialization_id(self.materialization_id)
         changed = set(self._changed)
         written = [kg for kg in sorted(changed) if self._table.has_entries(kg)]
         previous = self.snapshot_handle

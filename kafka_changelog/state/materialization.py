@@ -25,6 +25,18 @@ from .snapshot import SnapshotHandle
 logger = logging.getLogger(__name__)
 
 
+def next_materialization_id(previous: int) -> int:
+    """The id of a new materialization after ``previous``: the time it starts, in
+    microseconds since the epoch (ascending even if the clock steps back)."""
+    return max(previous + 1, time.time_ns() // 1000)
+
+
+def materialized_at(materialization_id: int) -> float:
+    """When the materialization ``materialization_id`` started, in seconds since the
+    epoch (see :func:`next_materialization_id`)."""
+    return materialization_id / 1e6
+
+
 @dataclass
 class MaterializationRun:
     """One materialization: its id, what it covers, and its background write."""

@@ -22,6 +22,7 @@ from ..storage import StateChangelogStorage
 from .checkpoint import KeyedStateHandle
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
+from .materialization import materialized_at
 from .materializer import MaterializationConfig
 from .ops import StateMeta, StateOp
 from .snapshot_store import SnapshotStore
@@ -81,9 +82,9 @@ def restore_backend(
             # Keep the restored state's schedule: the next materialization is due an
             # interval after its snapshot was made (at once when it has none), not an
             # interval after this restore (a subtask restored at every batch would
-            # otherwise never materialize). Materialization ids are its times in µs.
+            # otherwise never materialize).
             backend.schedule_materialization(
-                narrowed[0].materialization_id / 1e6 + materialization.interval_s)
+                materialized_at(narrowed[0].materialization_id) + materialization.interval_s)
     else:
         backend.materialize_restored()
     logger.info("restored operator %s key groups %s from %d handle(s): %d key groups with "

@@ -122,6 +122,30 @@ def _options(rocks: Any) -> tuple[Any, Any]:
         return _shared["options"], _shared["write"]
 
 
+class _BoundedBatch:
+    """Puts and deletes in write batches of at most ``_LOAD_BATCH`` changes (a batch's
+    memory stays bounded); :meth:`finish` writes the last one."""
+
+    def __init__(self, db: Any, batch_type: Any, write_options: Any) -> None:
+        self._db, self._batch_type, self._write_options = db, batch_type, write_options
+        self._batch = batch_type(raw_mode=True)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._batch.put(key, value)
+        if len(self._batch) >= _LOAD_BATCH:
+            self.finish()
+
+    def delete(self, key: bytes) -> None:
+        self._batch.delete(key)
+        if len(self._batch) >= _LOAD_BATCH:
+            self.finish()
+
+    def finish(self) -> None:
+        if len(self._batch):
+            self._db.write(self._batch, self._write_options)
+            self._batch = self._batch_type(raw_mode=True)  # a written batch is not reused
+
+
 def _prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key after every key starting with ``prefix`` (None: there is none)."""
     stripped = prefix.rstrip(b"\xff")
@@ -416,8 +440,8 @@ class RocksDBStateTable:
                        items: Sequence[tuple[bytes, ...] | None] | None) -> None:
         """``SET`` of ``values`` or ``LIST_REPLACE`` of ``items``, in write batches."""
         db = self._live()
-        get, write_options, seen = db.get, self._write_options, self._seen
-        batch = self._batch_type(raw_mode=True)
+        get, seen = db.get, self._seen
+        batch = _BoundedBatch(db, self._batch_type, self._write_options)
         # Stored keys this call wrote (present or deleted): the store does not see them yet.
         written: dict[bytes, bool] = {}
         count = 0
@@ -443,11 +467,7 @@ class RocksDBStateTable:
                               else _encode_items(data))  # type: ignore[arg-type]
                     count += not existed
                     written[stored] = True
-                if len(batch) >= _LOAD_BATCH:
-                    db.write(batch, write_options)
-                    batch = self._batch_type(raw_mode=True)
-            if len(batch):
-                db.write(batch, write_options)
+            batch.finish()
         except BaseException:
             seen.clear()  # what was written is not known
             raise
@@ -461,8 +481,8 @@ class RocksDBStateTable:
                          ) -> None:
         """``MAP_PUT`` of many map entries, in write batches."""
         db = self._live()
-        get, write_options, seen = db.get, self._write_options, self._seen
-        batch = self._batch_type(raw_mode=True)
+        get, seen = db.get, self._seen
+        batch = _BoundedBatch(db, self._batch_type, self._write_options)
         written: dict[bytes, bool] = {}  # map entries this call wrote
         filled: set[bytes] = set()  # keys (their entry prefix) whose map has an entry
         count = 0
@@ -482,11 +502,7 @@ class RocksDBStateTable:
                 written[stored] = True
                 filled.add(start)
                 batch.put(stored, value)
-                if len(batch) >= _LOAD_BATCH:
-                    db.write(batch, write_options)
-                    batch = self._batch_type(raw_mode=True)
-            if len(batch):
-                db.write(batch, write_options)
+            batch.finish()
         except BaseException:
             seen.clear()  # what was written is not known
             raise
