@@ -590,6 +590,7 @@ class ChangelogKeyedStateBackend:
         """Key groups changed since the snapshot the next checkpoint refers to (a running
         materialization's included): what a backend continuing from that checkpoint
         must write at its first materialization (see :meth:`adopt_base`)."""
+        self._buffer.flush()  # the current key's group counts as changed
         running = self._materialization.running
         return self._changed | (running.changed if running is not None else set())
 

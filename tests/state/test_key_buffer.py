@@ -222,3 +222,15 @@ def test_bulk_calls_see_the_per_key_changes_made_before_them() -> None:
     finally:
         backend.close()
         storage.close()
+
+
+def test_the_current_keys_group_counts_as_changed_before_a_key_switch() -> None:
+    storage, store = InMemoryChangelogStorage(), InMemorySnapshotStore()
+    backend = new_backend(storage, store)
+    try:
+        backend.set_current_key(b"ann")
+        backend.state(COUNT).update(1)
+        assert backend.unmaterialized_key_groups() == {backend.current()[0]}
+    finally:
+        backend.close()
+        storage.close()
