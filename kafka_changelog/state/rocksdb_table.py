@@ -732,10 +732,11 @@ class RocksDBStateTable:
         db.flush(True)
 
     def copy_to(self, path: str | Path) -> None:
-        """Write a copy of the store as it is now into the new directory ``path`` (a RocksDB
-        checkpoint: the files are hard links where the file system allows), which opens as
-        a table of exactly this state. Flushes first."""
-        self.flush()
+        """Write a copy of the store as of its last :meth:`flush` into the new directory
+        ``path`` (a RocksDB checkpoint: the files are hard links where the file system
+        allows), which opens as a table of that state. Call :meth:`flush` first: writes
+        skip the write-ahead log, so only flushed ones are sure to be in the copy (a
+        second flush here would write one more file per copy)."""
         _rocksdict().Checkpoint(self._live()).create_checkpoint(str(path))
 
     @property

@@ -155,6 +155,7 @@ def test_a_store_rolls_back_to_the_copy_kept_at_its_checkpoint(tmp_path: Path) -
     store.lock()
     table = table_at(store.db_path)
     table.apply(0, StateOp("count", SET, b"ann", None, b"1"))
+    table.flush()
     store.write_manifest(manifest(7))
     store.retain_copy(manifest(7), table.copy_to)
     # The next batch changes the store, then its checkpoint never completes.
