@@ -37,6 +37,7 @@ opening raises :class:`~kafka_changelog.state.errors.StateBackendUnavailableErro
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import struct
 import threading
@@ -435,81 +436,68 @@ class RocksDBStateTable:
         found = {kg: self._prefix(kg, state)[0] for kg in set(key_groups)}
         return [found[kg] for kg in key_groups]
 
+    @contextlib.contextmanager
+    def _column_writes(self) -> Iterator[tuple[_BoundedBatch, dict[bytes, bool]]]:
+        """A bounded write batch and what a column write puts in it (stored key -> present
+        afterwards): written at the end and remembered as seen; on an error, what was
+        written is not known, so nothing is remembered."""
+        batch = _BoundedBatch(self._live(), self._batch_type, self._write_options)
+        written: dict[bytes, bool] = {}
+        try:
+            yield batch, written
+            batch.finish()
+        except BaseException:
+            self._seen.clear()
+            raise
+        self._saw_all(written)
+
     def _write_columns(self, state: str, key_groups: Sequence[int], keys: Sequence[bytes],
                        values: Sequence[bytes | None] | None,
                        items: Sequence[tuple[bytes, ...] | None] | None) -> None:
         """``SET`` of ``values`` or ``LIST_REPLACE`` of ``items``, in write batches."""
         db = self._live()
-        get, seen = db.get, self._seen
-        batch = _BoundedBatch(db, self._batch_type, self._write_options)
-        # Stored keys this call wrote (present or deleted): the store does not see them yet.
-        written: dict[bytes, bool] = {}
-        count = 0
-        try:
-            column = values if values is not None else items
-            assert column is not None
+        column = values if values is not None else items
+        assert column is not None
+        # ``written``: stored keys this call wrote (present or deleted), which the store
+        # may not see yet.
+        with self._column_writes() as (batch, written):
             for prefix, key, data in zip(self._column_prefixes(state, key_groups), keys,
                                          column, strict=True):
                 stored = prefix + key
                 existed = written.get(stored)
                 if existed is None:
-                    existed = seen.get(stored)
-                    if existed is None:
-                        existed = get(stored) is not None
+                    existed = self._exists(db, stored)
                 assert data is not None
                 if values is None and not data:  # LIST_REPLACE with nothing: removed
                     if existed:
                         batch.delete(stored)
-                        count -= 1
+                        self._count -= 1
                     written[stored] = False
                 else:
                     batch.put(stored, data if values is not None
                               else _encode_items(data))  # type: ignore[arg-type]
-                    count += not existed
+                    self._count += not existed
                     written[stored] = True
-            batch.finish()
-        except BaseException:
-            seen.clear()  # what was written is not known
-            raise
-        else:
-            self._saw_all(written)
-        finally:
-            self._count += count
 
     def _put_map_columns(self, state: str, key_groups: Sequence[int], keys: Sequence[bytes],
                          map_keys: Sequence[bytes | None], values: Sequence[bytes | None]
                          ) -> None:
         """``MAP_PUT`` of many map entries, in write batches."""
         db = self._live()
-        get, seen = db.get, self._seen
-        batch = _BoundedBatch(db, self._batch_type, self._write_options)
-        written: dict[bytes, bool] = {}  # map entries this call wrote
         filled: set[bytes] = set()  # keys (their entry prefix) whose map has an entry
-        count = 0
-        try:
+        with self._column_writes() as (batch, written):
             for prefix, key, map_key, value in zip(
                     self._column_prefixes(state, key_groups), keys, map_keys, values,
                     strict=True):
                 assert map_key is not None and value is not None
                 start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
                 stored = start + map_key
-                if stored not in written and start not in filled:
-                    exists = seen.get(stored)
-                    if exists is None:
-                        exists = get(stored) is not None
-                    if not exists and not self._any(db, start):
-                        count += 1  # the key's first map entry
+                if (stored not in written and start not in filled
+                        and not self._exists(db, stored) and not self._any(db, start)):
+                    self._count += 1  # the key's first map entry
                 written[stored] = True
                 filled.add(start)
                 batch.put(stored, value)
-            batch.finish()
-        except BaseException:
-            seen.clear()  # what was written is not known
-            raise
-        else:
-            self._saw_all(written)
-        finally:
-            self._count += count
 
     def _apply_map(self, db: Any, prefix: bytes, op: StateOp) -> None:
         start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
