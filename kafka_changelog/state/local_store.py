@@ -331,14 +331,16 @@ def _write_manifest(directory: Path, manifest: StoreManifest) -> None:
     _sync(directory)
 
 
-def _discard(path: Path) -> None:
-    """Delete a directory; renamed first, so nobody finds it half deleted."""
+def _discard(path: Path) -> bool:
+    """Delete a directory (False: it is not there); renamed first, so whoever opens the
+    old path afterwards finds nothing half deleted."""
     trash = path.parent / f"{_TRASH}{uuid.uuid4().hex}"
     try:
         os.rename(path, trash)
     except FileNotFoundError:
-        return
+        return False
     shutil.rmtree(trash, ignore_errors=True)
+    return True
 
 
 def _link_immutable(source: str, target: str) -> None:
@@ -366,14 +368,10 @@ def remove_store_directory(path: Path) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        # Renamed first: whoever opens the old path afterwards finds no half-deleted store.
-        trash = path.parent / f"{_TRASH}{uuid.uuid4().hex}"
         try:
-            os.rename(path, trash)
+            return _discard(path)
         except OSError:
             return False
-        shutil.rmtree(trash, ignore_errors=True)
-        return True
     finally:
         os.close(fd)
 
