@@ -463,6 +463,11 @@ def analyse_side(case: Case, side: Side, raw: dict[str, Any]) -> dict[str, Any]:
             "restart_state_source": (by_batch.get(case.ids(RESTART)[0], {})
                                      .get("state_source")),
             "restart_restore_s": by_batch.get(case.ids(RESTART)[0], {}).get("restore_s"),
+            # Materializations started / applied by the subtasks in the measured batches.
+            "materializations_started": sum(r.get("materializations_started", 0)
+                                            for r in steady),
+            "materializations_completed": sum(r.get("materializations_completed", 0)
+                                              for r in steady),
         }
     return {"title": side.title, "role": side.role, "ok": not problems,
             "problems": problems, "state_check": state_check, **figures,

@@ -82,6 +82,8 @@ def _reports(ctx: RunContext) -> list[dict[str, Any]]:
              "state_source": {str(k): m.state_source for k, m in r.subtask_metrics.items()},
              "attach_s": {str(k): m.attach_s for k, m in r.subtask_metrics.items()},
              "state_rows": sum(m.state_rows for m in r.subtask_metrics.values()),
+             "materializations_started": sum(m.materializations_started
+                                             for m in r.subtask_metrics.values()),
              "materializations_completed": sum(m.materializations_completed
                                                for m in r.subtask_metrics.values())}
             for r in processor.reports]

@@ -28,16 +28,20 @@ store go (closed and unlocked), so the next batch's task can take it wherever it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kafka_changelog import KeyGroupRange, key_group_range_for_operator
+from kafka_changelog.state import store_materialization as jobs
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.local_store import StoreManifest, SubtaskStore
+from kafka_changelog.state.materialization import materialized_at
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
 from kafka_changelog.state.rocksdb_table import RocksDBStateTable
@@ -52,6 +56,8 @@ logger = logging.getLogger(__name__)
 #: process it moves to until the next materialization; past this many it materializes
 #: at once, which bounds checkpoint records and restore reads.
 MAX_BASE_HANDLES = 16
+#: The backends' own materialization setting: none (the task schedules them).
+_NO_TIMER = MaterializationConfig(interval_s=None)
 #: Seconds a task waits for the store's lock (held by an attempt of the same task that
 #: is still running) before failing.
 LOCK_TIMEOUT_S = 120.0
@@ -80,6 +86,15 @@ class LocalAttachment:
     seconds: float
     #: The token the manifest will carry.
     owner: str
+    #: When the next materialization is due (seconds since the epoch; None: never).
+    due_at: float | None = None
+    #: The background materialization not applied yet: (id, key groups it writes).
+    pending: tuple[int, tuple[int, ...]] | None = None
+    #: Background materializations this task applied, and the bytes they wrote.
+    applied: int = 0
+    applied_bytes: int = 0
+    #: The background materialization this task started (to run after the release).
+    started: jobs.StartedJob | None = field(default=None, repr=False)
 
 
 def expected_handle(config: StreamingStateConfig, subtask: int, key_groups: KeyGroupRange,
@@ -115,7 +130,70 @@ def attach(config: StreamingStateConfig, subtask: int, base: int | None,
     here on leaves nothing that looks like a checkpoint. ``cached`` is the backend this
     worker kept for the subtask, if any (reused or closed).
     """
+    attachment = _attach(config, subtask, base, handles, cached, storage, snapshots)
+    try:
+        _settle_jobs(attachment, snapshots)
+        attachment.due_at = _due_at(attachment, materialization)
+    except BaseException:
+        abandon(attachment)
+        raise
+    return attachment
+
+
+def _due_at(attachment: LocalAttachment, materialization: MaterializationConfig
+            ) -> float | None:
+    """When the attached backend's next materialization is due: the manifest's schedule
+    when the store was reattached, else an interval after its snapshot was made (now
+    plus the interval and a jitter when it has none)."""
+    interval = materialization.interval_s
+    if not interval:
+        return None
+    backend = attachment.backend
+    if len(backend.base_changelog) >= MAX_BASE_HANDLES:
+        return 0.0  # due now
+    if attachment.due_at is not None:
+        return attachment.due_at
+    if backend.materialization_id:
+        return materialized_at(backend.materialization_id) + interval
+    return time.time() + interval + random.uniform(0, materialization.start_jitter_s)
+
+
+def _settle_jobs(attachment: LocalAttachment, snapshots: SnapshotStore) -> None:
+    """Apply the store's pending background materialization if it is done (and fits the
+    backend), give its key groups back to the backend if it failed, and discard every
+    other job that is not running."""
+    backend, pending = attachment.backend, attachment.pending
+    for state in jobs.list_jobs(attachment.store.directory):
+        if pending is not None and state.materialization_id == pending[0]:
+            if state.state == jobs.RUNNING:
+                continue
+            if (state.state == jobs.DONE and state.result is not None
+                    and state.job is not None
+                    and backend.apply_materialization(state.result, state.job.covered,
+                                                      jobs.written_bytes(state))):
+                attachment.applied += 1
+                attachment.applied_bytes += jobs.written_bytes(state)
+                jobs.discard(dataclasses.replace(state, result=None), None)  # chunks in use
+                attachment.pending = pending = None
+                continue
+            logger.info("background materialization %d of %s not applied (%s): its key "
+                        "groups stay to be written", state.materialization_id,
+                        attachment.store.directory, state.state)
+        if state.state != jobs.RUNNING:
+            jobs.discard(state, snapshots)
+    if pending is not None and not jobs.job_path(attachment.store.directory,
+                                                 pending[0]).exists():
+        backend.mark_changed(pending[1])  # failed, or gone: to be written again
+        attachment.pending = None
+
+
+def _attach(config: StreamingStateConfig, subtask: int, base: int | None,
+            handles: list[KeyedStateHandle], cached: CachedBackend | None,
+            storage: StateChangelogStorage[Any], snapshots: SnapshotStore) -> LocalAttachment:
     started = time.monotonic()
+    # Materialization is the task's to start (in the background, see
+    # materialize_in_background): the backend keeps no timer of its own.
+    materialization = _NO_TIMER
     key_groups = key_group_range_for_operator(config.max_parallelism, config.parallelism,
                                               subtask)
     store = SubtaskStore(config.local_state_root(), config.application, config.operator_id,
@@ -137,8 +215,9 @@ def attach(config: StreamingStateConfig, subtask: int, base: int | None,
                 store.mark_changing()
                 table.reopen()
                 cached.backend.notify_checkpoint_complete(cached.checkpoint_id)
-                return LocalAttachment(cached.backend, store, "reattached",
-                                       time.monotonic() - started, cached.owner)
+                return _from_manifest(LocalAttachment(
+                    cached.backend, store, "reattached", time.monotonic() - started,
+                    cached.owner), manifest)
             cached.backend.close()  # its store is closed already and not its to delete
         owner = uuid.uuid4().hex
         source = "reattached-local"
@@ -152,7 +231,8 @@ def attach(config: StreamingStateConfig, subtask: int, base: int | None,
             store.mark_changing()
             backend = _reattach(config, key_groups, manifest, handles[0], store, storage,
                                 snapshots, materialization)
-            return LocalAttachment(backend, store, source, time.monotonic() - started, owner)
+            return _from_manifest(LocalAttachment(
+                backend, store, source, time.monotonic() - started, owner), manifest)
         store.reset()
         table = RocksDBStateTable(store.db_path)
         if handles:
@@ -171,6 +251,12 @@ def attach(config: StreamingStateConfig, subtask: int, base: int | None,
         raise
 
 
+def _from_manifest(attachment: LocalAttachment, manifest: StoreManifest) -> LocalAttachment:
+    attachment.due_at = manifest.materialization_due_at
+    attachment.pending = manifest.pending
+    return attachment
+
+
 def _reattach(config: StreamingStateConfig, key_groups: KeyGroupRange,
               manifest: StoreManifest, handle: KeyedStateHandle, store: SubtaskStore,
               storage: StateChangelogStorage[Any], snapshots: SnapshotStore,
@@ -187,20 +273,54 @@ def _reattach(config: StreamingStateConfig, key_groups: KeyGroupRange,
         table.close()
         raise
     backend.adopt_base(handle, set(manifest.changed_key_groups))
-    if len(handle.changelog) >= MAX_BASE_HANDLES:
-        backend.schedule_materialization(0.0)  # due now
-    elif manifest.materialization_due_at is not None:
-        backend.schedule_materialization(manifest.materialization_due_at)
     logger.debug("subtask store %s reattached at checkpoint %d (%d entries)",
                  store.directory, manifest.checkpoint_id, table.entry_count())
     return backend
 
 
+def materialize_in_background(attachment: LocalAttachment, checkpoint_id: int,
+                              encoded_handle: bytes,
+                              materialization: MaterializationConfig) -> bool:
+    """After the snapshot of ``checkpoint_id`` (``encoded_handle``: the subtask's state in
+    it): when a materialization is due and none is pending, keep a copy of the store and
+    the job of writing its changed key groups (run it with
+    :func:`~kafka_changelog.state.store_materialization.run_job` after :func:`release`).
+    Returns whether one was started. The task does not wait for it: a later task applies
+    it (see :func:`attach`)."""
+    due, interval = attachment.due_at, materialization.interval_s
+    if due is None or not interval or time.time() < due or attachment.pending is not None:
+        return False
+    backend = attachment.backend
+    taken = backend.take_changed_for_materialization()
+    attachment.due_at = time.time() + interval
+    if taken is None:
+        return False
+    materialization_id, changed = taken
+    table = backend.table
+    assert isinstance(table, RocksDBStateTable)
+    job = jobs.MaterializationJob(materialization_id, backend.backend_id,
+                                  backend.key_group_range, tuple(sorted(changed)),
+                                  checkpoint_id, encoded_handle)
+    try:
+        table.flush()
+        attachment.started = jobs.create_job(attachment.store.directory, job, table.copy_to)
+    except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
+        logger.warning("no background materialization of %s at checkpoint %d (its key "
+                       "groups stay to be written): %s", attachment.store.directory,
+                       checkpoint_id, exc)
+        backend.mark_changed(changed)
+        return False
+    attachment.pending = (materialization_id, job.changed)
+    return True
+
+
 def release(attachment: LocalAttachment, config: StreamingStateConfig, subtask: int,
-            checkpoint_id: int, encoded_handle: bytes) -> CachedBackend:
+            checkpoint_id: int, encoded_handle: bytes) -> CachedBackend | None:
     """After the snapshot of ``checkpoint_id``: flush the store, write its manifest, close
-    and unlock it. Returns what the worker keeps. A local disk that fails here only costs
-    the next task a restore (logged): the checkpoint is in Kafka."""
+    and unlock it. Returns what the worker keeps (None after starting a background
+    materialization: its backend's own log spans the copy's checkpoint, so the next task
+    builds a new one on the store). A local disk that fails here only costs the next task
+    a restore (logged): the checkpoint is in Kafka."""
     backend, store = attachment.backend, attachment.store
     table = backend.table
     assert isinstance(table, RocksDBStateTable)
@@ -211,7 +331,7 @@ def release(attachment: LocalAttachment, config: StreamingStateConfig, subtask: 
             backend.key_group_range, config.max_parallelism, checkpoint_id,
             backend.backend_id, encoded_handle,
             tuple(sorted(backend.unmaterialized_key_groups())),
-            backend.materialization_due_at, attachment.owner)
+            attachment.due_at, attachment.owner, attachment.pending)
         store.write_manifest(manifest)
     except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
         logger.warning("local state store %s not kept at checkpoint %d (the next task "
@@ -226,17 +346,24 @@ def release(attachment: LocalAttachment, config: StreamingStateConfig, subtask: 
     finally:
         table.close()
         store.unlock()
+    if attachment.started is not None:
+        backend.close()
+        return None
     return CachedBackend(backend, checkpoint_id, attachment.owner)
 
 
 def abandon(attachment: LocalAttachment) -> None:
-    """The task failed: close its backend and let the store go (it has no manifest, so
-    the next task restores)."""
+    """The task failed: drop the materialization it started (its checkpoint never
+    completes), close its backend and let the store go (it has no manifest: the next
+    task rolls it back or restores)."""
     try:
+        if attachment.started is not None:
+            jobs.cancel(attachment.started)
+            attachment.started = None
         attachment.backend.close()
     finally:
         attachment.store.unlock()
 
 
 __all__ = ["LOCK_TIMEOUT_S", "MAX_BASE_HANDLES", "CachedBackend", "LocalAttachment", "abandon",
-           "attach", "expected_handle", "release"]
+           "attach", "expected_handle", "materialize_in_background", "release"]

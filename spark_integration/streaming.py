@@ -37,6 +37,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -66,6 +67,7 @@ from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.local_store import remove_operator_stores
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
+from kafka_changelog.state.store_materialization import StartedJob, run_job
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
 from . import local_state
@@ -155,6 +157,7 @@ class _Process:
     coordinators: ClassVar[dict[tuple[str, ...], CheckpointCoordinator]] = {}
     backends: ClassVar[dict[tuple[Any, ...], CachedBackend]] = {}
     committers: ClassVar[dict[tuple[str, ...], SubtaskCommitter]] = {}
+    materializer: ClassVar[ThreadPoolExecutor | None] = None
 
     @staticmethod
     def _resource_key(config: StreamingStateConfig) -> tuple[str, ...]:
@@ -203,9 +206,23 @@ class _Process:
             committer.close()
 
     @classmethod
+    def materialize(cls, config: StreamingStateConfig, started: StartedJob) -> None:
+        """Write a background materialization on this process's materialization thread
+        (one at a time; the task that started it has returned)."""
+        if cls.materializer is None:
+            cls.materializer = ThreadPoolExecutor(
+                1, thread_name_prefix="kafka-changelog-store-materialization")
+        _, snapshots = cls.stores(config)
+        cls.materializer.submit(run_job, started, snapshots)
+
+    @classmethod
     def release(cls, config: StreamingStateConfig) -> None:
         """Close this process's backends and Kafka clients of ``config``'s application, and
-        delete the operator's local state stores on this host (those nobody holds)."""
+        delete the operator's local state stores on this host (those nobody holds), once
+        this process's background materializations are written."""
+        if cls.materializer is not None:
+            cls.materializer.shutdown(wait=True)
+            cls.materializer = None
         for key in [k for k in cls.committers if k[:-1] == cls._resource_key(config)]:
             cls.committers.pop(key).close()
         for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
@@ -598,6 +615,8 @@ class _SubtaskTask:
             metrics = dataclasses.replace(metrics, rows_out=len(outputs))
             encoded = SubtaskState(self.config.operator_id, subtask, self.config.parallelism,
                                    handle, None).to_bytes()
+            if attached is not None:
+                metrics = self._materialize_in_background(attached, metrics, encoded)
             holding = None
             if committer is not None and commit is not None:
                 holding, ours = committer.commit(
@@ -621,10 +640,29 @@ class _SubtaskTask:
             raise
         if committer is not None:
             self._emit("subtask_committed", subtask)
-        _Process.backends[self._cache_key(subtask)] = (
-            local_state.release(attached, self.config, subtask, self.checkpoint_id, encoded)
-            if attached is not None else CachedBackend(backend, self.checkpoint_id))
+        if attached is None:
+            _Process.backends[self._cache_key(subtask)] = CachedBackend(backend,
+                                                                        self.checkpoint_id)
+        else:
+            kept = local_state.release(attached, self.config, subtask, self.checkpoint_id,
+                                       encoded)
+            if kept is not None:
+                _Process.backends[self._cache_key(subtask)] = kept
+            if attached.started is not None:
+                _Process.materialize(self.config, attached.started)
         return self._frame(subtask, outputs, encoded, metrics.to_json())
+
+    def _materialize_in_background(self, attached: local_state.LocalAttachment,
+                                   metrics: SubtaskMetrics, encoded: bytes) -> SubtaskMetrics:
+        """Start a due materialization from a copy of the store (written after this task
+        lets the store go); the metrics count it, and those this task applied."""
+        started = local_state.materialize_in_background(attached, self.checkpoint_id, encoded,
+                                                        self._materialization())
+        return dataclasses.replace(
+            metrics,
+            materializations_started=metrics.materializations_started + int(started),
+            materializations_completed=metrics.materializations_completed + attached.applied,
+            materialized_bytes=metrics.materialized_bytes + attached.applied_bytes)
 
     def _discard(self, backend: ChangelogKeyedStateBackend,
                  attached: local_state.LocalAttachment | None, subtask: int) -> None:

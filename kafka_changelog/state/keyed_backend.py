@@ -555,6 +555,58 @@ class ChangelogKeyedStateBackend:
         del self._journal[:flight.journal_cut]
         self._hold_base()
 
+    @property
+    def base_changelog(self) -> tuple[ChangelogHandle, ...]:
+        """The changelog handles of earlier backends this one continues (after a restore
+        or reattach that adopted a base), replayed before its own log."""
+        return self._base_changelog
+
+    def take_changed_for_materialization(self) -> tuple[int, set[int]] | None:
+        """Start a materialization that is written elsewhere (from a copy of the working
+        copy as it is now, see :mod:`~kafka_changelog.state.store_materialization`): the
+        new materialization's id and the key groups it must write, which from now on no
+        longer count as changed here (give them back with :meth:`mark_changed` if it
+        fails). None when one runs in this backend or nothing changed."""
+        self._buffer.flush()
+        self.poll_materialization()
+        if self._materialization.running is not None or not self._changed:
+            return None
+        changed, self._changed = self._changed, set()
+        self._materialization.started_elsewhere()
+        return next_materialization_id(self.materialization_id), changed
+
+    def mark_changed(self, key_groups: Iterable[int]) -> None:
+        """Count ``key_groups`` as changed since the snapshot (the next materialization
+        writes them): those of a materialization that failed elsewhere."""
+        self._check_key_groups(key_groups)
+        self._changed.update(key_groups)
+
+    def apply_materialization(self, snapshot: SnapshotHandle, covered: KeyedStateHandle,
+                              written_bytes: int = 0) -> bool:
+        """Make ``snapshot``, a materialization written elsewhere of the state at the
+        checkpoint whose handle was ``covered``, this backend's base: when this backend
+        continues that checkpoint (same snapshot, and its changelog begins with
+        ``covered``'s), the next checkpoint refers to ``snapshot`` plus the changelog
+        after ``covered``'s. Returns False (nothing changed) when it does not continue it.
+        """
+        self._buffer.flush()
+        count = len(covered.changelog)
+        if (self._materialization.running is not None
+                or covered.backend_id != self.backend_id
+                or snapshot.backend_id != self.backend_id
+                or covered.materialization_id != self.materialization_id
+                or covered.snapshot != self.snapshot_handle
+                or snapshot.materialization_id <= self.materialization_id
+                or snapshot.key_group_range != self.key_group_range
+                or self._base_changelog[:count] != covered.changelog):
+            return False
+        self.snapshot_handle = snapshot
+        self.materialization_id = snapshot.materialization_id
+        self._base_changelog = self._base_changelog[count:]
+        self._materialization.completed_elsewhere(written_bytes)
+        self._hold_base()
+        return True
+
     def _drop_unused_chunks(self, previous: SnapshotHandle | None,
                             current: SnapshotHandle | None) -> None:
         """Tombstone chunks of ``previous`` that no checkpoint refers to and ``current``

@@ -81,6 +81,11 @@ class StoreManifest:
     #: The backend instance that wrote the manifest (a process that still holds it may
     #: resume it as it is, without building a new backend).
     owner: str
+    #: A materialization written in the background from a copy of the store (see
+    #: :mod:`~kafka_changelog.state.store_materialization`), not applied yet: its id and
+    #: the key groups it writes, which ``changed_key_groups`` leaves out (they are changed
+    #: again if it fails). None: there is none.
+    pending: tuple[int, tuple[int, ...]] | None = None
 
     def to_json(self) -> str:
         """The manifest as JSON (bytes in base64)."""
@@ -98,6 +103,9 @@ class StoreManifest:
             "changed_key_groups": list(self.changed_key_groups),
             "materialization_due_at": self.materialization_due_at,
             "owner": self.owner,
+            "pending": (None if self.pending is None
+                        else {"materialization_id": self.pending[0],
+                              "key_groups": list(self.pending[1])}),
         }, indent=1)
 
     @staticmethod
@@ -109,13 +117,16 @@ class StoreManifest:
                              f"{MANIFEST_FORMAT}")
         start, end = data["key_group_range"]
         due = data["materialization_due_at"]
+        pending = data.get("pending")
         return StoreManifest(
             str(data["application"]), str(data["operator_id"]), int(data["subtask"]),
             int(data["parallelism"]), KeyGroupRange(int(start), int(end)),
             int(data["max_parallelism"]), int(data["checkpoint_id"]), str(data["backend_id"]),
             base64.b64decode(data["handle"]),
             tuple(int(kg) for kg in data["changed_key_groups"]),
-            float(due) if due is not None else None, str(data["owner"]))
+            float(due) if due is not None else None, str(data["owner"]),
+            None if pending is None else (int(pending["materialization_id"]),
+                                          tuple(int(kg) for kg in pending["key_groups"])))
 
 
 def _segment(name: str) -> str:

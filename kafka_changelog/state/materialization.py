@@ -104,6 +104,15 @@ class MaterializationManager:
                                           journal_cut, time.monotonic())
         return future
 
+    def started_elsewhere(self) -> None:
+        """A materialization of this backend's state is written elsewhere (counted)."""
+        self._started += 1
+
+    def completed_elsewhere(self, bytes_written: int) -> None:
+        """A materialization written elsewhere was applied (counted, with its bytes)."""
+        self._completed += 1
+        self._bytes_written += bytes_written
+
     def finished(self) -> MaterializationRun | None:
         """The running materialization if it has finished (it is no longer running).
 

@@ -1,0 +1,218 @@
+"""Materialization in the background, from a copy of a subtask's local store.
+
+A task for which a materialization is due keeps a copy of its store at its checkpoint
+and leaves the writing of the snapshot to a background thread; a later task applies
+the result when the checkpoint it starts from continues the copy's, and otherwise
+discards it, giving its key groups back. Driven here task by task through
+``local_state`` (what ``stateful_foreach_batch`` runs in each Spark task) against a real
+broker, so that each case (done, failed, still running, superseded) is reached exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafka_changelog import KeyGroupRange, key_group_for_key
+from kafka_changelog.kafka import KafkaChangelogStorage
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
+from kafka_changelog.state import INT64, value_state
+from kafka_changelog.state import store_materialization as jobs
+from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.local_store import SubtaskStore
+from kafka_changelog.state.materializer import MaterializationConfig
+from kafka_changelog.state.restore import restore_backend
+from spark_integration import local_state
+from spark_integration.local_state import CachedBackend
+from spark_integration.streaming import StreamingStateConfig
+
+pytestmark = [pytest.mark.broker]
+
+COUNT = value_state("count", INT64)
+ALL = KeyGroupRange(0, 127)
+#: Due at every task (the schedule is tested by the streaming tests).
+EVERY_TASK = MaterializationConfig(interval_s=1e-6, start_jitter_s=0.0)
+
+
+def users_in_groups(groups: set[int], count: int) -> list[str]:
+    """``count`` user names whose key groups are in ``groups``."""
+    found: list[str] = []
+    i = 0
+    while len(found) < count:
+        user = f"user-{i}"
+        if key_group_for_key(user.encode(), 128) in groups:
+            found.append(user)
+        i += 1
+    return found
+
+
+@dataclass
+class Subtask:
+    """One subtask (parallelism 1) run task by task, with the model of its state."""
+
+    config: StreamingStateConfig
+    storage: KafkaChangelogStorage
+    snapshots: KafkaSnapshotStore
+    model: dict[str, int]
+    handles: dict[int, KeyedStateHandle]
+    cached: CachedBackend | None = None
+
+    def task(self, checkpoint_id: int, base: int | None, updates: list[str],
+             materialization: MaterializationConfig = EVERY_TASK,
+             run: bool = True) -> local_state.LocalAttachment:
+        """One task: attach at ``base``, add 1 per user in ``updates``, snapshot, maybe
+        start a background materialization (run at once when ``run``), release."""
+        attached = local_state.attach(
+            self.config, 0, base, [self.handles[base]] if base is not None else [],
+            self.cached, self.storage, self.snapshots, materialization)
+        backend = attached.backend
+        for user in updates:
+            backend.set_current_key(user.encode())
+            count = backend.state(COUNT)
+            count.update((count.value() or 0) + 1)
+            self.model[user] = self.model.get(user, 0) + 1
+        handle = backend.snapshot(checkpoint_id).result(60)
+        encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
+        local_state.materialize_in_background(attached, checkpoint_id, encoded,
+                                              materialization)
+        self.cached = local_state.release(attached, self.config, 0, checkpoint_id, encoded)
+        self.handles[checkpoint_id] = handle
+        if run and attached.started is not None:
+            assert jobs.run_job(attached.started, self.snapshots) is not None
+        return attached
+
+    def restored(self, checkpoint_id: int) -> dict[str, int]:
+        """The state of ``checkpoint_id`` read back from Kafka alone."""
+        backend = restore_backend(self.storage, self.snapshots, "op", ALL, 128,
+                                  [self.handles[checkpoint_id]])
+        try:
+            found = {}
+            for user in self.model:
+                backend.set_current_key(user.encode())
+                value = backend.state(COUNT).value()
+                if value is not None:
+                    found[user] = value
+            return found
+        finally:
+            backend.close()
+
+    @property
+    def store(self) -> SubtaskStore:
+        return SubtaskStore(self.config.local_state_root(), self.config.application, "op",
+                            0, 1)
+
+
+@pytest.fixture
+def subtask(kafka_cluster: Any, tmp_path: Path) -> Iterator[Subtask]:
+    prefix = f"bgm-{uuid.uuid4().hex[:8]}"
+    config = StreamingStateConfig(
+        application=prefix, operator_id="op", bootstrap_servers=kafka_cluster.bootstrap_servers,
+        parallelism=1, changelog_topic=f"{prefix}-changelog",
+        snapshot_topic=f"{prefix}-snapshots", checkpoint_topic=f"{prefix}-checkpoints",
+        partitions=4, state_backend="rocksdb", local_state_dir=str(tmp_path / "state"))
+    storage = KafkaChangelogStorage(config.changelog())
+    snapshots = KafkaSnapshotStore(config.snapshots())
+    runner = Subtask(config, storage, snapshots, {}, {})
+    try:
+        yield runner
+    finally:
+        if runner.cached is not None:
+            runner.cached.backend.close()
+        snapshots.close()
+        storage.close()
+
+
+def test_a_done_materialization_becomes_the_base_of_the_next_checkpoint(
+    subtask: Subtask
+) -> None:
+    first = subtask.task(1, None, users_in_groups(set(range(128)), 300))
+    # The task started it and did not wait: nothing written by the task itself.
+    assert first.started is not None and first.pending is not None
+    assert subtask.cached is None  # its own log spans the copy's checkpoint
+    assert subtask.handles[1].snapshot is None
+    materialization_id = first.pending[0]
+
+    second = subtask.task(2, 1, users_in_groups({3, 4}, 5), MaterializationConfig(None))
+    assert second.source == "reattached-local"
+    assert (second.applied, second.pending) == (1, None)
+    assert second.applied_bytes > 0
+    handle = subtask.handles[2]
+    assert handle.snapshot is not None
+    assert handle.materialization_id == materialization_id
+    # Only the second task's log follows the snapshot: the first one's is in it.
+    assert handle.changelog != () and subtask.handles[1].changelog[0] not in handle.changelog
+    assert jobs.list_jobs(subtask.store.directory) == []
+    assert subtask.restored(2) == subtask.model
+
+
+def test_a_failed_materialization_gives_its_key_groups_back(subtask: Subtask) -> None:
+    early = users_in_groups({10, 11}, 6)  # changed only before the failed job
+    first = subtask.task(1, None, early, run=False)
+    assert first.started is not None
+    # The writer dies without a result: its lock goes with its process.
+    os.close(first.started.lock_fd)
+    assert [j.state for j in jobs.list_jobs(subtask.store.directory)] == [jobs.FAILED]
+
+    second = subtask.task(2, 1, users_in_groups({20}, 3), run=False)
+    assert second.applied == 0
+    assert second.started is not None
+    # The new job writes the failed one's key groups too.
+    assert {10, 11, 20} <= set(second.started.job.changed)
+    assert jobs.run_job(second.started, subtask.snapshots) is not None
+
+    subtask.task(3, 2, users_in_groups({30}, 2), MaterializationConfig(None))
+    handle = subtask.handles[3]
+    assert handle.snapshot is not None and {10, 11, 20} <= set(handle.snapshot.key_groups)
+    # The users changed only before the failure are in the snapshot, not in the log.
+    assert subtask.restored(3) == subtask.model
+
+
+def test_a_running_materialization_is_waited_for_by_no_task(subtask: Subtask) -> None:
+    first = subtask.task(1, None, users_in_groups({1, 2}, 4), run=False)
+    assert first.started is not None
+    running = first.started
+    # The next tasks find it running: they go on, start no other one, carry it.
+    second = subtask.task(2, 1, users_in_groups({5}, 3))
+    assert (second.applied, second.started) == (0, None)
+    assert second.pending == first.pending
+    third = subtask.task(3, 2, users_in_groups({6}, 3))
+    assert third.started is None
+    assert subtask.store.read_manifest() is not None
+    assert subtask.store.read_manifest().pending == first.pending  # type: ignore[union-attr]
+    assert jobs.run_job(running, subtask.snapshots) is not None
+
+    fourth = subtask.task(4, 3, users_in_groups({7}, 3), MaterializationConfig(None))
+    assert fourth.applied == 1
+    handle = subtask.handles[4]
+    assert handle.materialization_id == first.pending[0]  # type: ignore[index]
+    # Task 1's log is in the snapshot; what tasks 2 to 4 logged (one backend, kept by
+    # the process between them) follows it.
+    assert subtask.handles[1].changelog[0] not in handle.changelog
+    assert len(handle.changelog) == 1
+    assert handle.snapshot is not None and set(handle.snapshot.key_groups) == {1, 2}
+    assert subtask.restored(4) == subtask.model
+
+
+def test_a_materialization_of_a_checkpoint_that_never_completed_is_discarded(
+    subtask: Subtask
+) -> None:
+    subtask.task(1, None, users_in_groups({1}, 3), MaterializationConfig(None))
+    before = dict(subtask.model)
+    # Checkpoint 2 is taken and its materialization written, but the batch is re-run
+    # from checkpoint 1 (the driver died before the commit).
+    subtask.task(2, 1, users_in_groups({2}, 3))
+    [job] = jobs.list_jobs(subtask.store.directory)
+    assert job.state == jobs.DONE and job.result is not None
+    subtask.model = before
+    retry = subtask.task(2, 1, users_in_groups({9}, 3), MaterializationConfig(None))
+    assert retry.source == "rolled-back"
+    assert retry.applied == 0
+    assert jobs.list_jobs(subtask.store.directory) == []
+    assert subtask.handles[2].snapshot is None
+    assert subtask.restored(2) == subtask.model
