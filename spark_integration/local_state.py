@@ -33,6 +33,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,9 @@ class LocalAttachment:
     due_at: float | None = None
     #: The background materialization not applied yet: (id, key groups it writes).
     pending: tuple[int, tuple[int, ...]] | None = None
+    #: Background materializations that failed or were discarded since one was last
+    #: applied.
+    failures: int = 0
     #: Background materializations this task applied, and the bytes they wrote.
     applied: int = 0
     applied_bytes: int = 0
@@ -173,6 +177,7 @@ def _settle_jobs(attachment: LocalAttachment, snapshots: SnapshotStore) -> None:
                                                       jobs.written_bytes(state))):
                 attachment.applied += 1
                 attachment.applied_bytes += jobs.written_bytes(state)
+                attachment.failures = 0
                 jobs.discard(dataclasses.replace(state, result=None), None)  # chunks in use
                 attachment.pending = pending = None
                 continue
@@ -185,6 +190,7 @@ def _settle_jobs(attachment: LocalAttachment, snapshots: SnapshotStore) -> None:
                                                  pending[0]).exists():
         backend.mark_changed(pending[1])  # failed, or gone: to be written again
         attachment.pending = None
+        attachment.failures += 1
 
 
 def _attach(config: StreamingStateConfig, subtask: int, base: int | None,
@@ -254,6 +260,7 @@ def _attach(config: StreamingStateConfig, subtask: int, base: int | None,
 def _from_manifest(attachment: LocalAttachment, manifest: StoreManifest) -> LocalAttachment:
     attachment.due_at = manifest.materialization_due_at
     attachment.pending = manifest.pending
+    attachment.failures = manifest.materialization_failures
     return attachment
 
 
@@ -331,7 +338,7 @@ def release(attachment: LocalAttachment, config: StreamingStateConfig, subtask: 
             backend.key_group_range, config.max_parallelism, checkpoint_id,
             backend.backend_id, encoded_handle,
             tuple(sorted(backend.unmaterialized_key_groups())),
-            attachment.due_at, attachment.owner, attachment.pending)
+            attachment.due_at, attachment.owner, attachment.pending, attachment.failures)
         store.write_manifest(manifest)
     except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
         logger.warning("local state store %s not kept at checkpoint %d (the next task "
@@ -352,6 +359,27 @@ def release(attachment: LocalAttachment, config: StreamingStateConfig, subtask: 
     return CachedBackend(backend, checkpoint_id, attachment.owner)
 
 
+#: Background materializations failed in a row after which the task writes the next one
+#: itself and waits for it (a Python worker killed while idle, or one that exits after
+#: each task, would otherwise never finish one, and the changelog would grow forever).
+MAX_BACKGROUND_FAILURES = 2
+
+
+def run_started(attachment: LocalAttachment, snapshots: SnapshotStore,
+                background: Callable[[jobs.StartedJob], None], worker_outlives_task: bool
+                ) -> None:
+    """After :func:`release`: write the materialization the task started, with
+    ``background`` (a thread of the process) when the process outlives the task and
+    earlier ones did not fail too often, else here, waiting for it."""
+    started = attachment.started
+    if started is None:
+        return
+    if worker_outlives_task and attachment.failures < MAX_BACKGROUND_FAILURES:
+        background(started)
+    else:
+        jobs.run_job(started, snapshots)
+
+
 def abandon(attachment: LocalAttachment) -> None:
     """The task failed: drop the materialization it started (its checkpoint never
     completes), close its backend and let the store go (it has no manifest: the next
@@ -365,5 +393,6 @@ def abandon(attachment: LocalAttachment) -> None:
         attachment.store.unlock()
 
 
-__all__ = ["LOCK_TIMEOUT_S", "MAX_BASE_HANDLES", "CachedBackend", "LocalAttachment", "abandon",
-           "attach", "expected_handle", "materialize_in_background", "release"]
+__all__ = ["LOCK_TIMEOUT_S", "MAX_BACKGROUND_FAILURES", "MAX_BASE_HANDLES", "CachedBackend",
+           "LocalAttachment", "abandon", "attach", "expected_handle",
+           "materialize_in_background", "release", "run_started"]

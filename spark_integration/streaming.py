@@ -648,8 +648,10 @@ class _SubtaskTask:
                                        encoded)
             if kept is not None:
                 _Process.backends[self._cache_key(subtask)] = kept
-            if attached.started is not None:
-                _Process.materialize(self.config, attached.started)
+            _, snapshots = _Process.stores(self.config)
+            local_state.run_started(attached, snapshots,
+                                    lambda job: _Process.materialize(self.config, job),
+                                    _worker_outlives_task())
         return self._frame(subtask, outputs, encoded, metrics.to_json())
 
     def _materialize_in_background(self, attached: local_state.LocalAttachment,
@@ -858,6 +860,17 @@ def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingState
         assigned[subtask] = [h for h in old
                              if not h.key_group_range.intersection(key_groups).is_empty]
     return assigned
+
+
+def _worker_outlives_task() -> bool:
+    """Whether this process runs on after the current task: a Spark Python worker only
+    when Spark reuses workers (``spark.python.worker.reuse``, the default; its daemon
+    exits a worker after one task otherwise)."""
+    import os
+
+    from pyspark import TaskContext
+
+    return TaskContext.get() is None or bool(os.environ.get("SPARK_REUSE_WORKER"))
 
 
 def _natural(value: Any) -> Any:

@@ -86,6 +86,9 @@ class StoreManifest:
     #: the key groups it writes, which ``changed_key_groups`` leaves out (they are changed
     #: again if it fails). None: there is none.
     pending: tuple[int, tuple[int, ...]] | None = None
+    #: Background materializations that failed or were discarded since one was last
+    #: applied (past a few, the task writes the next one itself and waits for it).
+    materialization_failures: int = 0
 
     def to_json(self) -> str:
         """The manifest as JSON (bytes in base64)."""
@@ -106,6 +109,7 @@ class StoreManifest:
             "pending": (None if self.pending is None
                         else {"materialization_id": self.pending[0],
                               "key_groups": list(self.pending[1])}),
+            "materialization_failures": self.materialization_failures,
         }, indent=1)
 
     @staticmethod
@@ -126,7 +130,8 @@ class StoreManifest:
             tuple(int(kg) for kg in data["changed_key_groups"]),
             float(due) if due is not None else None, str(data["owner"]),
             None if pending is None else (int(pending["materialization_id"]),
-                                          tuple(int(kg) for kg in pending["key_groups"])))
+                                          tuple(int(kg) for kg in pending["key_groups"])),
+            int(data.get("materialization_failures", 0)))
 
 
 def _segment(name: str) -> str:

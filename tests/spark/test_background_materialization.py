@@ -216,3 +216,34 @@ def test_a_materialization_of_a_checkpoint_that_never_completed_is_discarded(
     assert jobs.list_jobs(subtask.store.directory) == []
     assert subtask.handles[2].snapshot is None
     assert subtask.restored(2) == subtask.model
+
+
+def test_after_failures_in_a_row_the_task_writes_the_materialization_itself(
+    subtask: Subtask
+) -> None:
+    """A worker killed while idle (or one that exits after each task) never finishes a
+    background materialization: past two failures in a row the task writes it and waits."""
+    for checkpoint in (1, 2):
+        attached = subtask.task(checkpoint, checkpoint - 1 or None,
+                                users_in_groups({checkpoint}, 3), run=False)
+        assert attached.started is not None
+        os.close(attached.started.lock_fd)  # its writer dies
+    third = subtask.task(3, 2, users_in_groups({3}, 3), run=False)
+    assert third.failures == local_state.MAX_BACKGROUND_FAILURES
+    handed: list[jobs.StartedJob] = []
+    local_state.run_started(third, subtask.snapshots, handed.append,
+                            worker_outlives_task=True)
+    assert handed == []  # written by the task itself
+    assert [j.state for j in jobs.list_jobs(subtask.store.directory)] == [jobs.DONE]
+
+    fourth = subtask.task(4, 3, users_in_groups({4}, 3), run=False)
+    assert (fourth.applied, fourth.failures) == (1, 0)
+    assert fourth.started is not None
+    # In a Python worker that exits after its task, the task writes it too.
+    local_state.run_started(fourth, subtask.snapshots, handed.append,
+                            worker_outlives_task=False)
+    assert handed == []
+    subtask.task(5, 4, [], MaterializationConfig(None))
+    handle = subtask.handles[5]
+    assert handle.snapshot is not None and set(handle.snapshot.key_groups) == {1, 2, 3, 4}
+    assert subtask.restored(5) == subtask.model
