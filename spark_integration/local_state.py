@@ -178,6 +178,7 @@ def _settle_jobs(attachment: LocalAttachment, snapshots: SnapshotStore) -> None:
                 attachment.applied += 1
                 attachment.applied_bytes += jobs.written_bytes(state)
                 attachment.failures = 0
+                _forget_changes(backend, state.job)
                 jobs.discard(dataclasses.replace(state, result=None), None)  # chunks in use
                 attachment.pending = pending = None
                 continue
@@ -191,6 +192,13 @@ def _settle_jobs(attachment: LocalAttachment, snapshots: SnapshotStore) -> None:
         backend.mark_changed(pending[1])  # failed, or gone: to be written again
         attachment.pending = None
         attachment.failures += 1
+
+
+def _forget_changes(backend: ChangelogKeyedStateBackend, job: jobs.MaterializationJob) -> None:
+    """The keys marked up to the applied job's epoch are in its snapshot now."""
+    table = backend.table
+    if job.epoch is not None and isinstance(table, RocksDBStateTable):
+        table.clear_changes(job.epoch)
 
 
 def _attach(config: StreamingStateConfig, subtask: int, base: int | None,
@@ -240,7 +248,7 @@ def _attach(config: StreamingStateConfig, subtask: int, base: int | None,
             return _from_manifest(LocalAttachment(
                 backend, store, source, time.monotonic() - started, owner), manifest)
         store.reset()
-        table = RocksDBStateTable(store.db_path)
+        table = RocksDBStateTable(store.db_path, track_changes=True)
         if handles:
             backend = restore_backend(storage, snapshots, config.operator_id, key_groups,
                                       config.max_parallelism, handles,
@@ -271,7 +279,7 @@ def _reattach(config: StreamingStateConfig, key_groups: KeyGroupRange,
     """A backend on the store as it is, continuing the manifest's backend: same backend
     id, its snapshot and changelog as base, its key groups still to materialize and its
     materialization schedule."""
-    table = RocksDBStateTable(store.db_path)
+    table = RocksDBStateTable(store.db_path, track_changes=True)
     try:
         backend = ChangelogKeyedStateBackend(
             storage, snapshots, config.operator_id, key_groups, config.max_parallelism,
@@ -305,10 +313,12 @@ def materialize_in_background(attachment: LocalAttachment, checkpoint_id: int,
     materialization_id, changed = taken
     table = backend.table
     assert isinstance(table, RocksDBStateTable)
-    job = jobs.MaterializationJob(materialization_id, backend.backend_id,
-                                  backend.key_group_range, tuple(sorted(changed)),
-                                  checkpoint_id, encoded_handle)
     try:
+        # Keys changed from now on are the next materialization's, not this one's.
+        epoch = table.start_change_epoch()
+        job = jobs.MaterializationJob(materialization_id, backend.backend_id,
+                                      backend.key_group_range, tuple(sorted(changed)),
+                                      checkpoint_id, encoded_handle, epoch)
         table.flush()
         attachment.started = jobs.create_job(attachment.store.directory, job, table.copy_to)
     except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors

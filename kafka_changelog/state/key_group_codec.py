@@ -59,8 +59,9 @@ def encode_key_group(states: Iterable[tuple[StateMeta, Iterable[tuple[bytes, Ent
     return assemble_key_group((meta, *encode_entries(entries)) for meta, entries in states)
 
 
-def encode_entries(entries: Iterable[tuple[bytes, Entry]]) -> tuple[list[bytes], int]:
-    """The encoded entries of one state (parts to join) and how many there are."""
+def encode_entries(entries: Iterable[tuple[bytes, Entry | None]]) -> tuple[list[bytes], int]:
+    """The encoded entries of one state (parts to join) and how many there are; an entry
+    None is a key without data (a deleted key, in a delta layer)."""
     body: list[bytes] = []
     done: list[bytes] = []  # joined every JOIN_ENTRIES entries: few objects alive
     count = 0
@@ -79,6 +80,8 @@ def encode_entries(entries: Iterable[tuple[bytes, Entry]]) -> tuple[list[bytes],
                 for item in entry:
                     body += (_long(len(item)), item)
             body.append(b"\x00\x00")  # the array's end, then no map
+        elif entry is None:
+            body.append(b"\x00\x00\x00")  # no value, no values, no map
         else:
             body.append(b"\x00\x00\x02")
             if entry:

@@ -20,6 +20,7 @@ from ..keygroups import KeyGroupRange
 from ..reader import StateChangelogReader
 from ..storage import StateChangelogStorage
 from .checkpoint import KeyedStateHandle
+from .delta_layer import apply_delta
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
 from .materialization import materialized_at
@@ -112,7 +113,10 @@ def load_keyed_state(
         remote = set()
         for key_group in snapshot.key_groups:
             if key_group_range.contains(key_group):
-                data = local.get_key_group(snapshot.backend_id, snapshot.chunks_of(key_group))
+                # Task-local copies are of whole key groups: a layered one is read remotely.
+                layered = len(snapshot.layers_of(key_group)) > 1
+                data = None if layered else local.get_key_group(
+                    snapshot.backend_id, snapshot.chunks_of(key_group))
                 if data is None:
                     remote.add(key_group)
                 else:
@@ -120,8 +124,11 @@ def load_keyed_state(
         snapshot = dataclasses.replace(
             snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in remote))
     if snapshot is not None and snapshot.chunks:
-        for key_group, data in snapshot_store.read(snapshot, key_group_range):
-            table.load_group(key_group, data)
+        for key_group, data, delta in snapshot_store.read_layers(snapshot, key_group_range):
+            if delta:
+                apply_delta(table, key_group, data)
+            else:
+                table.load_group(key_group, data)
     changed: set[int] = set()
     for changelog in handle.changelog:
         changes = local.get_changes(changelog) if local is not None else None

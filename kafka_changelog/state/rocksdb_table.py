@@ -16,7 +16,12 @@ and materialization, rescaling and readers iterate it per key group):
   ``esc`` doubles as ``00 ff`` every ``00`` of the key, which keeps keys in byte order
   and makes ``00 01`` end the key;
 - registrations: ``ff ff 00 name`` -> ``sid(2)`` and the ``StateMeta`` bytes; the entry
-  count: ``ff ff 01`` (key groups are below 2^15, so ``ff ff`` is never one).
+  count: ``ff ff 01`` (key groups are below 2^15, so ``ff ff`` is never one);
+- with ``track_changes``: ``ff ff 02 kg(2) sid(2) key`` -> the change epoch (8 bytes) for
+  every key a mutation touched (not a snapshot load), which an incremental
+  materialization reads (:meth:`RocksDBStateTable.changed_keys`), the current epoch at
+  ``ff ff 03``, and ``ff ff 04`` while every mutation since the store was empty was
+  tracked (:attr:`RocksDBStateTable.changes_complete`).
 
 ``kg`` is the key group and ``sid`` the state's number (in registration order), both
 big-endian. The entry count is kept as entries come and go: a write first looks its key
@@ -75,6 +80,9 @@ from .table_protocol import Entry
 _RESERVED = b"\xff\xff"
 _META = _RESERVED + b"\x00"
 _COUNT = _RESERVED + b"\x01"
+_CHANGED = _RESERVED + b"\x02"
+_EPOCH = _RESERVED + b"\x03"
+_TRACKED = _RESERVED + b"\x04"
 _KEY_END = b"\x00\x01"
 _NUL, _ESCAPED_NUL = b"\x00", b"\x00\xff"
 _LENGTH = struct.Struct(">I")
@@ -196,9 +204,13 @@ class RocksDBStateTable:
     directory in :meth:`close` (a working copy nobody reattaches).
     """
 
-    def __init__(self, path: str | Path, *, remove_on_close: bool = False) -> None:
+    def __init__(self, path: str | Path, *, remove_on_close: bool = False,
+                 track_changes: bool = False) -> None:
+        """``track_changes``: remember which keys mutations touched, by change epoch (see
+        :meth:`changed_keys`), for incremental materializations."""
         self.path = Path(path)
         self._remove_on_close = remove_on_close
+        self._tracking = track_changes
         self._db: Any = None
         self.reopen()
 
@@ -227,6 +239,14 @@ class RocksDBStateTable:
         stored = self._db.get(_COUNT)
         self._count = (_COUNT_FORMAT.unpack(stored)[0] if stored is not None
                        else self._recount())
+        epoch = self._db.get(_EPOCH)
+        self._epoch = _COUNT_FORMAT.unpack(epoch)[0] if epoch is not None else 0
+        self._epoch_bytes = _COUNT_FORMAT.pack(self._epoch)
+        if self._tracking:
+            if not self._count and not self._states:  # every change from here on is marked
+                self._db.put(_TRACKED, b"", self._write_options)
+        elif self._db.get(_TRACKED) is not None:
+            self._db.delete(_TRACKED, self._write_options)  # changes go unmarked now
 
     # -- registrations -------------------------------------------------------------------
 
@@ -295,6 +315,8 @@ class RocksDBStateTable:
         prefix, kind = found if found is not None else self._prefix(key_group, op.state)
         write = self._write_options
         op_kind = op.op
+        if self._tracking:
+            db.put(_CHANGED + prefix + op.key, self._epoch_bytes, write)
         if kind == _KIND_MAP:
             self._apply_map(db, prefix, op)
             return
@@ -357,6 +379,7 @@ class RocksDBStateTable:
                                                   ) if keys else {}
         batch = self._batch_type(raw_mode=True)
         write = self._write_options
+        tracking, epoch = self._tracking, self._epoch_bytes
         self._seen.clear()
         try:
             for key_group, op, key, kind in planned:
@@ -368,6 +391,8 @@ class RocksDBStateTable:
                     continue
                 stored = current[key]
                 op_kind = op.op
+                if tracking:
+                    batch.put(_CHANGED + key, epoch)
                 if op_kind is DELETE:
                     if stored is not None:
                         batch.delete(key)
@@ -460,10 +485,13 @@ class RocksDBStateTable:
         assert column is not None
         # ``written``: stored keys this call wrote (present or deleted), which the store
         # may not see yet.
+        tracking, epoch = self._tracking, self._epoch_bytes
         with self._column_writes() as (batch, written):
             for prefix, key, data in zip(self._column_prefixes(state, key_groups), keys,
                                          column, strict=True):
                 stored = prefix + key
+                if tracking:
+                    batch.put(_CHANGED + stored, epoch)
                 existed = written.get(stored)
                 if existed is None:
                     existed = self._exists(db, stored)
@@ -485,11 +513,14 @@ class RocksDBStateTable:
         """``MAP_PUT`` of many map entries, in write batches."""
         db = self._live()
         filled: set[bytes] = set()  # keys (their entry prefix) whose map has an entry
+        tracking, epoch = self._tracking, self._epoch_bytes
         with self._column_writes() as (batch, written):
             for prefix, key, map_key, value in zip(
                     self._column_prefixes(state, key_groups), keys, map_keys, values,
                     strict=True):
                 assert map_key is not None and value is not None
+                if tracking:
+                    batch.put(_CHANGED + prefix + key, epoch)
                 start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
                 stored = start + map_key
                 if (stored not in written and start not in filled
@@ -709,6 +740,47 @@ class RocksDBStateTable:
         self._count += load_key_group(data, state, tick)
         if len(batch):
             db.write(batch, write)
+
+    # -- changed keys (``track_changes``) ---------------------------------------------------
+
+    @property
+    def changes_complete(self) -> bool:
+        """Whether every mutation since the store was empty was tracked: only then do
+        :meth:`changed_keys` name every key changed since the marks were last cleared."""
+        return self._live().get(_TRACKED) is not None
+
+    def changed_keys(self, key_group: int) -> Iterator[tuple[str, bytes]]:
+        """(state, key) of every key of ``key_group`` a mutation touched since its mark was
+        last cleared (:meth:`clear_changes`), by state number and key."""
+        names = {info.sid: name for name, info in self._states.items()}
+        prefix = _CHANGED + _key_group_prefix(key_group)
+        cut = len(prefix)
+        for stored, _ in self._scan(prefix):
+            name = names.get(stored[cut:cut + 2])
+            if name is not None:
+                yield name, stored[cut + 2:]
+
+    def start_change_epoch(self) -> int:
+        """End the current change epoch (returned): keys touched from now on are marked
+        with the next one, so :meth:`clear_changes` of this one keeps their marks."""
+        ended = self._epoch
+        self._epoch += 1
+        self._epoch_bytes = _COUNT_FORMAT.pack(self._epoch)
+        self._live().put(_EPOCH, self._epoch_bytes, self._write_options)
+        return ended
+
+    def clear_changes(self, upto: int) -> int:
+        """Forget the keys marked in change epochs up to ``upto`` (their changes are in a
+        snapshot now); returns how many marks were removed."""
+        db = self._live()
+        batch = _BoundedBatch(db, self._batch_type, self._write_options)
+        removed = 0
+        for stored, epoch in self._scan(_CHANGED):
+            if _COUNT_FORMAT.unpack(epoch)[0] <= upto:
+                batch.delete(stored)
+                removed += 1
+        batch.finish()
+        return removed
 
     # -- the store -------------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ from ..keygroups import KeyGroupRange
 from ..serialization import decode, encode
 
 SCHEMA_NAME = "snapshot_handle"
-FORMAT_VERSION = 1
+#: Version 2: a key group may have delta layers (:meth:`SnapshotHandle.layers_of`); a handle
+#: without any is still written as version 1.
+FORMAT_VERSION = 2
 _MAGIC = "kafka-changelog-snapshot"
 _MAX_CRC32 = 1 << 32
 
@@ -64,42 +66,45 @@ def chunk_key(backend_id: str, key_group: int, materialization_id: int, chunk_no
     return f"{backend_id}/{key_group}/{materialization_id}/{chunk_no}"
 
 
-def _sort_key(chunk: ChunkRef) -> tuple[int, int]:
-    return chunk.key_group, chunk.chunk_no
+def _sort_key(chunk: ChunkRef) -> tuple[int, int, int]:
+    return chunk.key_group, chunk.materialization_id, chunk.chunk_no
 
 
 def _index(chunks: tuple[ChunkRef, ...], key_group_range: KeyGroupRange) -> dict[
     int, tuple[ChunkRef, ...]
 ]:
-    """Chunks per key group, after checking every key group's chunks are complete."""
-    grouped: dict[int, list[ChunkRef]] = {}
+    """Chunks per key group (by layer, then chunk number), after checking that every
+    layer of every key group is complete."""
+    grouped: dict[tuple[int, int], list[ChunkRef]] = {}
     for chunk in chunks:
         if not key_group_range.contains(chunk.key_group):
             raise ValueError(
                 f"chunk {chunk.chunk_no} of key group {chunk.key_group} is outside the "
                 f"handle's key-group range {key_group_range}"
             )
-        grouped.setdefault(chunk.key_group, []).append(chunk)
-    for key_group, group in grouped.items():
+        grouped.setdefault((chunk.key_group, chunk.materialization_id), []).append(chunk)
+    by_key_group: dict[int, list[ChunkRef]] = {}
+    for (key_group, writer), group in sorted(grouped.items()):
         count = group[0].chunk_count
         numbers = [c.chunk_no for c in group]
         counts = {c.chunk_count for c in group}
-        writers = {c.materialization_id for c in group}
-        if counts != {count} or numbers != list(range(count)) or len(writers) != 1:
+        if counts != {count} or numbers != list(range(count)):
             raise ValueError(
-                f"chunks of key group {key_group} are not one complete set: expected chunk "
-                f"numbers 0..{count - 1} of one materialization, found numbers {numbers}, "
-                f"chunk counts {sorted(counts)}, materializations {sorted(writers)}"
+                f"chunks of key group {key_group} written by materialization {writer} are not "
+                f"one complete set: expected chunk numbers 0..{count - 1}, found numbers "
+                f"{numbers}, chunk counts {sorted(counts)}"
             )
-    return {kg: tuple(group) for kg, group in grouped.items()}
+        by_key_group.setdefault(key_group, []).extend(group)
+    return {kg: tuple(group) for kg, group in by_key_group.items()}
 
 
 @dataclass(frozen=True)
 class SnapshotHandle:
     """A materialized snapshot of ``key_group_range`` (immutable, serialisable).
 
-    ``chunks`` are kept sorted by key group, then chunk number; a key group with no
-    chunks is empty. ``materialized_sequence_number`` is the writer sequence number
+    ``chunks`` are kept sorted by key group, then materialization, then chunk number; a
+    key group with no chunks is empty, and one with chunks of several materializations has
+    layers (:meth:`layers_of`). ``materialized_sequence_number`` is the writer sequence number
     up to which (exclusive) the snapshot includes changes; it is carried, not used.
     """
 
@@ -130,8 +135,26 @@ class SnapshotHandle:
         return tuple(sorted(self._by_key_group))
 
     def chunks_of(self, key_group: int) -> tuple[ChunkRef, ...]:
-        """The chunks of ``key_group`` by chunk number (empty for an empty key group)."""
+        """The chunks of ``key_group``, layer by layer (see :meth:`layers_of`), each by
+        chunk number (empty for an empty key group)."""
         return self._by_key_group.get(key_group, ())
+
+    def layers_of(self, key_group: int) -> tuple[tuple[ChunkRef, ...], ...]:
+        """The layers of ``key_group``, oldest first: the first is its whole state, each
+        later one a *delta* (written by a later, incremental materialization) holding the
+        entries of the keys changed since, a key without data meaning deleted."""
+        layers: list[tuple[ChunkRef, ...]] = []
+        for chunk in self.chunks_of(key_group):
+            if chunk.chunk_no == 0:
+                layers.append(())
+            layers[-1] += (chunk,)
+        return tuple(layers)
+
+    @property
+    def layered(self) -> bool:
+        """Whether some key group has delta layers."""
+        return any(len({c.materialization_id for c in chunks}) > 1
+                   for chunks in self._by_key_group.values())
 
     @property
     def state_size(self) -> int:
@@ -155,7 +178,9 @@ class SnapshotHandle:
         """Serialise (Avro ``schemas/snapshot_handle.avsc`` with a magic and format version)."""
         return encode(SCHEMA_NAME, {
             "magic": _MAGIC,
-            "format_version": FORMAT_VERSION,
+            # Version 2 only when it matters: readers of version 1 would take a delta
+            # layer for a key group's whole state.
+            "format_version": FORMAT_VERSION if self.layered else 1,
             "backend_id": self.backend_id,
             "materialization_id": self.materialization_id,
             "key_group_start": self.key_group_range.start,

@@ -105,12 +105,22 @@ class SnapshotStore(ABC):
     def read(
         self, handle: SnapshotHandle, key_group_range: KeyGroupRange | None = None
     ) -> Iterator[tuple[int, bytes]]:
-        """(key group, serialized state) for each non-empty key group, ascending.
+        """(key group, serialized state) for each non-empty key group, ascending (a key
+        group with delta layers: each layer in order, see :meth:`read_layers`).
 
         Restricted to ``key_group_range`` when given. Raises
         :class:`SnapshotMissingError` for a chunk that is gone and
         :class:`SnapshotCorruptError` for one whose content does not match.
         """
+        for key_group, data, _ in self.read_layers(handle, key_group_range):
+            yield key_group, data
+
+    def read_layers(
+        self, handle: SnapshotHandle, key_group_range: KeyGroupRange | None = None
+    ) -> Iterator[tuple[int, bytes, bool]]:
+        """(key group, serialized layer, whether it is a delta) for each layer of each
+        non-empty key group, ascending: a key group's whole state first, then its deltas
+        (see :meth:`SnapshotHandle.layers_of`). Errors as :meth:`read`."""
         target = handle if key_group_range is None else handle.intersection(key_group_range)
         if target is None or not target.chunks:
             return
@@ -119,12 +129,16 @@ class SnapshotStore(ABC):
             plan = [chunk for key_group in target.key_groups
                     for chunk in target.chunks_of(key_group)]
             parts: list[bytes] = []
+            previous = -1
             for chunk, found in zip(plan, source.fetch_all(
                     [(c.partition, c.offset) for c in plan]), strict=True):
                 parts.append(verify_chunk(handle.topic, handle.backend_id, chunk, found))
-                if chunk.chunk_no == chunk.chunk_count - 1:  # the key group's last chunk
-                    yield chunk.key_group, parts[0] if len(parts) == 1 else b"".join(parts)
+                if chunk.chunk_no == chunk.chunk_count - 1:  # the layer's last chunk
+                    delta = chunk.key_group == previous
+                    yield (chunk.key_group, parts[0] if len(parts) == 1 else b"".join(parts),
+                           delta)
                     parts = []
+                    previous = chunk.key_group
         finally:
             source.close()
 
@@ -226,12 +240,15 @@ class SnapshotWriter:
         self._upto = materialized_sequence_number
         self._refs: list[ChunkRef] = []
         self._written: set[int] = set()
+        self._deltas: set[int] = set()
         self._appender: RecordAppender | None = None
         #: Bytes of state data added.
         self.bytes_added = 0
 
-    def add(self, key_group: int, state: bytes) -> None:
-        """Write ``key_group``'s serialized state (chunks produced now)."""
+    def add(self, key_group: int, state: bytes, delta: bool = False) -> None:
+        """Write ``key_group``'s serialized state (chunks produced now); with ``delta``,
+        a layer on top of the key group's earlier ones, which :meth:`finish` must be given
+        as reused (see :meth:`SnapshotHandle.layers_of`)."""
         if (not self.key_group_range.contains(key_group)
                 or key_group >= self._store.max_parallelism):
             raise ValueError(
@@ -242,6 +259,8 @@ class SnapshotWriter:
             raise ValueError(f"key group {key_group} of backend {self.backend_id} was "
                              f"written twice in materialization {self.materialization_id}")
         self._written.add(key_group)
+        if delta:
+            self._deltas.add(key_group)
         if self._appender is None:
             self._appender = self._store._begin_append(
                 f"snapshot chunks of backend {self.backend_id} materialization "
@@ -255,8 +274,13 @@ class SnapshotWriter:
     def finish(self, reused: Mapping[int, Sequence[ChunkRef]]) -> SnapshotHandle:
         """Wait for every chunk written; the handle, with ``reused`` (earlier chunks of
         key groups not written, see :meth:`SnapshotStore.write`)."""
+        missing = sorted(kg for kg in self._deltas if not reused.get(kg))
+        if missing:
+            raise ValueError(f"delta layers of key groups {missing} of backend "
+                             f"{self.backend_id} have no earlier layers to go on")
         _check_write(self.backend_id, self.materialization_id, self.key_group_range,
-                     dict.fromkeys(self._written, b""), reused, self._store.max_parallelism)
+                     dict.fromkeys(self._written - self._deltas, b""), reused,
+                     self._store.max_parallelism)
         offsets = self._appender.finish() if self._appender is not None else []
         written = [
             ChunkRef(ref.key_group, ref.materialization_id, ref.chunk_no, ref.chunk_count,

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from ..keygroups import KeyGroupRange
 from .checkpoint import KeyedStateHandle, SubtaskState
+from .delta_layer import encode_delta, worth_a_delta
+from .rocksdb_table import RocksDBStateTable
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
 
@@ -62,6 +64,9 @@ class MaterializationJob:
     #: is what the new snapshot replaces.
     checkpoint_id: int
     checkpoint_state: bytes
+    #: The copy's change epoch (see ``RocksDBStateTable.start_change_epoch``): key groups
+    #: with earlier layers may get a delta of the keys marked up to it. None: whole ones.
+    epoch: int | None = None
 
     @property
     def covered(self) -> KeyedStateHandle:
@@ -90,6 +95,7 @@ class MaterializationJob:
             "changed": list(self.changed),
             "checkpoint_id": self.checkpoint_id,
             "checkpoint_state": base64.b64encode(self.checkpoint_state).decode(),
+            "epoch": self.epoch,
         }, indent=1)
 
     @staticmethod
@@ -102,7 +108,8 @@ class MaterializationJob:
         return MaterializationJob(
             int(data["materialization_id"]), str(data["backend_id"]),
             KeyGroupRange(int(start), int(end)), tuple(int(kg) for kg in data["changed"]),
-            int(data["checkpoint_id"]), base64.b64decode(data["checkpoint_state"]))
+            int(data["checkpoint_id"]), base64.b64decode(data["checkpoint_state"]),
+            None if data.get("epoch") is None else int(data["epoch"]))
 
 
 @dataclass
@@ -159,19 +166,13 @@ def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | N
     """Write the job's snapshot from its copy and leave the handle in ``result.json``;
     the copy is deleted either way. Returns the handle (None: failed, logged; the lock is
     let go, so the next task sees the job failed and keeps its key groups to write)."""
-    from .rocksdb_table import RocksDBStateTable
-
     job, path = started.job, started.path
     handle: SnapshotHandle | None = None
     try:
-        table = RocksDBStateTable(path / "db")
+        # Opened tracking changes (it makes none): so as to keep its mark that it has.
+        table = RocksDBStateTable(path / "db", track_changes=True)
         try:
-            writer = snapshots.begin_write(job.backend_id, job.materialization_id,
-                                           job.key_group_range, job.checkpoint_id)
-            for key_group in sorted(job.changed):
-                if table.has_entries(key_group):
-                    writer.add(key_group, table.serialize_group(key_group))
-            handle = writer.finish(job.reused())
+            handle = _write(table, job, snapshots)
         finally:
             table.close()
         _write_result(path, handle)
@@ -189,6 +190,32 @@ def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | N
         shutil.rmtree(path / "db", ignore_errors=True)
         fcntl.flock(started.lock_fd, fcntl.LOCK_UN)
         os.close(started.lock_fd)
+
+
+def _write(table: RocksDBStateTable, job: MaterializationJob, snapshots: SnapshotStore
+           ) -> SnapshotHandle:
+    """The job's snapshot: each changed key group whole, or as a delta on its earlier
+    layers when the copy knows its changed keys and the delta is worth it."""
+    writer = snapshots.begin_write(job.backend_id, job.materialization_id,
+                                   job.key_group_range, job.checkpoint_id)
+    reused = job.reused()
+    previous = job.covered.snapshot
+    incremental = (job.epoch is not None and previous is not None
+                   and previous.backend_id == job.backend_id and table.changes_complete)
+    for key_group in sorted(job.changed):
+        if not table.has_entries(key_group):
+            continue  # emptied: neither written nor reused
+        if incremental:
+            assert previous is not None
+            layers = previous.layers_of(key_group)
+            if layers:
+                delta = encode_delta(table, key_group, table.changed_keys(key_group))
+                if worth_a_delta(layers, len(delta)):
+                    writer.add(key_group, delta, delta=True)
+                    reused[key_group] = previous.chunks_of(key_group)
+                    continue
+        writer.add(key_group, table.serialize_group(key_group))
+    return writer.finish(reused)
 
 
 def cancel(started: StartedJob) -> None:

@@ -65,9 +65,10 @@ class Subtask:
 
     def task(self, checkpoint_id: int, base: int | None, updates: list[str],
              materialization: MaterializationConfig = EVERY_TASK,
-             run: bool = True) -> local_state.LocalAttachment:
-        """One task: attach at ``base``, add 1 per user in ``updates``, snapshot, maybe
-        start a background materialization (run at once when ``run``), release."""
+             run: bool = True, deletes: tuple[str, ...] = ()) -> local_state.LocalAttachment:
+        """One task: attach at ``base``, add 1 per user in ``updates``, clear the users in
+        ``deletes``, snapshot, maybe start a background materialization (run at once when
+        ``run``), release."""
         attached = local_state.attach(
             self.config, 0, base, [self.handles[base]] if base is not None else [],
             self.cached, self.storage, self.snapshots, materialization)
@@ -77,6 +78,10 @@ class Subtask:
             count = backend.state(COUNT)
             count.update((count.value() or 0) + 1)
             self.model[user] = self.model.get(user, 0) + 1
+        for user in deletes:
+            backend.set_current_key(user.encode())
+            backend.state(COUNT).clear()
+            self.model.pop(user, None)
         handle = backend.snapshot(checkpoint_id).result(60)
         encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
         local_state.materialize_in_background(attached, checkpoint_id, encoded,
@@ -87,13 +92,18 @@ class Subtask:
             assert jobs.run_job(attached.started, self.snapshots) is not None
         return attached
 
-    def restored(self, checkpoint_id: int) -> dict[str, int]:
-        """The state of ``checkpoint_id`` read back from Kafka alone."""
+    def restored(self, checkpoint_id: int, into_rocksdb: Path | None = None,
+                 users: list[str] | None = None) -> dict[str, int]:
+        """The state of ``checkpoint_id`` read back from Kafka alone (into memory, or a
+        RocksDB table at ``into_rocksdb``), for the model's users and ``users``."""
+        from kafka_changelog.state.rocksdb_table import RocksDBStateTable
+
+        table = RocksDBStateTable(into_rocksdb) if into_rocksdb is not None else None
         backend = restore_backend(self.storage, self.snapshots, "op", ALL, 128,
-                                  [self.handles[checkpoint_id]])
+                                  [self.handles[checkpoint_id]], table=table)
         try:
             found = {}
-            for user in self.model:
+            for user in [*self.model, *(users or [])]:
                 backend.set_current_key(user.encode())
                 value = backend.state(COUNT).value()
                 if value is not None:
@@ -247,3 +257,64 @@ def test_after_failures_in_a_row_the_task_writes_the_materialization_itself(
     handle = subtask.handles[5]
     assert handle.snapshot is not None and set(handle.snapshot.key_groups) == {1, 2, 3, 4}
     assert subtask.restored(5) == subtask.model
+
+
+def test_later_materializations_write_only_the_keys_changed_since(
+    subtask: Subtask, tmp_path: Path
+) -> None:
+    """Once a key group has a snapshot, a materialization writes a delta layer of its keys
+    changed since (deleted ones included) on top of it; past a few layers, or when the
+    deltas would outgrow a share of it, the key group is written whole again."""
+    everyone = users_in_groups(set(range(128)), 2000)
+    subtask.task(1, None, everyone)
+    whole = subtask.task(2, 1, everyone[:2])  # applies the first; its own is a delta
+    assert whole.applied == 1 and whole.started is not None
+    [state] = [j for j in jobs.list_jobs(subtask.store.directory) if j.state == jobs.DONE]
+    assert state.result is not None and state.job is not None
+    changed = set(state.job.changed)
+    assert len(changed) <= 2
+    for key_group in changed:
+        layers = state.result.layers_of(key_group)
+        assert len(layers) == 2
+        assert sum(c.size for c in layers[1]) < sum(c.size for c in layers[0]) / 5
+    # Unchanged key groups keep their one layer.
+    untouched = next(kg for kg in range(128) if kg not in changed)
+    assert len(state.result.layers_of(untouched)) == 1
+
+    gone = everyone[2]
+    subtask.task(3, 2, [], deletes=(gone,))  # applies the delta; a delta with a deletion
+    subtask.task(4, 3, [], MaterializationConfig(None))
+    handle = subtask.handles[4]
+    assert handle.snapshot is not None and handle.snapshot.layered
+    assert gone not in subtask.model
+    assert subtask.restored(4, users=[gone]) == subtask.model
+    assert subtask.restored(4, tmp_path / "rocks", users=[gone]) == subtask.model
+
+    # The same key group changed again and again: whole again once it has MAX_LAYERS.
+    from kafka_changelog.state.delta_layer import MAX_LAYERS
+
+    again = [everyone[5]] * 3
+    key_group = key_group_for_key(again[0].encode(), 128)
+    layer_counts = []
+    for checkpoint in range(5, 5 + MAX_LAYERS + 1):
+        subtask.task(checkpoint, checkpoint - 1, again)
+        snapshot = subtask.handles[checkpoint].snapshot
+        assert snapshot is not None
+        layer_counts.append(len(snapshot.layers_of(key_group)))
+    assert max(layer_counts) == MAX_LAYERS and layer_counts[-1] < MAX_LAYERS
+    last = 5 + MAX_LAYERS
+    assert subtask.restored(last) == subtask.model
+
+    # A key changed while a materialization is being written is in the next one's delta.
+    slow = subtask.task(last + 1, last, [everyone[7]], run=False)
+    assert slow.started is not None
+    subtask.task(last + 2, last + 1, [everyone[8]])
+    assert jobs.run_job(slow.started, subtask.snapshots) is not None
+    follow = subtask.task(last + 3, last + 2, [])  # applies it, starts the next one
+    assert follow.applied == 1 and follow.started is not None
+    eighth = key_group_for_key(everyone[8].encode(), 128)
+    assert eighth in follow.started.job.changed
+    subtask.task(last + 4, last + 3, [], MaterializationConfig(None))
+    snapshot = subtask.handles[last + 4].snapshot
+    assert snapshot is not None and len(snapshot.layers_of(eighth)) > 1
+    assert subtask.restored(last + 4) == subtask.model
