@@ -255,7 +255,9 @@ def restore_and_reattach(broker: Broker, rounds: int) -> dict[str, Any]:
             assert attached.source == "restored"
             encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
             # The handle of checkpoint 1 is the one restored: released "at" checkpoint 1.
-            local_state.release(attached, config, 0, 1, encoded).backend.close()
+            kept = local_state.release(attached, config, 0, 1, encoded)
+            assert kept is not None  # no materialization was started
+            kept.backend.close()
             restore_local = attached.seconds
             gc.collect()
             started = time.perf_counter()
