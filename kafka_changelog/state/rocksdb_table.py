@@ -17,9 +17,10 @@ and materialization, rescaling and readers iterate it per key group):
   and makes ``00 01`` end the key;
 - registrations: ``ff ff 00 name`` -> ``sid(2)`` and the ``StateMeta`` bytes; the entry
   count: ``ff ff 01`` (key groups are below 2^15, so ``ff ff`` is never one);
-- with ``track_changes``: ``ff ff 02 kg(2) sid(2) key`` -> the change epoch (8 bytes) for
-  every key a mutation touched (not a snapshot load), which an incremental
-  materialization reads (:meth:`RocksDBStateTable.changed_keys`), the current epoch at
+- with ``track_changes``: ``ff ff 02 epoch(8) kg(2) sid(2) key`` -> nothing, for every
+  key a mutation touched (not a snapshot load) in that change epoch, which an incremental
+  materialization reads (:meth:`RocksDBStateTable.changed_keys_by_group`; the epoch
+  first, so that forgetting epochs is one range deletion), the current epoch at
   ``ff ff 03``, and ``ff ff 04`` while every mutation since the store was empty was
   tracked (:attr:`RocksDBStateTable.changes_complete`).
 
@@ -43,6 +44,7 @@ opening raises :class:`~kafka_changelog.state.errors.StateBackendUnavailableErro
 from __future__ import annotations
 
 import contextlib
+import heapq
 import shutil
 import struct
 import threading
@@ -241,7 +243,7 @@ class RocksDBStateTable:
                        else self._recount())
         epoch = self._db.get(_EPOCH)
         self._epoch = _COUNT_FORMAT.unpack(epoch)[0] if epoch is not None else 0
-        self._epoch_bytes = _COUNT_FORMAT.pack(self._epoch)
+        self._mark = _CHANGED + _COUNT_FORMAT.pack(self._epoch)
         if self._tracking:
             if not self._count and not self._states:  # every change from here on is marked
                 self._db.put(_TRACKED, b"", self._write_options)
@@ -316,7 +318,7 @@ class RocksDBStateTable:
         write = self._write_options
         op_kind = op.op
         if self._tracking:
-            db.put(_CHANGED + prefix + op.key, self._epoch_bytes, write)
+            db.put(self._mark + prefix + op.key, b"", write)
         if kind == _KIND_MAP:
             self._apply_map(db, prefix, op)
             return
@@ -379,7 +381,7 @@ class RocksDBStateTable:
                                                   ) if keys else {}
         batch = self._batch_type(raw_mode=True)
         write = self._write_options
-        tracking, epoch = self._tracking, self._epoch_bytes
+        tracking, mark = self._tracking, self._mark
         self._seen.clear()
         try:
             for key_group, op, key, kind in planned:
@@ -392,7 +394,7 @@ class RocksDBStateTable:
                 stored = current[key]
                 op_kind = op.op
                 if tracking:
-                    batch.put(_CHANGED + key, epoch)
+                    batch.put(mark + key, b"")
                 if op_kind is DELETE:
                     if stored is not None:
                         batch.delete(key)
@@ -485,13 +487,13 @@ class RocksDBStateTable:
         assert column is not None
         # ``written``: stored keys this call wrote (present or deleted), which the store
         # may not see yet.
-        tracking, epoch = self._tracking, self._epoch_bytes
+        tracking, mark = self._tracking, self._mark
         with self._column_writes() as (batch, written):
             for prefix, key, data in zip(self._column_prefixes(state, key_groups), keys,
                                          column, strict=True):
                 stored = prefix + key
                 if tracking:
-                    batch.put(_CHANGED + stored, epoch)
+                    batch.put(mark + stored, b"")
                 existed = written.get(stored)
                 if existed is None:
                     existed = self._exists(db, stored)
@@ -513,14 +515,14 @@ class RocksDBStateTable:
         """``MAP_PUT`` of many map entries, in write batches."""
         db = self._live()
         filled: set[bytes] = set()  # keys (their entry prefix) whose map has an entry
-        tracking, epoch = self._tracking, self._epoch_bytes
+        tracking, mark = self._tracking, self._mark
         with self._column_writes() as (batch, written):
             for prefix, key, map_key, value in zip(
                     self._column_prefixes(state, key_groups), keys, map_keys, values,
                     strict=True):
                 assert map_key is not None and value is not None
                 if tracking:
-                    batch.put(_CHANGED + prefix + key, epoch)
+                    batch.put(mark + prefix + key, b"")
                 start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
                 stored = start + map_key
                 if (stored not in written and start not in filled
@@ -750,37 +752,65 @@ class RocksDBStateTable:
         return self._live().get(_TRACKED) is not None
 
     def changed_keys(self, key_group: int) -> Iterator[tuple[str, bytes]]:
-        """(state, key) of every key of ``key_group`` a mutation touched since its mark was
-        last cleared (:meth:`clear_changes`), by state number and key."""
+        """(state, key) of every key of ``key_group`` a mutation touched in a change epoch
+        not yet forgotten (:meth:`clear_changes`), by state number and key; a key touched
+        in several epochs once."""
+        for found, keys in self.changed_keys_by_group():
+            if found == key_group:
+                yield from keys
+
+    def changed_keys_by_group(self) -> Iterator[tuple[int, list[tuple[str, bytes]]]]:
+        """(key group, its :meth:`changed_keys`) for every key group with marks,
+        ascending: one pass over each epoch's marks, one key group's in memory at a time."""
         names = {info.sid: name for name, info in self._states.items()}
-        prefix = _CHANGED + _key_group_prefix(key_group)
-        cut = len(prefix)
-        for stored, _ in self._scan(prefix):
-            name = names.get(stored[cut:cut + 2])
+        cut = len(_CHANGED) + 8
+        epochs = []
+        for epoch in self._marked_epochs():
+            prefix = _CHANGED + _COUNT_FORMAT.pack(epoch)
+            epochs.append(((int.from_bytes(k[cut:cut + 2], "big"), k[cut + 2:])
+                           for k, _ in self._scan(prefix)))
+        current = -1
+        found: dict[tuple[str, bytes], None] = {}
+        for key_group, rest in heapq.merge(*epochs):
+            if key_group != current:
+                if found:
+                    yield current, list(found)
+                current, found = key_group, {}
+            name = names.get(rest[:2])
             if name is not None:
-                yield name, stored[cut + 2:]
+                found[(name, rest[2:])] = None
+        if found:
+            yield current, list(found)
+
+    def _marked_epochs(self) -> list[int]:
+        """The epochs that have marks, ascending (one seek each)."""
+        epochs = []
+        iterator = self._live().iter()
+        iterator.seek(_CHANGED)
+        while iterator.valid():
+            key = iterator.key()
+            if not key.startswith(_CHANGED):
+                break
+            epoch = _COUNT_FORMAT.unpack(key[len(_CHANGED):len(_CHANGED) + 8])[0]
+            epochs.append(epoch)
+            iterator.seek(_CHANGED + _COUNT_FORMAT.pack(epoch + 1))
+        return epochs
 
     def start_change_epoch(self) -> int:
         """End the current change epoch (returned): keys touched from now on are marked
         with the next one, so :meth:`clear_changes` of this one keeps their marks."""
         ended = self._epoch
         self._epoch += 1
-        self._epoch_bytes = _COUNT_FORMAT.pack(self._epoch)
-        self._live().put(_EPOCH, self._epoch_bytes, self._write_options)
+        self._mark = _CHANGED + _COUNT_FORMAT.pack(self._epoch)
+        self._live().put(_EPOCH, _COUNT_FORMAT.pack(self._epoch), self._write_options)
         return ended
 
-    def clear_changes(self, upto: int) -> int:
+    def clear_changes(self, upto: int) -> None:
         """Forget the keys marked in change epochs up to ``upto`` (their changes are in a
-        snapshot now); returns how many marks were removed."""
-        db = self._live()
-        batch = _BoundedBatch(db, self._batch_type, self._write_options)
-        removed = 0
-        for stored, epoch in self._scan(_CHANGED):
-            if _COUNT_FORMAT.unpack(epoch)[0] <= upto:
-                batch.delete(stored)
-                removed += 1
-        batch.finish()
-        return removed
+        snapshot now): one range deletion."""
+        batch = self._batch_type(raw_mode=True)
+        batch.delete_range(_CHANGED, _CHANGED + _COUNT_FORMAT.pack(upto + 1))
+        self._live().write(batch, self._write_options)
 
     # -- the store -------------------------------------------------------------------------
 

@@ -119,26 +119,31 @@ class SnapshotStore(ABC):
         self, handle: SnapshotHandle, key_group_range: KeyGroupRange | None = None
     ) -> Iterator[tuple[int, bytes, bool]]:
         """(key group, serialized layer, whether it is a delta) for each layer of each
-        non-empty key group, ascending: a key group's whole state first, then its deltas
-        (see :meth:`SnapshotHandle.layers_of`). Errors as :meth:`read`."""
+        non-empty key group (see :meth:`SnapshotHandle.layers_of`): every key group's
+        whole state first, then their first deltas, and so on, so that a key group's
+        layers come in order; within each pass the layers are read in the order they are
+        stored (by partition and offset: a materialization's chunks are neighbours in the
+        topic, a key group's layers are not). Errors as :meth:`read`."""
         target = handle if key_group_range is None else handle.intersection(key_group_range)
         if target is None or not target.chunks:
             return
+        layers = {kg: target.layers_of(kg) for kg in target.key_groups}
+        depth = max((len(found) for found in layers.values()), default=0)
+        plan = [(chunk, level > 0) for level in range(depth)
+                for layer in sorted((found[level] for found in layers.values()
+                                     if level < len(found)),
+                                    key=lambda chunks: (chunks[0].partition, chunks[0].offset))
+                for chunk in layer]
         source = self._open_source(handle.topic)
         try:
-            plan = [chunk for key_group in target.key_groups
-                    for chunk in target.chunks_of(key_group)]
             parts: list[bytes] = []
-            previous = -1
-            for chunk, found in zip(plan, source.fetch_all(
-                    [(c.partition, c.offset) for c in plan]), strict=True):
+            for (chunk, delta), found in zip(plan, source.fetch_all(
+                    [(c.partition, c.offset) for c, _ in plan]), strict=True):
                 parts.append(verify_chunk(handle.topic, handle.backend_id, chunk, found))
                 if chunk.chunk_no == chunk.chunk_count - 1:  # the layer's last chunk
-                    delta = chunk.key_group == previous
                     yield (chunk.key_group, parts[0] if len(parts) == 1 else b"".join(parts),
                            delta)
                     parts = []
-                    previous = chunk.key_group
         finally:
             source.close()
 

@@ -172,7 +172,7 @@ def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | N
         # Opened tracking changes (it makes none): so as to keep its mark that it has.
         table = RocksDBStateTable(path / "db", track_changes=True)
         try:
-            handle = _write(table, job, snapshots)
+            handle = write_snapshot(table, job, snapshots)
         finally:
             table.close()
         _write_result(path, handle)
@@ -192,24 +192,31 @@ def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | N
         os.close(started.lock_fd)
 
 
-def _write(table: RocksDBStateTable, job: MaterializationJob, snapshots: SnapshotStore
-           ) -> SnapshotHandle:
-    """The job's snapshot: each changed key group whole, or as a delta on its earlier
-    layers when the copy knows its changed keys and the delta is worth it."""
+def write_snapshot(table: RocksDBStateTable, job: MaterializationJob,
+                   snapshots: SnapshotStore) -> SnapshotHandle:
+    """Write the job's snapshot from ``table`` (the job's copy): each changed key group
+    whole, or as a delta on its earlier layers when the copy knows its changed keys
+    (``job.epoch`` set) and the delta is worth it."""
     writer = snapshots.begin_write(job.backend_id, job.materialization_id,
                                    job.key_group_range, job.checkpoint_id)
     reused = job.reused()
     previous = job.covered.snapshot
     incremental = (job.epoch is not None and previous is not None
                    and previous.backend_id == job.backend_id and table.changes_complete)
+    # The marks of every key group in one pass (they are stored by key group).
+    marks = table.changed_keys_by_group() if incremental else iter(())
+    marked: tuple[int, list[tuple[str, bytes]]] = (-1, [])
     for key_group in sorted(job.changed):
         if not table.has_entries(key_group):
             continue  # emptied: neither written nor reused
-        if incremental:
+        while marked[0] < key_group:
+            marked = next(marks, (job.key_group_range.end + 1, []))
+        # A changed key group without marks is written whole (nothing says what changed).
+        if incremental and marked[0] == key_group:
             assert previous is not None
             layers = previous.layers_of(key_group)
             if layers:
-                delta = encode_delta(table, key_group, table.changed_keys(key_group))
+                delta = encode_delta(table, key_group, marked[1])
                 if worth_a_delta(layers, len(delta)):
                     writer.add(key_group, delta, delta=True)
                     reused[key_group] = previous.chunks_of(key_group)
@@ -332,4 +339,4 @@ def discard(state: JobState, snapshots: SnapshotStore | None) -> None:
 
 __all__ = ["DONE", "FAILED", "RUNNING", "JobState", "MaterializationJob", "StartedJob",
            "cancel", "create_job", "discard", "job_path", "list_jobs", "run_job", "tombstone",
-           "written_bytes"]
+           "write_snapshot", "written_bytes"]
