@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,7 +197,7 @@ class KafkaRecordSource(RecordSource):
         return found
 
     def fetch_all(self, locations: Sequence[tuple[int, int]]
-                  ) -> Iterator[StoredRecord | str]:
+                  ) -> Generator[StoredRecord | str, None, None]:
         runs = _runs(locations)
         if len(runs) < 2:
             yield from super().fetch_all(locations)

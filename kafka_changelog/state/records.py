@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import NamedTuple
 
 
@@ -32,7 +32,7 @@ class RecordSource(ABC):
         """The record at ``offset``, or a description of what is there instead."""
 
     def fetch_all(self, locations: Sequence[tuple[int, int]]
-                  ) -> Iterator[StoredRecord | str]:
+                  ) -> Generator[StoredRecord | str, None, None]:
         """What :meth:`fetch` gives for each (partition, offset), in order. A source may
         read ahead (the whole plan is known)."""
         for partition, offset in locations:

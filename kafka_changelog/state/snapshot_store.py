@@ -135,16 +135,19 @@ class SnapshotStore(ABC):
                                     key=lambda chunks: (chunks[0].partition, chunks[0].offset))
                 for chunk in layer]
         source = self._open_source(handle.topic)
+        fetched = source.fetch_all([(c.partition, c.offset) for c, _ in plan])
         try:
             parts: list[bytes] = []
-            for (chunk, delta), found in zip(plan, source.fetch_all(
-                    [(c.partition, c.offset) for c, _ in plan]), strict=True):
+            for (chunk, delta), found in zip(plan, fetched, strict=True):
                 parts.append(verify_chunk(handle.topic, handle.backend_id, chunk, found))
                 if chunk.chunk_no == chunk.chunk_count - 1:  # the layer's last chunk
                     yield (chunk.key_group, parts[0] if len(parts) == 1 else b"".join(parts),
                            delta)
                     parts = []
         finally:
+            # The fetch first (its consumers let their partitions go), as when it ends: a
+            # Kafka consumer closed while a fetch of its is suspended mid-read can hang.
+            fetched.close()
             source.close()
 
     def delete(self, chunks: Iterable[ChunkRef], backend_id: str) -> None:
