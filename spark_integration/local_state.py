@@ -28,7 +28,6 @@ store go (closed and unlocked), so the next batch's task can take it wherever it
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -171,15 +170,16 @@ def _settle_jobs(attachment: LocalAttachment, snapshots: SnapshotStore) -> None:
         if pending is not None and state.materialization_id == pending[0]:
             if state.state == jobs.RUNNING:
                 continue
+            written = jobs.written_bytes(state)
             if (state.state == jobs.DONE and state.result is not None
                     and state.job is not None
                     and backend.apply_materialization(state.result, state.job.covered,
-                                                      jobs.written_bytes(state))):
+                                                      written)):
                 attachment.applied += 1
-                attachment.applied_bytes += jobs.written_bytes(state)
+                attachment.applied_bytes += written
                 attachment.failures = 0
                 _forget_changes(backend, state.job)
-                jobs.discard(dataclasses.replace(state, result=None), None)  # chunks in use
+                jobs.discard(state, None)  # no tombstones: its chunks are in use now
                 attachment.pending = pending = None
                 continue
             logger.info("background materialization %d of %s not applied (%s): its key "

@@ -53,7 +53,8 @@ from .errors import LocalStateError
 logger = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 1
-_TRASH = ".trash-"
+#: Directories being deleted (renamed first: see :func:`discard_directory`).
+TRASH_PREFIX = _TRASH = ".trash-"
 _STAGING = ".staging-"
 
 
@@ -218,7 +219,7 @@ class SubtaskStore:
             _write_manifest(staging, manifest)
             target = self._retained(manifest.checkpoint_id)
             if target.exists():
-                _discard(target)
+                discard_directory(target)
             os.rename(staging, target)
             _sync(self.retained_path)
         finally:
@@ -249,7 +250,7 @@ class SubtaskStore:
             return
         for path in paths:
             if keep is None or path != self._retained(keep):
-                _discard(path)
+                discard_directory(path)
 
     def roll_back(self, checkpoint_id: int) -> None:
         """Make the live store the copy kept at ``checkpoint_id`` (which stays, for a
@@ -260,7 +261,7 @@ class SubtaskStore:
         if not source.is_dir():
             raise LocalStateError(f"no copy of checkpoint {checkpoint_id} in {self.directory}")
         if self.db_path.exists():
-            _discard(self.db_path)
+            discard_directory(self.db_path)
         staging = self.directory / f"{_STAGING}{uuid.uuid4().hex}"
         try:
             shutil.copytree(source, staging, copy_function=_link_immutable)
@@ -338,16 +339,22 @@ def _read_manifest(path: Path) -> StoreManifest | None:
 
 def _write_manifest(directory: Path, manifest: StoreManifest) -> None:
     """``directory/manifest.json``, atomically and durably."""
-    temporary = directory / f"manifest.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "w", encoding="utf-8") as out:
-        out.write(manifest.to_json())
+    write_atomically(directory / "manifest.json", manifest.to_json().encode())
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all, durably (temporary file, fsync, rename, fsync
+    of the directory)."""
+    temporary = path.parent / f"{path.name}.{uuid.uuid4().hex}.tmp"
+    with open(temporary, "wb") as out:
+        out.write(data)
         out.flush()
         os.fsync(out.fileno())
-    os.replace(temporary, directory / "manifest.json")
-    _sync(directory)
+    os.replace(temporary, path)
+    _sync(path.parent)
 
 
-def _discard(path: Path) -> bool:
+def discard_directory(path: Path) -> bool:
     """Delete a directory (False: it is not there); renamed first, so whoever opens the
     old path afterwards finds nothing half deleted."""
     trash = path.parent / f"{_TRASH}{uuid.uuid4().hex}"
@@ -385,7 +392,7 @@ def remove_store_directory(path: Path) -> bool:
         except BlockingIOError:
             return False
         try:
-            return _discard(path)
+            return discard_directory(path)
         except OSError:
             return False
     finally:
@@ -410,4 +417,5 @@ def remove_operator_stores(root: str | os.PathLike[str], application: str,
     return removed
 
 
-__all__ = ["StoreManifest", "SubtaskStore", "remove_operator_stores", "remove_store_directory"]
+__all__ = ["TRASH_PREFIX", "StoreManifest", "SubtaskStore", "discard_directory",
+           "remove_operator_stores", "remove_store_directory", "write_atomically"]

@@ -36,6 +36,7 @@ from pathlib import Path
 from ..keygroups import KeyGroupRange
 from .checkpoint import KeyedStateHandle, SubtaskState
 from .delta_layer import encode_delta, worth_a_delta
+from .local_store import TRASH_PREFIX, discard_directory, write_atomically
 from .rocksdb_table import RocksDBStateTable
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
@@ -175,7 +176,7 @@ def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | N
             handle = write_snapshot(table, job, snapshots)
         finally:
             table.close()
-        _write_result(path, handle)
+        write_atomically(path / "result.json", handle.to_bytes())
         logger.info("materialization %d of backend %s written from the copy at checkpoint "
                     "%d (%d key groups, %d bytes)", job.materialization_id, job.backend_id,
                     job.checkpoint_id, len(job.changed), _written_bytes(handle, job))
@@ -228,9 +229,7 @@ def write_snapshot(table: RocksDBStateTable, job: MaterializationJob,
 def cancel(started: StartedJob) -> None:
     """Drop a job that will not run (the task that made it failed)."""
     try:
-        trash = started.path.parent / f"{_STAGING}{uuid.uuid4().hex}"
-        os.rename(started.path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        discard_directory(started.path)
     finally:
         fcntl.flock(started.lock_fd, fcntl.LOCK_UN)
         os.close(started.lock_fd)
@@ -247,15 +246,6 @@ def written_bytes(state: JobState) -> int:
     return _written_bytes(state.result, state.job)
 
 
-def _write_result(path: Path, handle: SnapshotHandle) -> None:
-    temporary = path / f"result.{uuid.uuid4().hex}.tmp"
-    with open(temporary, "wb") as out:
-        out.write(handle.to_bytes())
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path / "result.json")
-
-
 def list_jobs(store_directory: Path) -> list[JobState]:
     """Every job directory of the store, with its state (crash leftovers removed)."""
     parent = store_directory / DIRECTORY
@@ -265,6 +255,9 @@ def list_jobs(store_directory: Path) -> list[JobState]:
         return []
     found = []
     for path in entries:
+        if path.name.startswith(TRASH_PREFIX):
+            shutil.rmtree(path, ignore_errors=True)  # a deletion that did not finish
+            continue
         if path.name.startswith(_STAGING):
             if not _locked(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -329,12 +322,7 @@ def discard(state: JobState, snapshots: SnapshotStore | None) -> None:
         raise ValueError(f"materialization job {state.path} is still running")
     if state.result is not None and state.job is not None and snapshots is not None:
         tombstone(snapshots, state.job, state.result)
-    trash = state.path.parent / f"{_STAGING}{uuid.uuid4().hex}"
-    try:
-        os.rename(state.path, trash)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(trash, ignore_errors=True)
+    discard_directory(state.path)
 
 
 __all__ = ["DONE", "FAILED", "RUNNING", "JobState", "MaterializationJob", "StartedJob",
