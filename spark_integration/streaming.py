@@ -73,6 +73,7 @@ from kafka_changelog.state.subtask_commit import SubtaskCommit
 from . import local_state
 from .batch_identity import BatchPlan, plan_batch
 from .kafka_sink import KafkaOutputSink
+from .key_rows import KeyRows
 from .key_runs import keys_at, run_starts
 from .keys import key_columns_of, key_sql
 from .local_state import CachedBackend
@@ -788,7 +789,8 @@ class _SubtaskTask:
             key_bytes = encoded[start]
             set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
                             key_groups[i])
-            outputs.extend(_as_records(fn(keys[i], slice_rows[start:ends[i]].copy(), state)))
+            outputs.extend(_as_records(fn(keys[i], KeyRows(slice_rows[start:ends[i]], copy=True),
+                                          state)))
         return len(keys)
 
     def _check_keys(self, rows: pd.DataFrame) -> None:

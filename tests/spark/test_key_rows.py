@@ -1,0 +1,107 @@
+"""KeyRows: the per-key call's rows give exactly pandas' itertuples (no Spark needed)."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_integration.key_rows import KeyRows
+
+FRAMES: dict[str, pd.DataFrame] = {
+    "mixed with nulls": pd.DataFrame({
+        "user": ["a", "b", None], "seq": [1, 2, 3], "amount": [1.5, np.nan, 2.0],
+        "ok": [True, False, True]}),
+    "times": pd.DataFrame({
+        "naive": pd.to_datetime(["2024-01-01", "2024-01-02", None]),
+        "utc": pd.to_datetime(["2024-01-01", "2024-01-02", "2024-01-03"]).tz_localize("UTC"),
+        "delta": pd.to_timedelta([1, 2, 3], unit="s")}),
+    "extension dtypes": pd.DataFrame({
+        "category": pd.Categorical(["x", "y", "x"]),
+        "nullable int": pd.array([1, None, 3], dtype="Int64"),
+        "arrow string": pd.array(["p", None, "q"], dtype="string[pyarrow]"),
+        "decimal": [decimal.Decimal("1.10"), decimal.Decimal("2"), None]}),
+    "labels that are not identifiers": pd.DataFrame([[1, 2, 3, 4]],
+                                                    columns=["a b", 0, "class", "_x"]),
+    "duplicate labels": pd.DataFrame([[1, 2], [3, 4]], columns=["a", "a"]),
+    "datetime index": pd.DataFrame({"v": [1, 2]},
+                                   index=pd.to_datetime(["2024-01-01", "2024-01-02"])),
+    "multi index": pd.DataFrame({"v": [1, 2]},
+                                index=pd.MultiIndex.from_tuples([("a", 1), ("b", 2)])),
+    "no rows": pd.DataFrame({"v": pd.Series([], dtype="int64")}),
+    "no columns": pd.DataFrame(index=[1, 2]),
+    "other scalars": pd.DataFrame({
+        "date": [datetime.date(2024, 1, 1)], "bytes": [b"\x00x"],
+        "uint8": np.array([3], dtype=np.uint8), "float32": np.array([1.25], dtype=np.float32)}),
+}
+CALLS: list[dict[str, Any]] = [{}, {"index": False}, {"name": None},
+                               {"index": False, "name": "Row"}]
+
+
+def _same(expected: list[Any], found: list[Any]) -> None:
+    """Equal tuples, of the same class and fields, holding values of the same types
+    (NaN equal to NaN)."""
+    assert len(found) == len(expected)
+    for want, got in zip(expected, found, strict=True):
+        assert type(got).__name__ == type(want).__name__
+        assert getattr(got, "_fields", None) == getattr(want, "_fields", None)
+        assert [type(v) for v in got] == [type(v) for v in want]
+        for a, b in zip(want, got, strict=True):
+            nan = isinstance(a, float) and math.isnan(a)
+            assert (nan and math.isnan(b)) or a is b or a == b, (want, got)
+
+
+@pytest.mark.parametrize("call", CALLS, ids=repr)
+@pytest.mark.parametrize("name", list(FRAMES))
+def test_itertuples_gives_what_pandas_gives(name: str, call: dict[str, Any]) -> None:
+    frame = FRAMES[name]
+    _same(list(frame.itertuples(**call)), list(KeyRows(frame, copy=True).itertuples(**call)))
+
+
+def test_changes_to_the_rows_show_in_itertuples() -> None:
+    rows = KeyRows(FRAMES["mixed with nulls"], copy=True)
+    rows.loc[0, "seq"] = 99
+    rows["extra"] = "e"
+    rows.drop(columns=["ok"], inplace=True)
+    rows.sort_values("seq", inplace=True)
+    assert repr(list(rows.itertuples(index=False))) == (
+        "[Pandas(user='b', seq=2, amount=nan, extra='e'), "
+        "Pandas(user=None, seq=3, amount=2.0, extra='e'), "
+        "Pandas(user='a', seq=99, amount=1.5, extra='e')]")
+    _same(list(pd.DataFrame(rows).itertuples()), list(rows.itertuples()))
+
+
+def test_frames_made_from_it_are_plain_dataframes() -> None:
+    rows = KeyRows(FRAMES["mixed with nulls"], copy=True)
+    assert isinstance(rows, pd.DataFrame)
+    for derived in (rows[rows["seq"] > 1], rows.copy(), rows.sort_values("seq"),
+                    rows.iloc[:1], rows.assign(x=1), rows.head(2)):
+        assert type(derived) is pd.DataFrame
+    assert type(rows["seq"] * 2) is pd.Series
+
+
+def test_a_copy_leaves_the_batch_alone() -> None:
+    batch = pd.DataFrame({"v": [1, 2, 3]})
+    rows = KeyRows(batch.iloc[1:], copy=True)
+    rows.loc[1, "v"] = 7
+    assert batch["v"].tolist() == [1, 2, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.text(max_size=3)),
+                          st.integers(-2**63, 2**63 - 1),
+                          st.one_of(st.floats(allow_nan=True), st.none()),
+                          st.booleans()), max_size=6),
+       st.booleans())
+def test_itertuples_matches_pandas_on_any_rows(
+        values: list[tuple[Any, ...]], index: bool) -> None:
+    frame = pd.DataFrame(values, columns=["text", "number", "real", "flag"])
+    _same(list(frame.itertuples(index=index)),
+          list(KeyRows(frame, copy=True).itertuples(index=index)))
