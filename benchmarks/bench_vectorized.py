@@ -10,7 +10,8 @@ Python work of all of a batch's subtask tasks together. Sides, each on the same 
 - **stateless** (the baseline, as in ``bench_streaming_overhead``): the same per-key
   structure without state: sort by user and ``seq``, ``groupby(user)``, and
   ``update_user``'s per-event loop on local variables per user
-  (``bench_streaming_overhead.fold_user``).
+  (``bench_streaming_overhead.fold_user``), each user's rows a ``KeyRows`` as our
+  per-key calls get them.
 - **per_key**: ``_SubtaskTask._run`` (what a Spark task runs for its subtask: sort,
   ``update_user`` per key with ``set_current_key`` and state objects, snapshot) on a
   backend over the in-memory changelog storage with the in-memory table, kept across
@@ -72,6 +73,7 @@ from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
 from spark_integration.clickstream import OUTPUT_SCHEMA, events, update_user, update_users
+from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import (
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
@@ -109,7 +111,8 @@ def stateless_batch(rows: pd.DataFrame) -> list[dict[str, Any]]:
     """The baseline: per user, ``update_user``'s loop on local variables."""
     data = rows[["user", "seq", "kind", "page", "amount"]].sort_values(["user", "seq"],
                                                                        kind="stable")
-    return [fold_user(group) for _, group in data.groupby("user", sort=True)]
+    # Each user's rows as our per-key calls get them (KeyRows), as the other baselines do.
+    return [fold_user(KeyRows(group)) for _, group in data.groupby("user", sort=True)]
 
 
 class StatefulSide:

@@ -105,3 +105,47 @@ def test_itertuples_matches_pandas_on_any_rows(
     frame = pd.DataFrame(values, columns=["text", "number", "real", "flag"])
     _same(list(frame.itertuples(index=index)),
           list(KeyRows(frame, copy=True).itertuples(index=index)))
+
+
+def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
+    """What ``stateful_foreach_batch``'s task hands the function (run in process over the
+    in-memory changelog storage: no Spark, no broker)."""
+    from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
+    from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
+    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+    from spark_integration.streaming import (
+        KEY_COLUMN,
+        KEY_GROUP_COLUMN,
+        SUBTASK_COLUMN,
+        StreamingStateConfig,
+        _SubtaskTask,
+    )
+
+    seen: dict[str, tuple[type, list[tuple[Any, ...]]]] = {}
+
+    def per_user(key: str, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+        seen[key] = (type(rows), [tuple(r) for r in rows.itertuples(index=False)])
+        rows.loc[rows.index[0], "seq"] = -1  # the function may change its copy
+        return []
+
+    users = ["b", "a", "b", "a", "b"]
+    batch = pd.DataFrame({"user": users, "seq": [5, 4, 3, 2, 1],
+                          "amount": [0.5, 1.0, 1.5, 2.0, 2.5]})
+    batch[KEY_COLUMN] = [u.encode() for u in users]
+    batch[KEY_GROUP_COLUMN] = [key_group_for_key(u.encode(), 128) for u in users]
+    batch[SUBTASK_COLUMN] = 0
+    storage = InMemoryChangelogStorage()
+    backend = ChangelogKeyedStateBackend(storage, InMemorySnapshotStore(), "op",
+                                         KeyGroupRange.of(0, 127), 128)
+    config = StreamingStateConfig("app", "op", "unused:9092", parallelism=1,
+                                  max_parallelism=128, materialization_interval_s=None)
+    task = _SubtaskTask(config, per_user, ["user"], ("seq",), None, {}, 1,
+                        "user string", 0)
+    try:
+        task._run(backend, batch, 0, "fresh", 0.0)
+    finally:
+        backend.close()
+        storage.close()
+    assert seen == {"a": (KeyRows, [("a", 2, 2.0), ("a", 4, 1.0)]),
+                    "b": (KeyRows, [("b", 1, 2.5), ("b", 3, 1.5), ("b", 5, 0.5)])}
+    assert batch["seq"].tolist() == [5, 4, 3, 2, 1]
