@@ -784,13 +784,12 @@ class _SubtaskTask:
         key_groups = data[KEY_GROUP_COLUMN].to_numpy()[starts].tolist()
         rows = data[user_columns]
         fn: StatefulFunction = self.fn  # type: ignore[assignment]
-        set_current_key, slice_rows = backend.set_current_key, rows.iloc
+        set_current_key, rows_of = backend.set_current_key, KeyRows.copy_of_rows
         for i, start in enumerate(starts.tolist()):
             key_bytes = encoded[start]
             set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
                             key_groups[i])
-            outputs.extend(_as_records(fn(keys[i], KeyRows(slice_rows[start:ends[i]], copy=True),
-                                          state)))
+            outputs.extend(_as_records(fn(keys[i], rows_of(rows, start, ends[i]), state)))
         return len(keys)
 
     def _check_keys(self, rows: pd.DataFrame) -> None:

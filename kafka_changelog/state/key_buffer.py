@@ -156,9 +156,13 @@ class KeyChangeBuffer:
             raise NoCurrentKeyError("no current key: call set_current_key(key) first")
         return key
 
+    # read, read_map_value and write run once per state call: the current key's check is
+    # inline, not a call of _current.
     def read(self, state: str) -> Entry | None:
         """The current key's entry of ``state``, with the buffered changes."""
-        key = self._current()
+        key = self._key
+        if key is None:
+            key = self._current()  # raises
         change = self._changes.get(state)
         if change is None:
             return self._table.get(self._key_group, state, key)
@@ -166,7 +170,9 @@ class KeyChangeBuffer:
 
     def read_map_value(self, state: str, map_key: bytes) -> bytes | None:
         """One value of the current key's map ``state``, with the buffered changes."""
-        key = self._current()
+        key = self._key
+        if key is None:
+            key = self._current()  # raises
         change = self._changes.get(state)
         if isinstance(change, _MapChange):
             return change.value_of(self._table, self._key_group, state, key, map_key)
@@ -175,7 +181,8 @@ class KeyChangeBuffer:
     def write(self, state: str, op: OpKind, map_key: bytes | None = None,
               value: bytes | None = None, values: tuple[bytes, ...] | None = None) -> None:
         """Buffer one change of the current key's ``state`` (a registered state)."""
-        self._current()
+        if self._key is None:
+            self._current()  # raises
         changes = self._changes
         change = changes.get(state)
         if op is SET:

@@ -119,6 +119,8 @@ class ChangelogKeyedStateBackend:
         # The current key's changes, applied and logged when the key changes (or before
         # anything else reads the table or the log).
         self._buffer = KeyChangeBuffer(self._table, self._apply_and_log)
+        # State objects by state name, with the descriptor each was asked for by.
+        self._state_objects: dict[str, tuple[StateDescriptor, Any]] = {}
         self._storage = storage
         self._store = snapshot_store
         self._writer: StateChangelogWriter[Any] = storage.create_writer(
@@ -204,9 +206,21 @@ class ChangelogKeyedStateBackend:
         self._buffer.write(state, op, map_key, value, values)
 
     def state(self, descriptor: StateDescriptor) -> Any:
-        """The state object for ``descriptor`` (registered, and logged, on first use)."""
+        """The state object for ``descriptor`` (registered, and logged, on first use).
+
+        State objects hold no key (they act on the current key when called), so the
+        same object serves every key: a function asking for its states once per key
+        gets them from a cache instead of new objects.
+        """
+        cached = self._state_objects.get(descriptor.name)
+        if cached is not None and cached[0] is descriptor:
+            return cached[1]
         known = self.register(descriptor)
-        return _STATE_TYPES[known.kind](self, known)
+        # The current key's buffer is the state objects' context: its reads and writes
+        # are what this backend's are, one call less per state call.
+        made = _STATE_TYPES[known.kind](self._buffer, known)
+        self._state_objects[descriptor.name] = (descriptor, made)
+        return made
 
     def register(self, descriptor: StateDescriptor) -> StateDescriptor:
         """Register ``descriptor``'s state (logged on first use, as :meth:`state` does) and

@@ -6,7 +6,7 @@ backend is one, which buffers each key's net changes); they know nothing else of
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
@@ -41,8 +41,10 @@ class _KeyedState:
         self._name = descriptor.name
         self._values = descriptor.value_serializer
         # Bound once: state objects are called per event.
-        self._read = backend.read
+        # Entries as Any: each kind knows the shape of its own (bytes, list or dict).
+        self._read: Callable[[str], Any] = backend.read
         self._write = backend.write
+        self._read_map_value = backend.read_map_value
 
     def _entry(self) -> Any:
         return self._read(self._name)
@@ -66,14 +68,15 @@ class _KeyedState:
 class ValueState(_KeyedState, Generic[V]):
     """One value per key."""
 
+    # The hot methods call the context directly (no _entry/_log frame): once per event.
     def value(self, default: V | None = None) -> V | None:
         """The current key's value (``default`` if none)."""
-        entry = self._entry()
+        entry = self._read(self._name)
         return default if entry is None else self._values.deserialize(entry)
 
     def update(self, value: V) -> None:
         """Set the current key's value."""
-        self._log(SET, value=self._values.serialize(value))
+        self._write(self._name, SET, None, self._values.serialize(value))
 
 
 class ListState(_KeyedState, Generic[V]):
@@ -86,7 +89,7 @@ class ListState(_KeyedState, Generic[V]):
 
     def add(self, value: V) -> None:
         """Append one value."""
-        self._log(LIST_ADD, values=(self._values.serialize(value),))
+        self._write(self._name, LIST_ADD, None, None, (self._values.serialize(value),))
 
     def add_all(self, values: Iterable[V]) -> None:
         """Append several values."""
@@ -113,17 +116,17 @@ class MapState(_KeyedState, Generic[K, V]):
 
     def _value_of(self, encoded_key: bytes) -> bytes | None:
         # A point lookup: the whole map is never built for one value.
-        return self._backend.read_map_value(self._name, encoded_key)
+        return self._read_map_value(self._name, encoded_key)
 
     def get(self, map_key: K, default: V | None = None) -> V | None:
         """The value under ``map_key`` (``default`` if none)."""
-        data = self._value_of(self._keys.serialize(map_key))
+        data = self._read_map_value(self._name, self._keys.serialize(map_key))
         return default if data is None else self._values.deserialize(data)
 
     def put(self, map_key: K, value: V) -> None:
         """Set the value under ``map_key``."""
-        self._log(MAP_PUT, map_key=self._keys.serialize(map_key),
-                  value=self._values.serialize(value))
+        self._write(self._name, MAP_PUT, self._keys.serialize(map_key),
+                    self._values.serialize(value))
 
     def remove(self, map_key: K) -> None:
         """Remove ``map_key`` (no-op if absent)."""
@@ -153,18 +156,22 @@ class MapState(_KeyedState, Generic[K, V]):
 class ReducingState(_KeyedState, Generic[V]):
     """A value per key that added values are folded into."""
 
+    def __init__(self, backend: KeyContext, descriptor: StateDescriptor) -> None:
+        super().__init__(backend, descriptor)
+        assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
+        self._reduce = descriptor.reduce
+
     def get(self) -> V | None:
         """The folded value (None if nothing was added)."""
-        entry = self._entry()
+        entry = self._read(self._name)
         return None if entry is None else self._values.deserialize(entry)
 
     def add(self, value: V) -> None:
         """Fold ``value`` in."""
-        descriptor = self._descriptor
-        assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
-        current = self.get()
-        folded = value if current is None else descriptor.reduce(current, value)
-        self._log(SET, value=self._values.serialize(folded))
+        values = self._values
+        entry = self._read(self._name)
+        folded = value if entry is None else self._reduce(values.deserialize(entry), value)
+        self._write(self._name, SET, None, values.serialize(folded))
 
 
 class AggregatingState(_KeyedState, Generic[V]):

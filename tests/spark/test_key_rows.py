@@ -149,3 +149,31 @@ def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
     assert seen == {"a": (KeyRows, [("a", 2, 2.0), ("a", 4, 1.0)]),
                     "b": (KeyRows, [("b", 1, 2.5), ("b", 3, 1.5), ("b", 5, 0.5)])}
     assert batch["seq"].tolist() == [5, 4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("through_manager", [True, False], ids=["manager", "iloc"])
+@pytest.mark.parametrize("name", [n for n in FRAMES
+                                  if len(FRAMES[n]) >= 2 and len(FRAMES[n].columns)])
+def test_copy_of_rows_is_a_copy_of_those_rows(name: str, through_manager: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import spark_integration.key_rows as key_rows
+
+    monkeypatch.setattr(key_rows, "_SLICE_MANAGER", through_manager and
+                        key_rows._manager_slice_works())
+    frame = FRAMES[name].copy()
+    rows = KeyRows.copy_of_rows(frame, 1, len(frame))
+    expected = frame.iloc[1:]
+    assert type(rows) is KeyRows and rows.equals(expected)
+    assert list(rows.index) == list(expected.index)
+    assert list(rows.dtypes) == list(expected.dtypes)
+    _same(list(expected.itertuples()), list(rows.itertuples()))
+    before = repr(frame)
+    rows.iloc[0, 0] = rows.iloc[-1, 0]
+    assert repr(frame) == before  # the batch's rows stay as they were
+
+
+def test_this_pandas_slices_through_its_block_manager() -> None:
+    """The faster slicing is in use with the pandas the project pins (2.x)."""
+    import spark_integration.key_rows as key_rows
+
+    assert key_rows._SLICE_MANAGER
