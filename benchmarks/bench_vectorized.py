@@ -12,6 +12,8 @@ Python work of all of a batch's subtask tasks together. Sides, each on the same 
   ``update_user``'s per-event loop on local variables per user
   (``bench_streaming_overhead.fold_user``), each user's rows a ``KeyRows`` as our
   per-key calls get them.
+- **stateless_pandas_rows**: the same with each user's rows as pandas' ``groupby`` gives
+  them (the baseline before per-key calls got ``KeyRows``), for comparison.
 - **per_key**: ``_SubtaskTask._run`` (what a Spark task runs for its subtask: sort,
   ``update_user`` per key with ``set_current_key`` and state objects, snapshot) on a
   backend over the in-memory changelog storage with the in-memory table, kept across
@@ -89,6 +91,9 @@ MAX_PARALLELISM = 128
 TARGET = 5.0
 STATELESS, PER_KEY, VECTORIZED, VECTORIZED_ROCKSDB = (
     "stateless", "per_key", "vectorized", "vectorized_rocksdb")
+#: The baseline as it was before per-key calls got KeyRows: each user's rows as the
+#: plain DataFrame pandas' groupby gives (``itertuples`` at pandas' own cost).
+STATELESS_PANDAS_ROWS = "stateless_pandas_rows"
 
 
 def batch_frames(batches: int, per_batch: int, users: int) -> list[pd.DataFrame]:
@@ -107,12 +112,14 @@ def batch_frames(batches: int, per_batch: int, users: int) -> list[pd.DataFrame]
     return frames
 
 
-def stateless_batch(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    """The baseline: per user, ``update_user``'s loop on local variables."""
+def stateless_batch(rows: pd.DataFrame, key_rows: bool = True) -> list[dict[str, Any]]:
+    """The baseline: per user, ``update_user``'s loop on local variables; each user's rows
+    as our per-key calls get them (KeyRows), as the other baselines do, or (``key_rows``
+    false) as pandas' groupby gives them."""
     data = rows[["user", "seq", "kind", "page", "amount"]].sort_values(["user", "seq"],
                                                                        kind="stable")
-    # Each user's rows as our per-key calls get them (KeyRows), as the other baselines do.
-    return [fold_user(KeyRows(group)) for _, group in data.groupby("user", sort=True)]
+    wrap = KeyRows if key_rows else (lambda group: group)
+    return [fold_user(wrap(group)) for _, group in data.groupby("user", sort=True)]
 
 
 class StatefulSide:
@@ -156,6 +163,7 @@ def run(measured: int, rocksdb: bool) -> dict[str, Any]:
         stateful[VECTORIZED_ROCKSDB] = StatefulSide(True, "rocksdb", directory)
     sides: dict[str, Callable[[int, pd.DataFrame], list[dict[str, Any]]]] = {
         STATELESS: lambda _, rows: stateless_batch(rows),
+        STATELESS_PANDAS_ROWS: lambda _, rows: stateless_batch(rows, key_rows=False),
         **{name: side.run for name, side in stateful.items()}}
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}
@@ -200,6 +208,8 @@ def run(measured: int, rocksdb: bool) -> dict[str, Any]:
         "cpu_seconds": cpu, "median_cpu_s": cpu_medians,
         "stateless_over_vectorized": speedup,
         "stateless_over_vectorized_cpu": cpu_medians[STATELESS] / cpu_medians[VECTORIZED],
+        "stateless_pandas_rows_over_vectorized": (medians[STATELESS_PANDAS_ROWS]
+                                                  / medians[VECTORIZED]),
         "per_key_over_vectorized": medians[PER_KEY] / medians[VECTORIZED],
         "per_key_over_stateless": medians[PER_KEY] / medians[STATELESS],
         "rocksdb_over_memory": (medians[VECTORIZED_ROCKSDB] / medians[VECTORIZED]
@@ -235,6 +245,8 @@ def report(results: dict[str, Any]) -> str:
     text += (f"\nstateless / vectorized: {ratio_text(results['stateless_over_vectorized'])} "
              f"(CPU time: {ratio_text(results['stateless_over_vectorized_cpu'])}; target >= "
              f"{TARGET:.0f}x in time, state and outputs equal): {results['result']}")
+    text += ("\nstateless with pandas' own rows (the baseline before KeyRows) / vectorized: "
+             f"{ratio_text(results['stateless_pandas_rows_over_vectorized'])}")
     return text
 
 

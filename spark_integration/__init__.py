@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from .batch_identity import BatchOrderError
     from .datasource import KafkaChangelogDataSource, register
     from .kafka_sink import KafkaOutputSink
+    from .key_rows import KeyRows
     from .metrics import StateMetricsListener, SubtaskMetrics
     from .session import local_session, spark_session
     from .streaming import (
@@ -32,6 +33,7 @@ _HOMES = {
     "KafkaChangelogDataSource": "datasource",
     "register": "datasource",
     "KafkaOutputSink": "kafka_sink",
+    "KeyRows": "key_rows",
     "StateMetricsListener": "metrics",
     "SubtaskMetrics": "metrics",
     "local_session": "session",
@@ -62,6 +64,7 @@ __all__ = [
     "BatchReport",
     "KafkaChangelogDataSource",
     "KafkaOutputSink",
+    "KeyRows",
     "KeyState",
     "StateMetricsListener",
     "StatefulProcessor",
