@@ -196,7 +196,7 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
     def _rollover(self) -> None:
         if not self._active:
             return
-        change_set = ChangeSet(self._active_sqn, tuple(self._active))
+        change_set = ChangeSet(self._active_sqn, tuple(self._active), self._active_bytes)
         self._pending[self._active_sqn] = change_set
         self._pending_bytes += self._active_bytes
         self._active = []

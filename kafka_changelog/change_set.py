@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .change import StateChange
 from .keygroups import KeyGroupRange
@@ -15,11 +15,14 @@ class ChangeSet:
 
     sequence_number: SequenceNumber
     changes: tuple[StateChange, ...]
+    #: Total payload bytes: counted once (the writer knows it as it appends; -1: count
+    #: them here), not on every look (pending bytes, upload sizes, handle sizes).
+    size_bytes: int = field(default=-1, compare=False)
 
-    @property
-    def size_bytes(self) -> int:
-        """Total payload bytes."""
-        return sum(len(change.payload) for change in self.changes)
+    def __post_init__(self) -> None:
+        if self.size_bytes < 0:
+            object.__setattr__(self, "size_bytes",
+                               sum(len(change.payload) for change in self.changes))
 
     def restricted_to(self, key_group_range: KeyGroupRange) -> ChangeSet:
         """Only the changes of ``key_group_range``, plus every meta change."""

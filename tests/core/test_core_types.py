@@ -56,6 +56,29 @@ class TestStateChange:
             StateChange(1, "text")  # type: ignore[arg-type]
 
 
+class TestChangeSet:
+    def test_size_is_the_payload_bytes_counted_once(self) -> None:
+        from kafka_changelog.change_set import ChangeSet
+        from kafka_changelog.memory import InMemoryChangelogStorage
+
+        changes = (StateChange(0, b"abc"), StateChange.meta(b"de"), StateChange(3, b""))
+        counted = ChangeSet(SequenceNumber(1), changes)
+        assert counted.size_bytes == 5
+        assert counted == ChangeSet(SequenceNumber(1), changes, 5)
+        assert counted.restricted_to(KeyGroupRange.of(1, 3)).size_bytes == 2
+        # What a writer hands over: its count of the bytes as appended.
+        storage = InMemoryChangelogStorage()
+        writer = storage.create_writer("op", KeyGroupRange.of(0, 7))
+        writer.append(0, b"abc")
+        writer.append(5, b"0123456789")
+        assert writer.unpersisted_bytes == 13
+        handle = writer.persist(writer.initial_sequence_number(), 1).result().job_owned
+        assert handle is not None
+        assert handle.state_size == 13 and writer.unpersisted_bytes == 0
+        writer.close()
+        storage.close()
+
+
 class TestKeyGroupRange:
     def test_basics(self) -> None:
         kgr = KeyGroupRange.of(3, 6)
