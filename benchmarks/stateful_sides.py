@@ -44,10 +44,10 @@ from typing import Any
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from benchmarks.bench_streaming_overhead import BUCKET_COLUMN, BUCKET_EXPR, fold_user
+from benchmarks.bench_streaming_overhead import BUCKET_COLUMN, BUCKET_EXPR
+from benchmarks.bench_streaming_overhead import stateless_bucket as overhead_bucket
 from benchmarks.stateful_workload import LAST_PAGES, UserState, sample_sql, user_state
 from spark_integration.clickstream import EVENTS, OUTPUT_SCHEMA, update_user, update_users
-from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
 from spark_integration.vectorized import BatchState
 
@@ -139,21 +139,13 @@ def _sorted_rows(frames: Iterator[pd.DataFrame]) -> pd.DataFrame:
 
 def stateless_bucket(batches: Iterator[pd.DataFrame], corrupt_user: str | None = None
                      ) -> Iterator[pd.DataFrame]:
-    """One bucket (one subtask of ours): sort by user and ``seq``, :func:`fold_user` per
-    user (what ``bench_streaming_overhead``'s baseline does)."""
-    frames = list(batches)
-    if not frames:
-        return
-    data = pd.concat(frames, ignore_index=True).sort_values(["user", "seq"], kind="stable")
-    # Each user's rows as our per-key calls get them (KeyRows: a cheaper itertuples), so
-    # that the baseline differs from ours only by the state.
-    records = [fold_user(KeyRows(group.drop(columns=[BUCKET_COLUMN])))
-               for _, group in data.groupby("user", sort=True)]
-    if corrupt_user is not None:
-        for record in records:
-            if record["user"] == corrupt_user:
-                record["events"] += 1
-    yield pd.DataFrame(records, columns=["user", "events", "spent"])
+    """One bucket (one subtask of ours): ``bench_streaming_overhead``'s baseline (sort by
+    user and ``seq``, :func:`fold_user` per user), ``corrupt_user`` given one event too
+    many."""
+    for frame in overhead_bucket(batches):
+        if corrupt_user is not None:
+            frame.loc[frame["user"] == corrupt_user, "events"] += 1
+        yield frame
 
 
 def _start_stateless(ctx: RunContext) -> Any:

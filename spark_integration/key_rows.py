@@ -69,12 +69,11 @@ class KeyRows(pd.DataFrame):  # type: ignore[misc]  # pandas is untyped here
     def itertuples(self, index: bool = True, name: str | None = "Pandas"
                    ) -> Iterable[tuple[Any, ...]]:
         """The same tuples, in the same order, as ``pandas.DataFrame.itertuples``."""
-        column_arrays = getattr(self, "_iter_column_arrays", None)
-        if column_arrays is None:  # a pandas without it: pandas' own
+        if not _COLUMN_ARRAYS:  # a pandas without them: pandas' own
             pandas_tuples: Iterable[tuple[Any, ...]] = super().itertuples(index, name)
             return pandas_tuples
         fields: list[Hashable] = list(self.columns)
-        arrays = [_python_values(values) for values in column_arrays()]
+        arrays = [_python_values(values) for values in self._iter_column_arrays()]
         if index:
             arrays.insert(0, _python_values(self.index._values))
             fields.insert(0, "Index")
@@ -100,6 +99,8 @@ def _manager_slice_works() -> bool:
         return False
 
 
+#: What this pandas has, decided once (not per call).
+_COLUMN_ARRAYS = hasattr(pd.DataFrame, "_iter_column_arrays")
 _SLICE_MANAGER = _manager_slice_works()
 
 __all__ = ["KeyRows"]

@@ -201,8 +201,9 @@ class ChangelogKeyedStateBackend:
 
     def write(self, state: str, op: OpKind, map_key: bytes | None = None,
               value: bytes | None = None, values: tuple[bytes, ...] | None = None) -> None:
-        """Change the current key's ``state`` (used by the state objects): buffered as
-        the state's net change until the key changes, then applied and logged once."""
+        """Change the current key's ``state``: buffered as the state's net change until
+        the key changes, then applied and logged once (what the state objects' calls do:
+        they are given the buffer itself)."""
         self._buffer.write(state, op, map_key, value, values)
 
     def state(self, descriptor: StateDescriptor) -> Any:

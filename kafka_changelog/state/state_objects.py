@@ -1,7 +1,8 @@
 """User-facing keyed state objects, scoped to the current key of a :class:`KeyContext`.
 
 State objects read and change the current key's state through the context (the keyed
-backend is one, which buffers each key's net changes); they know nothing else of it.
+backend's buffer of the current key's net changes is the one it gives them); they know
+nothing else of it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class KeyContext(Protocol):
 
 class _KeyedState:
     def __init__(self, backend: KeyContext, descriptor: StateDescriptor) -> None:
-        self._backend = backend
         self._descriptor = descriptor
         self._name = descriptor.name
         self._values = descriptor.value_serializer
