@@ -27,12 +27,16 @@ from .errors import (
 from .keygroups import KeyGroupRange
 from .registry import WRITER_HOLD, ChangelogRegistry, checkpoint_hold
 from .sequence import SequenceNumber, SequenceNumberOutOfRangeError
-from .writer import SnapshotResult, StateChangelogWriter
+from .writer import SnapshotResult, StateChangelogWriter, check_change
 
 logger = logging.getLogger(__name__)
 
 H = TypeVar("H")
 L = TypeVar("L")
+
+#: Changes :meth:`BufferingChangelogWriter.append_all` adds between two looks at the
+#: preemptive-persist threshold.
+_APPEND_SLICE = 4096
 
 
 
@@ -114,6 +118,34 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             self._active_bytes + self._pending_bytes >= self._threshold
         ):
             self._persist_preemptively()
+
+    def append_all(self, key_groups: Sequence[int], payloads: Sequence[bytes]) -> None:
+        # Checked first (bad input adds nothing), then added a slice at a time: one C-level
+        # extend per slice instead of a call per change, and the preemptive-persist
+        # threshold still looked at every slice, so memory stays bounded.
+        self._check_open("append")
+        if len(key_groups) != len(payloads):
+            raise ValueError(f"append_all: {len(key_groups)} key groups but "
+                             f"{len(payloads)} payloads")
+        if not payloads:
+            return
+        key_group_range = self._range
+        if not (key_group_range.start <= min(key_groups)
+                and max(key_groups) <= key_group_range.end) or any(
+                    type(p) is not bytes for p in payloads):
+            for key_group, payload in zip(key_groups, payloads, strict=True):
+                check_change(key_group_range, self._log_id, key_group, payload)
+        make = partial(new_unchecked, StateChange)
+        for start in range(0, len(payloads), _APPEND_SLICE):
+            stop = start + _APPEND_SLICE
+            some = payloads[start:stop]
+            # Not a local: a preemptive persist rolls the active set over to a new list.
+            self._active.extend(map(make, zip(key_groups[start:stop], some, strict=True)))
+            self._active_bytes += sum(map(len, some))
+            if self._threshold is not None and (
+                self._active_bytes + self._pending_bytes >= self._threshold
+            ):
+                self._persist_preemptively()
 
     def append_meta(self, payload: bytes) -> None:
         self._check_open("append")

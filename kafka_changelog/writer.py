@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from .errors import KeyGroupOutOfRangeError
 from .keygroups import KeyGroupRange
 from .sequence import SequenceNumber
 
 H = TypeVar("H")
 S = TypeVar("S", bound="StateChangelogWriter[Any]")
+
+
+def check_change(key_group_range: KeyGroupRange, log_id: str, key_group: int,
+                 payload: object) -> None:
+    """Refuse a change a writer of ``key_group_range`` must not append: a key group
+    outside its range, or a payload that is not ``bytes``."""
+    if not key_group_range.start <= key_group <= key_group_range.end:
+        raise KeyGroupOutOfRangeError(key_group, key_group_range, log_id)
+    if type(payload) is not bytes:
+        raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,18 @@ class StateChangelogWriter(ABC, Generic[H]):
     @abstractmethod
     def append(self, key_group: int, payload: bytes) -> None:
         """Add a change for ``key_group`` to the current change set (not yet durable)."""
+
+    def append_all(self, key_groups: Sequence[int], payloads: Sequence[bytes]) -> None:
+        """Add ``payloads[i]`` for ``key_groups[i]``, in order: the same as :meth:`append`
+        of each, except that every key group and payload is checked before any is added
+        (bad input adds nothing). Writers may do it faster than one call per change."""
+        if len(key_groups) != len(payloads):
+            raise ValueError(f"append_all: {len(key_groups)} key groups but "
+                             f"{len(payloads)} payloads")
+        for key_group, payload in zip(key_groups, payloads, strict=True):
+            check_change(self.key_group_range, self.log_id, key_group, payload)
+        for key_group, payload in zip(key_groups, payloads, strict=True):
+            self.append(key_group, payload)
 
     @abstractmethod
     def append_meta(self, payload: bytes) -> None:

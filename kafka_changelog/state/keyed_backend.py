@@ -15,9 +15,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
-from ..change import StateChange
+from ..change import StateChange, new_unchecked
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange, check_parallelism, key_group_for_key
 from ..sequence import SequenceNumber
@@ -307,14 +308,13 @@ class ChangelogKeyedStateBackend:
         self._check_key_groups(key_groups)
         self._buffer.flush()
         self._table.apply_columns(state, op, key_groups, keys, map_keys, values, items)
-        append = self._writer.append
-        for key_group, payload in zip(key_groups, payloads, strict=True):
-            append(key_group, payload)
+        self._writer.append_all(key_groups, payloads)
         self._changed.update(key_groups)
         self._logged_changes += len(payloads)
         self._logged_bytes += sum(map(len, payloads))
         if self._local is not None:
-            self._journal += map(StateChange, key_groups, payloads)
+            self._journal += map(partial(new_unchecked, StateChange),
+                                 zip(key_groups, payloads, strict=True))
 
     def _append_meta(self, meta: StateMeta) -> None:
         payload = meta.to_bytes()

@@ -105,6 +105,46 @@ class ChangelogStorageContract:
             writer.append(4, b"ok")
             writer.append(7, b"ok")
 
+    def test_append_all_keeps_order_with_single_appends(
+        self, storage: StateChangelogStorage[Any]
+    ) -> None:
+        rng = random.Random(11)
+        # More than one of the writer's slices, with single appends between bulk ones.
+        bulk = [(rng.randrange(0, 4), _random_bytes(rng, rng.randrange(0, 30)))
+                for _ in range(9_000)]
+        with storage.create_writer("op-append-all", KeyGroupRange.of(0, 3)) as writer:
+            start = writer.initial_sequence_number()
+            writer.append(2, b"first")
+            writer.append_all([kg for kg, _ in bulk[:5_000]], [p for _, p in bulk[:5_000]])
+            writer.append(1, b"between")
+            writer.append_all([kg for kg, _ in bulk[5_000:]], [p for _, p in bulk[5_000:]])
+            writer.append_all([], [])
+            handle = self.persist(writer, start)
+        expected = [(2, b"first"), *bulk[:5_000], (1, b"between"), *bulk[5_000:]]
+        assert [(c.key_group, c.payload) for c in self.read(handle)] == expected
+
+    def test_append_all_refuses_bad_input_and_adds_nothing(
+        self, storage: StateChangelogStorage[Any]
+    ) -> None:
+        with storage.create_writer("op-append-all-bad", KeyGroupRange.of(4, 7)) as writer:
+            start = writer.initial_sequence_number()
+            with pytest.raises(KeyGroupOutOfRangeError) as caught:
+                writer.append_all([4, 5, 8, 6], [b"a", b"b", b"c", b"d"])
+            assert caught.value.key_group == 8
+            assert "key group 8 is outside" in str(caught.value) and "[4, 7]" in str(
+                caught.value)
+            with pytest.raises(TypeError, match="payload must be bytes, got str"):
+                writer.append_all([4, 5], [b"a", "b"])  # type: ignore[list-item]
+            with pytest.raises(ValueError, match="2 key groups but 1 payloads"):
+                writer.append_all([4, 5], [b"a"])
+            writer.append(7, b"only")
+            handle = self.persist(writer, start)
+        assert [(c.key_group, c.payload) for c in self.read(handle)] == [(7, b"only")]
+        closed = storage.create_writer("op-append-all-closed", KeyGroupRange.of(0, 0))
+        closed.close()
+        with pytest.raises(WriterClosedError, match="cannot append"):
+            closed.append_all([0], [b"x"])
+
     # -- sequence numbers and persist ------------------------------------------------
 
     def test_rollover_only_when_changes_were_appended(

@@ -55,3 +55,17 @@ def test_preemptive_persistence_hands_changes_over_before_persist() -> None:
         assert result.job_owned is not None
         assert [c.payload for c in storage.reader().read(result.job_owned)] == \
             [b"x" * 10] * 10 + [b"tail"]
+
+
+def test_preemptive_persistence_during_a_bulk_append() -> None:
+    # A bulk append far above the threshold hands change sets over as it goes: what stays
+    # in memory is less than the threshold plus one slice of the bulk.
+    storage = InMemoryChangelogStorage(preemptive_persist_threshold_bytes=10_000)
+    with storage.create_writer("op", KeyGroupRange.of(0, 1)) as writer:
+        payloads = [i.to_bytes(4, "big") * 5 for i in range(20_000)]  # 400 kB
+        writer.append_all([i % 2 for i in range(20_000)], payloads)
+        assert writer.unpersisted_bytes < 10_000 + 4096 * 20
+        assert len(storage.registry.live_entries()) >= 4
+        result = writer.persist(writer.initial_sequence_number(), 1).result()
+        assert result.job_owned is not None
+        assert [c.payload for c in storage.reader().read(result.job_owned)] == payloads
