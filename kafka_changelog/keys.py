@@ -20,14 +20,19 @@ One key column of type:
                               of the wall-clock time (no time zone)
 ``decimal(p,s)``              UTF-8 of the plain decimal text with exactly ``s``
                               digits after the point (``"12.50"``, ``"-3"``)
+``float``, ``double``         8 bytes, big-endian: the IEEE 754 bits of the value as
+                              a double, ``-0.0`` written as ``0.0`` and every NaN as
+                              ``7ff8000000000000`` (Java's ``doubleToLongBits``)
 ============================  ===================================================
+
+Floating-point keys group as Spark's ``groupBy`` does: ``-0.0`` and ``0.0`` are one key,
+every NaN is one key. A ``float`` column's values are widened to double exactly, so a
+float key and the double of the same value are the same key.
 
 Several key columns (like ``groupBy(a, b)``): for each column in order, its
 encoding as above prefixed by its length as 4 bytes big-endian.
 
 A null in a key column has no encoding: it is refused with :class:`NullKeyError`.
-Floating-point columns are refused as keys (equal-looking floats differ in bits);
-cast them to decimal or string.
 """
 
 from __future__ import annotations
@@ -46,7 +51,12 @@ KEY_ENCODING_VERSION = 1
 
 _INTEGRAL = frozenset({"tinyint", "smallint", "int", "bigint", "byte", "short", "integer",
                        "long"})
+_FLOATING = frozenset({"float", "double", "real"})
 _EIGHT = struct.Struct(">q")
+_DOUBLE = struct.Struct(">d")
+_SINGLE = struct.Struct(">f")
+#: The bits every NaN key is written as (Java's ``Double.doubleToLongBits`` of any NaN).
+_NAN_BITS = bytes.fromhex("7ff8000000000000")
 _LENGTH = struct.Struct(">I")
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -71,11 +81,12 @@ def check_key_type(type_name: str, column: str = "key") -> str:
         return name
     if name.startswith("varchar") or name.startswith("char"):
         return "string"
-    hint = " (cast it to decimal or string)" if name in ("float", "double") else ""
+    if name in _FLOATING:
+        return "float" if name == "real" else name
     raise KeyTypeError(
-        f"key column {column!r} has type {type_name}, which cannot be a state key{hint}; "
+        f"key column {column!r} has type {type_name}, which cannot be a state key; "
         "key columns may be string, binary, boolean, tinyint, smallint, int, bigint, "
-        "decimal, date, timestamp or timestamp_ntz"
+        "float, double, decimal, date, timestamp or timestamp_ntz"
     )
 
 
@@ -93,6 +104,8 @@ def encode_key_part(value: Any, type_name: str, column: str = "key") -> bytes:
             return b"\x01" if bool(value) else b"\x00"
         if name in _INTEGRAL:
             return _EIGHT.pack(int(value))
+        if name in _FLOATING:
+            return double_key_bytes(value, single=name == "float")
         if name == "date":
             return _EIGHT.pack((_as_date(value) - _EPOCH_DATE).days)
         if name == "timestamp":
@@ -152,6 +165,8 @@ def _decode_part(data: bytes, name: str) -> Any:
         return Decimal(data.decode())
     if len(data) != 8:
         raise KeyTypeError(f"a {name} key part has 8 bytes, found {len(data)}")
+    if name in _FLOATING:
+        return _DOUBLE.unpack(data)[0]
     (number,) = _EIGHT.unpack(data)
     if name == "date":
         return _EPOCH_DATE + dt.timedelta(days=number)
@@ -160,6 +175,21 @@ def _decode_part(data: bytes, name: str) -> Any:
     if name == "timestamp_ntz":
         return _EPOCH_NAIVE + dt.timedelta(microseconds=number)
     return number
+
+
+def double_key_bytes(value: Any, single: bool = False) -> bytes:
+    """The key encoding of a floating-point value (see the module docstring); ``single``:
+    of a ``float`` column, so the value is first rounded to single precision (the
+    Python float ``1.1`` stands for the float column value ``1.1``, whose double is
+    ``1.100000023841858``)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"expected a number, got {type(value).__name__}")
+    number = float(value)
+    if number != number:
+        return _NAN_BITS
+    if single:
+        (number,) = _SINGLE.unpack(_SINGLE.pack(number))
+    return _DOUBLE.pack(number + 0.0)  # -0.0 + 0.0 is 0.0
 
 
 def _as_date(value: Any) -> dt.date:

@@ -45,6 +45,13 @@ def key_part_sql(column: str, type_name: str) -> str:
         return f"CASE WHEN {col} IS NOT NULL THEN {_eight_bytes(micros)} END"
     if name.startswith("decimal"):
         return f"CAST(CAST({col} AS STRING) AS BINARY)"
+    if name in ("float", "double"):
+        # The double's bits as Java gives them (every NaN alike), -0.0 as 0.0 (equal
+        # to 0 in SQL); a float widens to double exactly. reflect fails on a null.
+        value = f"CAST({col} AS DOUBLE)"
+        bits = (f"reflect('java.lang.Double', 'doubleToLongBits', "
+                f"CASE WHEN {value} = 0 THEN 0.0D ELSE {value} END)")
+        return f"CASE WHEN {col} IS NOT NULL THEN {_eight_bytes(bits)} END"
     return _eight_bytes(col)
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -875,13 +876,16 @@ def _worker_outlives_task() -> bool:
 
 
 def _natural(value: Any) -> Any:
-    """A key column value as Python gives it: numpy scalars become ints and bools,
-    strings a :class:`StringKey`."""
+    """A key column value as Python gives it: numpy scalars become ints, floats and
+    bools, strings a :class:`StringKey`; a floating-point key as the one value its key
+    stands for (``-0.0`` as ``0.0``, any NaN as ``math.nan``)."""
     if isinstance(value, str):
         return StringKey(value)
     item = getattr(value, "item", None)
     if item is not None and not isinstance(value, (bytes, pd.Timestamp)):
-        return item()
+        value = item()
+    if type(value) is float:
+        return math.nan if value != value else value + 0.0  # -0.0 + 0.0 is 0.0
     return value
 
 

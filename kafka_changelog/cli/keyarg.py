@@ -58,6 +58,8 @@ def parse_value(text: str, type_name: str, column: str) -> Any:
             return _timestamp(text, name)
         if name.startswith("decimal"):
             return Decimal(text)
+        if name in ("float", "double"):
+            return float(text)  # also nan, inf, -inf
         return int(text)
     except (ValueError, InvalidOperation, binascii.Error) as exc:
         raise CliError(f"key {column} {text!r} is not a {name}: {exc}") from exc
@@ -78,7 +80,8 @@ def encode_cli_key(values: list[str] | None, key_type: str, key_hex: str | None)
     """The stored bytes of the key the options describe.
 
     Text per type: ``string`` as is; ``binary`` hex; ``boolean`` true/false;
-    integral types decimal digits; ``decimal(p,s)`` a decimal number; ``date``
+    integral types decimal digits; ``float`` and ``double`` a number (``nan``, ``inf``
+    too); ``decimal(p,s)`` a decimal number; ``date``
     ``YYYY-MM-DD``; ``timestamp`` ISO 8601 with a zone (or epoch microseconds);
     ``timestamp_ntz`` ISO 8601 without one.
     """

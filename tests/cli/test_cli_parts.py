@@ -65,8 +65,13 @@ def test_key_hex_and_key_errors() -> None:
         encode_cli_key(["maybe"], "boolean", None)
     with pytest.raises(CliError, match="a timestamp key needs a time zone"):
         encode_cli_key(["2025-06-01T12:00:00"], "timestamp", None)
-    with pytest.raises(KeyTypeError, match="has type double, which cannot be a state key"):
-        encode_cli_key(["1.5"], "double", None)
+    with pytest.raises(KeyTypeError, match="has type array<double>, which cannot be a state"):
+        encode_cli_key(["1.5"], "array<double>", None)
+    assert encode_cli_key(["-0.0"], "double", None) == b"\x00" * 8
+    assert encode_cli_key(["nan"], "double", None) == bytes.fromhex("7ff8000000000000")
+    assert encode_cli_key(["1.1"], "float", None) == bytes.fromhex("3ff19999a0000000")
+    with pytest.raises(CliError, match="key value 'abc' is not a double"):
+        encode_cli_key(["abc"], "double", None)
 
 
 def test_entries_decode_by_serializer_name() -> None:

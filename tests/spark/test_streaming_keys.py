@@ -9,10 +9,12 @@ Python value. A null key fails the batch naming the column: never dropped.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import uuid
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -44,6 +46,8 @@ KEYS: dict[str, list[Any]] = {
                   dt.datetime(2030, 6, 1, tzinfo=UTC)],
     "timestamp_ntz": [dt.datetime(2024, 1, 1, 12, 30), dt.datetime(1960, 5, 5, 0, 0, 0, 5),
                       dt.datetime(2099, 12, 31, 23, 59, 59, 999999)],
+    "double": [1.5, -2.25e-300, float("inf")],
+    "float": [1.1, -0.5, 3.4e38],
 }
 
 
@@ -88,6 +92,53 @@ def test_spark_sql_encodes_keys_exactly_as_python_does(spark: Any) -> None:
                    encode_key(("", -1), ("string", "bigint"))]
     nulls = spark.createDataFrame([(None, 1)], "a string, b bigint")
     assert nulls.selectExpr(key_sql(["a", "b"], ["string", "bigint"])).collect()[0][0] is None
+    doubles = spark.createDataFrame([(-0.0,), (float("nan"),), (None,)], "k double")
+    assert [r[0] for r in doubles.selectExpr(key_sql(["k"], ["double"])).collect()] == [
+        bytearray(8), bytearray.fromhex("7ff8000000000000"), None]
+
+
+@pytest.mark.broker
+def test_floating_point_keys_group_as_spark_groups_them(spark: Any,
+                                                        kafka_cluster: Any) -> None:
+    prefix = f"fkeys-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
+    rows = [(-0.0, 1), (0.0, 2), (float("nan"), 3), (float("-nan"), 4), (2.5, 5)]
+    frame = spark.createDataFrame(rows, "k double, x long")
+    spark_groups = sorted((r["count"], str(r["k"])) for r in frame.groupBy("k").count()
+                          .collect())
+    outputs: dict[int, pd.DataFrame] = {}
+    with stateful_foreach_batch(
+        config, count_rows, "k", "k string, n long, pytype string",
+        sink=lambda out, batch_id: outputs.__setitem__(batch_id, out.toPandas()),
+        order_by=["x"],
+    ) as processor:
+        processor(frame, 0)
+    ours = sorted((int(n), k) for n, k in zip(outputs[0]["n"], outputs[0]["k"], strict=True))
+    assert ours == [(1, "2.5"), (2, "0.0"), (2, "nan")]
+    assert [(n, k.lower()) for n, k in ours] == [(n, k.lower()) for n, k in spark_groups]
+    keys = [encode_key((v,), ("double",)) for v in (0.0, float("nan"), 2.5)]
+    assert restored_counts(config, keys) == dict(zip(keys, [2, 2, 1], strict=True))
+    _Process.release(config)
+
+    # The vectorised view has the same keys: 0.0 (not the first row's -0.0) and math.nan,
+    # so a lookup with math.nan finds the NaN key's state.
+    def vectorized(rows: pd.DataFrame, state: Any) -> pd.DataFrame:
+        counts = state.value(COUNT)
+        counts.set(state.keys, np.bincount(state.key_index).tolist())
+        # Only the subtask that has the NaN key may look it up.
+        nan_count = counts.get([math.nan])[0] if math.nan in state else -1
+        return pd.DataFrame({"k": [repr(k) for k in state.keys],
+                             "nan_count": [nan_count] * len(state.keys)})
+
+    config = app_config(kafka_cluster, f"{prefix}-v")
+    seen: list[pd.DataFrame] = []
+    with stateful_foreach_batch(config, vectorized, "k", "k string, nan_count long",
+                                sink=lambda out, _: seen.append(out.toPandas()),
+                                vectorized=True) as processor:
+        processor(frame, 0)
+    assert sorted(seen[0]["k"]) == ["0.0", "2.5", "nan"]
+    assert set(seen[0].loc[seen[0]["k"] == "nan", "nan_count"]) == {2}
+    _Process.release(config)
 
 
 @pytest.mark.broker
@@ -112,7 +163,7 @@ def test_every_key_type_keeps_its_own_state(spark: Any, kafka_cluster: Any,
     assert last["k"].nunique() == len(values)
     python_types = {"string": "StringKey", "binary": "bytes", "boolean": "bool",
                     "decimal(10,2)": "Decimal", "date": "date", "timestamp": "Timestamp",
-                    "timestamp_ntz": "Timestamp"}
+                    "timestamp_ntz": "Timestamp", "double": "float", "float": "float"}
     assert set(last["pytype"]) == {python_types.get(type_name, "int")}
     # The state is under the documented key bytes, in Spark's key group of them.
     keys = [encode_key((v,), (type_name,)) for v in values]
