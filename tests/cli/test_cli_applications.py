@@ -283,10 +283,15 @@ def test_state_of_an_unknown_key_exits_1_and_bad_requests_exit_2(shop: Shop) -> 
     assert operator.returncode == 2
     assert ("checkpoint 2 of application 'alpha' has no operator 'nope'; its operators: "
             "by-id, clicks, regions") in operator.stderr
+    # A double key is encoded (its state is looked up), a complex type refused.
     floating = cli(*shop.args("state", "alpha", "--operator", "clicks", "--key-type", "double",
                               "--key", "1.5"))
-    assert floating.returncode == 2
-    assert "has type double, which cannot be a state key (cast it to decimal" in floating.stderr
+    assert floating.returncode == 1
+    assert "key 0x3ff8000000000000 has no state in operator 'clicks'" in floating.stderr
+    complex_key = cli(*shop.args("state", "alpha", "--operator", "clicks", "--key-type",
+                                 "array<string>", "--key", "x"))
+    assert complex_key.returncode == 2
+    assert "has type array<string>, which cannot be a state key" in complex_key.stderr
     unknown = cli(*shop.args("state", "omega", "--operator", "clicks", "--key", "x"))
     assert unknown.returncode == 2
     assert (f"application 'omega' has no checkpoint in checkpoint topic "
