@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import subprocess
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -51,6 +52,7 @@ from kafka_changelog.kafka.checkpoint_store import (
     KafkaCheckpointStore,
     high_watermark,
 )
+from kafka_changelog.kafka.job_process import spawn_job
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.kafka.task_commit import (
     TRANSACTION_TIMEOUT_MS,
@@ -93,6 +95,8 @@ KEY_GROUP_COLUMN = "__kc_key_group"
 PARTITION_COLUMN = "__kc_partition"
 METRICS_COLUMN = "__kc_metrics"
 _INTERNAL_COLUMNS = [SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN]
+#: Seconds ``_Process.release`` waits for a materialization process before stopping it.
+JOB_PROCESS_WAIT_S = 120.0
 
 #: The points of a micro-batch a :data:`BatchListener` hears about, in order:
 #: ``before_commit`` comes when every subtask has finished (with a ``KafkaOutputSink``:
@@ -160,6 +164,7 @@ class _Process:
     backends: ClassVar[dict[tuple[Any, ...], CachedBackend]] = {}
     committers: ClassVar[dict[tuple[str, ...], SubtaskCommitter]] = {}
     materializer: ClassVar[ThreadPoolExecutor | None] = None
+    job_processes: ClassVar[list[subprocess.Popen[bytes]]] = []
 
     @staticmethod
     def _resource_key(config: StreamingStateConfig) -> tuple[str, ...]:
@@ -209,8 +214,19 @@ class _Process:
 
     @classmethod
     def materialize(cls, config: StreamingStateConfig, started: StartedJob) -> None:
-        """Write a background materialization on this process's materialization thread
-        (one at a time; the task that started it has returned)."""
+        """Write a background materialization (the task that started it has returned):
+        in a process of its own at ``config.materialization_nice``, else (None, or no
+        process could be started) on this process's materialization thread, one at a
+        time."""
+        if config.materialization_nice is not None:
+            cls.job_processes = [p for p in cls.job_processes if p.poll() is None]
+            try:
+                cls.job_processes.append(spawn_job(started, config.snapshots(),
+                                                   config.materialization_nice))
+                return
+            except OSError as exc:
+                logger.warning("no process for materialization %d (%s): writing it on a "
+                               "thread of this worker", started.job.materialization_id, exc)
         if cls.materializer is None:
             cls.materializer = ThreadPoolExecutor(
                 1, thread_name_prefix="kafka-changelog-store-materialization")
@@ -225,6 +241,16 @@ class _Process:
         if cls.materializer is not None:
             cls.materializer.shutdown(wait=True)
             cls.materializer = None
+        for process in cls.job_processes:
+            try:
+                process.wait(JOB_PROCESS_WAIT_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("materialization process %d still running after %.0f s: "
+                               "stopped (its key groups are written by a later one)",
+                               process.pid, JOB_PROCESS_WAIT_S)
+                process.kill()
+                process.wait()
+        cls.job_processes = []
         for key in [k for k in cls.committers if k[:-1] == cls._resource_key(config)]:
             cls.committers.pop(key).close()
         for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
@@ -651,9 +677,11 @@ class _SubtaskTask:
             if kept is not None:
                 _Process.backends[self._cache_key(subtask)] = kept
             _, snapshots = _Process.stores(self.config)
+            # A job process outlives the worker; a thread only a worker Spark reuses.
             local_state.run_started(attached, snapshots,
                                     lambda job: _Process.materialize(self.config, job),
-                                    _worker_outlives_task())
+                                    self.config.materialization_nice is not None
+                                    or _worker_outlives_task())
         return self._frame(subtask, outputs, encoded, metrics.to_json())
 
     def _materialize_in_background(self, attached: local_state.LocalAttachment,

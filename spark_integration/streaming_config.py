@@ -39,6 +39,12 @@ class StreamingStateConfig:
     partitions: int = 16
     #: Seconds between materializations (None: never).
     materialization_interval_s: float | None = 600.0
+    #: With ``state_backend="rocksdb"``, a materialization is written from a copy of the
+    #: subtask's store in a process of its own, this much below the tasks' priority
+    #: (``nice``; 0: the same priority), so that it takes the cores the tasks leave and
+    #: never shares a Python worker's interpreter with them. None: on a thread of the
+    #: Python worker that ran the task (slows the worker's next tasks while it runs).
+    materialization_nice: int | None = 10
     #: Checkpoints kept (at least 2).
     retain: int = 3
     #: Any librdkafka setting for every client (security included).
@@ -58,6 +64,9 @@ class StreamingStateConfig:
         if self.state_backend not in KINDS:
             raise ValueError(f"state_backend must be one of {KINDS}, got "
                              f"{self.state_backend!r}")
+        if self.materialization_nice is not None and not 0 <= self.materialization_nice <= 19:
+            raise ValueError(f"materialization_nice must be None or 0..19, got "
+                             f"{self.materialization_nice!r}")
 
     def local_state_root(self) -> Path:
         """The host-local state directory of ``state_backend="rocksdb"``."""

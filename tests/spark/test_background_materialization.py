@@ -10,7 +10,9 @@ broker, so that each case (done, failed, still running, superseded) is reached e
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import pytest
 
 from kafka_changelog import KeyGroupRange, key_group_for_key
 from kafka_changelog.kafka import KafkaChangelogStorage
+from kafka_changelog.kafka.job_process import spawn_job
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.state import INT64, value_state
 from kafka_changelog.state import store_materialization as jobs
@@ -67,8 +70,8 @@ class Subtask:
              materialization: MaterializationConfig = EVERY_TASK,
              run: bool = True, deletes: tuple[str, ...] = ()) -> local_state.LocalAttachment:
         """One task: attach at ``base``, add 1 per user in ``updates``, clear the users in
-        ``deletes``, snapshot, maybe start a background materialization (run at once when
-        ``run``), release."""
+        ``deletes``, snapshot, maybe start a background materialization (written at once
+        here when ``run``), release."""
         attached = local_state.attach(
             self.config, 0, base, [self.handles[base]] if base is not None else [],
             self.cached, self.storage, self.snapshots, materialization)
@@ -318,3 +321,47 @@ def test_later_materializations_write_only_the_keys_changed_since(
     snapshot = subtask.handles[last + 4].snapshot
     assert snapshot is not None and len(snapshot.layers_of(eighth)) > 1
     assert subtask.restored(last + 4) == subtask.model
+
+
+def test_a_materialization_written_by_a_process_of_its_own(
+    subtask: Subtask, capfd: pytest.CaptureFixture[str]
+) -> None:
+    first = subtask.task(1, None, users_in_groups(set(range(128)), 300), run=False)
+    assert first.started is not None and first.pending is not None
+    lock_fd = first.started.lock_fd
+    process = spawn_job(first.started, subtask.config.snapshots(), nice=7)
+    # The child holds the lock now; this process's descriptor is closed.
+    with pytest.raises(OSError):
+        os.fstat(lock_fd)
+    assert process.wait(60) == 0
+    assert "at nice 7" in capfd.readouterr().err  # it lowered its own priority
+    [done] = jobs.list_jobs(subtask.store.directory)
+    assert done.state == jobs.DONE and done.result is not None
+    assert not (done.path / "db").exists()  # the copy went with the job
+
+    second = subtask.task(2, 1, users_in_groups({3, 4}, 5), MaterializationConfig(None))
+    assert (second.applied, second.pending) == (1, None)
+    assert subtask.handles[2].materialization_id == first.pending[0]
+    assert subtask.restored(2) == subtask.model
+
+
+def test_a_job_process_past_its_deadline_fails_and_gives_its_key_groups_back(
+    subtask: Subtask
+) -> None:
+    first = subtask.task(1, None, users_in_groups({10, 11}, 6), run=False)
+    assert first.started is not None
+    # Brokers that never answer: the deadline ends the process, not a hang.
+    unreachable = dataclasses.replace(subtask.config, bootstrap_servers="127.0.0.1:9")
+    started = time.monotonic()
+    process = spawn_job(first.started, unreachable.snapshots(), nice=0, deadline_s=2)
+    assert process.wait(60) != 0
+    assert time.monotonic() - started < 30
+    assert [j.state for j in jobs.list_jobs(subtask.store.directory)] == [jobs.FAILED]
+
+    second = subtask.task(2, 1, users_in_groups({20}, 3))
+    assert second.applied == 0 and second.started is not None
+    assert {10, 11, 20} <= set(second.started.job.changed)
+    subtask.task(3, 2, [], MaterializationConfig(None))
+    handle = subtask.handles[3]
+    assert handle.snapshot is not None and {10, 11, 20} <= set(handle.snapshot.key_groups)
+    assert subtask.restored(3) == subtask.model
