@@ -15,6 +15,8 @@ aggregate. A side is a :class:`Side` in :data:`SIDES` (add one with
   clickstream.update_user, "user", OUTPUT_SCHEMA, sink=..., order_by=["seq"])``
   as ``writeStream.foreachBatch(processor)``, with ``state_backend`` "memory" or
   "rocksdb".
+- ``ours_rocksdb_thread``: ``ours_rocksdb`` with ``materialization_nice=None`` (background
+  materializations on a thread of the Python worker instead of a process of their own);
 - ``ours_vectorized`` / ``ours_vectorized_memory``: the vectorised entry point,
   ``stateful_foreach_batch(..., vectorized=True)`` with ``clickstream.update_users``
   (``fn(rows, state) -> DataFrame``: all of a subtask's rows of a batch, state read and
@@ -194,14 +196,14 @@ def corrupted_update_users(corrupt_user: str, rows: pd.DataFrame, state: BatchSt
     return out
 
 
-def _ours_config(ctx: RunContext, backend: str) -> StreamingStateConfig:
+def _ours_config(ctx: RunContext, backend: str, **overrides: Any) -> StreamingStateConfig:
     if ctx.state_config is None:
         raise ValueError("our sides need a state_config (Kafka topics, application)")
-    return StreamingStateConfig(**{**ctx.state_config, "state_backend": backend})
+    return StreamingStateConfig(**{**ctx.state_config, "state_backend": backend, **overrides})
 
 
-def _start_ours(backend: str, vectorized: bool, ctx: RunContext) -> Any:
-    config = _ours_config(ctx, backend)
+def _start_ours(backend: str, vectorized: bool, ctx: RunContext, **overrides: Any) -> Any:
+    config = _ours_config(ctx, backend, **overrides)
     if vectorized:
         fn: Any = (_vectorized_fn() if ctx.corrupt_user is None
                    else functools.partial(corrupted_update_users, ctx.corrupt_user))
@@ -272,6 +274,10 @@ register(Side("ours_memory", "ours, state_backend=memory", OURS, CUMULATIVE,
               functools.partial(_start_ours, "memory", False), _read_ours))
 register(Side("ours_rocksdb", "ours, state_backend=rocksdb", OURS, CUMULATIVE,
               functools.partial(_start_ours, "rocksdb", False), _read_ours))
+register(Side("ours_rocksdb_thread",
+              "ours, state_backend=rocksdb, materializations on a worker thread", OURS,
+              CUMULATIVE, functools.partial(_start_ours, "rocksdb", False,
+                                            materialization_nice=None), _read_ours))
 register(Side("ours_vectorized", "ours, vectorized=True (rocksdb)", OURS, CUMULATIVE,
               functools.partial(_start_ours, "rocksdb", True), _read_ours,
               _vectorized_unavailable))

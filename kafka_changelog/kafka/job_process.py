@@ -57,8 +57,13 @@ def spawn_job(started: StartedJob, snapshots: SnapshotStoreConfig, nice: int = 1
     on failure (``OSError``) nothing was started and the caller still holds the lock
     (it may write the job itself). Reap the returned process (``poll``/``wait``).
     """
-    request = pickle.dumps(JobRequest(str(started.path), started.lock_fd, snapshots, nice,
-                                      deadline_s))
+    try:
+        request = pickle.dumps(JobRequest(str(started.path), started.lock_fd, snapshots,
+                                          nice, deadline_s))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        # e.g. a client setting that is a callback defined in a function (oauth_cb)
+        raise OSError(f"the snapshot store settings cannot be handed to a process: "
+                      f"{exc}") from exc
     # The child imports this package the way this process did (Spark adds py-files and
     # archives to sys.path at run time, not to the environment).
     environment = dict(os.environ)

@@ -33,7 +33,7 @@ from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
 from spark_integration import local_state
 from spark_integration.local_state import CachedBackend
-from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming import StreamingStateConfig, _Process
 
 pytestmark = [pytest.mark.broker]
 
@@ -365,3 +365,30 @@ def test_a_job_process_past_its_deadline_fails_and_gives_its_key_groups_back(
     handle = subtask.handles[3]
     assert handle.snapshot is not None and {10, 11, 20} <= set(handle.snapshot.key_groups)
     assert subtask.restored(3) == subtask.model
+
+
+def test_settings_a_process_cannot_get_fall_back_to_a_worker_thread(subtask: Subtask) -> None:
+    first = subtask.task(1, None, users_in_groups({5, 6}, 4), run=False)
+    assert first.started is not None
+    errors: list[Any] = []
+    # A callback defined here cannot be pickled for another process.
+    config = dataclasses.replace(subtask.config,
+                                 client_config={"error_cb": lambda e: errors.append(e)})
+    with pytest.raises(OSError, match="cannot be handed to a process"):
+        spawn_job(first.started, config.snapshots())
+    os.fstat(first.started.lock_fd)  # the lock is still this process's
+    try:
+        _Process.materialize(config, first.started)  # on a thread instead
+        assert _Process.job_processes == [] and _Process.materializer is not None
+        _Process.materializer.shutdown(wait=True)
+    finally:
+        _Process.materializer = None
+        clients = _Process.storages.pop(_Process._resource_key(config), None)
+        if clients is not None:
+            clients[1].close()
+            clients[0].close()
+    [done] = jobs.list_jobs(subtask.store.directory)
+    assert done.state == jobs.DONE
+    subtask.task(2, 1, [], MaterializationConfig(None))
+    assert subtask.handles[2].materialization_id == first.started.job.materialization_id
+    assert subtask.restored(2) == subtask.model
