@@ -65,6 +65,20 @@ def app_config(cluster: Any, prefix: str, parallelism: int = 2) -> StreamingStat
         partitions=4, materialization_interval_s=None)
 
 
+def count_batches(config: StreamingStateConfig, frames: list[Any]) -> dict[int, pd.DataFrame]:
+    """Run ``count_rows`` keyed on column ``k`` (rows ordered by ``x``) over ``frames`` as
+    batches 0, 1, ...; each batch's outputs."""
+    outputs: dict[int, pd.DataFrame] = {}
+    with stateful_foreach_batch(
+        config, count_rows, "k", "k string, n long, pytype string",
+        sink=lambda out, batch_id: outputs.__setitem__(batch_id, out.toPandas()),
+        order_by=["x"],
+    ) as processor:
+        for batch_id, frame in enumerate(frames):
+            processor(frame, batch_id)
+    return outputs
+
+
 def restored_counts(config: StreamingStateConfig, keys: list[bytes]) -> dict[bytes, int | None]:
     coordinator = _Process.coordinator(config)
     backend = coordinator.restore_keyed(
@@ -106,13 +120,7 @@ def test_floating_point_keys_group_as_spark_groups_them(spark: Any,
     frame = spark.createDataFrame(rows, "k double, x long")
     spark_groups = sorted((r["count"], str(r["k"])) for r in frame.groupBy("k").count()
                           .collect())
-    outputs: dict[int, pd.DataFrame] = {}
-    with stateful_foreach_batch(
-        config, count_rows, "k", "k string, n long, pytype string",
-        sink=lambda out, batch_id: outputs.__setitem__(batch_id, out.toPandas()),
-        order_by=["x"],
-    ) as processor:
-        processor(frame, 0)
+    outputs = count_batches(config, [frame])
     ours = sorted((int(n), k) for n, k in zip(outputs[0]["n"], outputs[0]["k"], strict=True))
     assert ours == [(1, "2.5"), (2, "0.0"), (2, "nan")]
     assert [(n, k.lower()) for n, k in ours] == [(n, k.lower()) for n, k in spark_groups]
@@ -149,14 +157,8 @@ def test_every_key_type_keeps_its_own_state(spark: Any, kafka_cluster: Any,
     config = app_config(kafka_cluster, prefix)
     values = KEYS[type_name]
     rows = [(v, i) for i, v in enumerate(values)] + [(values[0], 99)]
-    outputs: dict[int, pd.DataFrame] = {}
-    with stateful_foreach_batch(
-        config, count_rows, "k", "k string, n long, pytype string",
-        sink=lambda frame, batch_id: outputs.__setitem__(batch_id, frame.toPandas()),
-        order_by=["x"],
-    ) as processor:
-        for batch_id in range(2):
-            processor(spark.createDataFrame(rows, f"k {type_name}, x long"), batch_id)
+    frame = spark.createDataFrame(rows, f"k {type_name}, x long")
+    outputs = count_batches(config, [frame, frame])
     last = outputs[1]
     # One output per key (the exact key -> count mapping is checked on the state below).
     assert sorted(last["n"]) == sorted(2 * (2 if v == values[0] else 1) for v in values)
