@@ -392,3 +392,17 @@ def test_settings_a_process_cannot_get_fall_back_to_a_worker_thread(subtask: Sub
     subtask.task(2, 1, [], MaterializationConfig(None))
     assert subtask.handles[2].materialization_id == first.started.job.materialization_id
     assert subtask.restored(2) == subtask.model
+
+
+def test_the_materialization_priority_is_checked() -> None:
+    def config(nice: int | None) -> StreamingStateConfig:
+        return StreamingStateConfig(application="a", operator_id="op",
+                                    bootstrap_servers="127.0.0.1:9", materialization_nice=nice)
+
+    assert config(None).materialization_nice is None
+    assert config(0).materialization_nice == 0
+    assert StreamingStateConfig("a", "op", "b:1").materialization_nice == 10  # the default
+    for bad in (-1, 20):
+        with pytest.raises(ValueError, match=f"materialization_nice must be None or 0..19, "
+                                             f"got {bad}"):
+            config(bad)
