@@ -361,10 +361,11 @@ class RocksDBStateTable:
     def apply_batch(self, ops: Sequence[tuple[int, StateOp]]) -> None:
         """Apply (key group, op) pairs in order, as :meth:`apply` would: the stored values of
         every key a value or list op touches are read with one multi-get (sorted: RocksDB
-        reads neighbouring keys together), the writes go into one write batch, map ops
-        run one by one (after the writes before them)."""
+        reads neighbouring keys together), the writes go into one write batch with the
+        ``MAP_PUT`` entries (whether the key has a map yet is looked up once per key), and
+        other map ops run one by one (after the writes before them)."""
         db = self._live()
-        planned: list[tuple[int, StateOp, bytes | None, int]] = []
+        planned: list[tuple[int, StateOp, bytes | None, int, bytes]] = []
         failure: BaseException | None = None
         for key_group, op in ops:
             try:
@@ -375,20 +376,37 @@ class RocksDBStateTable:
                 failure = exc  # the ops before it still apply
                 break
             planned.append((key_group, op, None if kind == _KIND_MAP else prefix + op.key,
-                            kind))
-        keys = sorted({key for _, _, key, _ in planned if key is not None})
+                            kind, prefix))
+        keys = sorted({key for _, _, key, _, _ in planned if key is not None})
         current: dict[bytes, bytes | None] = dict(zip(keys, db.get(keys), strict=True)
                                                   ) if keys else {}
         batch = self._batch_type(raw_mode=True)
         write = self._write_options
         tracking, mark = self._tracking, self._mark
         self._seen.clear()
+        # Keys known to have a map entry: the committed ones looked up, and those this
+        # batch put one for (the batch holds no other map writes: see below).
+        has_map: dict[bytes, bool] = {}
         try:
-            for key_group, op, key, kind in planned:
+            for key_group, op, key, kind, prefix in planned:
                 if key is None:
+                    if op.op is MAP_PUT:
+                        assert op.map_key is not None and op.value is not None
+                        start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+                        known = has_map.get(start)
+                        if known is None:
+                            known = self._any(db, start)
+                        if not known:
+                            self._count += 1  # the key's first map entry
+                        has_map[start] = True
+                        if tracking:
+                            batch.put(mark + prefix + op.key, b"")
+                        batch.put(start + op.map_key, op.value)
+                        continue
                     if len(batch):
                         db.write(batch, write)
                         batch = self._batch_type(raw_mode=True)
+                    has_map.clear()  # a removal may have emptied a map
                     self.apply(key_group, op)
                     continue
                 stored = current[key]
