@@ -401,7 +401,9 @@ class RocksDBStateTable:
                         has_map[start] = True
                         if tracking:
                             batch.put(mark + prefix + op.key, b"")
-                        batch.put(start + op.map_key, op.value)
+                        entry = start + op.map_key
+                        batch.put(entry, op.value)
+                        self._saw(entry, True)  # a later removal must not skip it
                         continue
                     if len(batch):
                         db.write(batch, write)

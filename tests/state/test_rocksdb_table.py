@@ -301,3 +301,50 @@ def test_a_batch_of_ops_gives_what_applying_them_one_by_one_gives(
         finally:
             one.close()
             batched.close()
+
+
+def test_a_map_entry_removed_put_and_removed_again_in_one_batch_is_gone(
+        rocks: RocksDBStateTable) -> None:
+    registered(rocks)
+    put = StateOp("pages", OpKind.MAP_PUT, b"u", b"home", b"1")
+    remove = StateOp("pages", OpKind.MAP_REMOVE, b"u", b"home")
+    other = StateOp("pages", OpKind.MAP_PUT, b"u", b"cart", b"2")
+    rocks.apply(3, put)
+    rocks.apply_batch([(3, remove), (3, put), (3, other), (3, remove)])
+    memory = registered(StateTable())
+    for op in (put, remove, put, other, remove):
+        memory.apply(3, op)
+    assert_same(rocks, memory)
+    assert rocks.get_map_value(3, "pages", b"u", b"home") is None
+    assert rocks.entry_count() == 1
+
+
+_MAP_OPS = st.tuples(st.just(3), st.one_of(
+    st.builds(lambda k, m, v: StateOp("pages", OpKind.MAP_PUT, k, m, v),
+              st.sampled_from([b"a", b"b\x00"]), st.sampled_from([b"x", b"y"]),
+              st.sampled_from([b"1", b"2"])),
+    st.builds(lambda k, m: StateOp("pages", OpKind.MAP_REMOVE, k, m),
+              st.sampled_from([b"a", b"b\x00"]), st.sampled_from([b"x", b"y"])),
+    st.builds(lambda k: StateOp("pages", OpKind.DELETE, k), st.sampled_from([b"a", b"b\x00"])),
+    st.just(StateOp("count", OpKind.SET, b"a", value=b"9"))))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_MAP_OPS, max_size=12), st.lists(_MAP_OPS, max_size=40))
+def test_map_ops_in_a_batch_give_what_one_by_one_gives(
+        before: list[tuple[int, StateOp]], ops: list[tuple[int, StateOp]]) -> None:
+    """Few keys and map keys, so a batch puts, removes and puts again the same entries on
+    top of committed ones."""
+    with tempfile.TemporaryDirectory() as directory:
+        one = registered(RocksDBStateTable(Path(directory) / "one", track_changes=True))
+        batched = registered(RocksDBStateTable(Path(directory) / "b", track_changes=True))
+        try:
+            for table in (one, batched):
+                _apply_one_by_one(table, before)
+            _apply_one_by_one(one, ops)
+            batched.apply_batch(ops)
+            assert_same(batched, one)
+            assert list(batched.changed_keys_by_group()) == list(one.changed_keys_by_group())
+        finally:
+            one.close()
+            batched.close()
