@@ -20,7 +20,6 @@ from typing import Generic, TypeVar
 from .change import StateChange, new_unchecked
 from .change_set import ChangeSet
 from .errors import (
-    KeyGroupOutOfRangeError,
     PersistError,
     WriterClosedError,
 )
@@ -105,13 +104,11 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
         # The hot path: no lock (only the operator thread touches the active set) and no
         # StateChange validation beyond the range check.
         key_groups = self._range
-        if not key_groups.start <= key_group <= key_groups.end:
+        if not key_groups.start <= key_group <= key_groups.end or type(payload) is not bytes:
             self._check_open("append")
-            raise KeyGroupOutOfRangeError(key_group, key_groups, self._log_id)
+            check_change(key_groups, self._log_id, key_group, payload)
         if self._closed:
             raise WriterClosedError(self._log_id, "append")
-        if type(payload) is not bytes:
-            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
         self._active.append(new_unchecked(StateChange, (key_group, payload)))
         self._active_bytes += len(payload)
         if self._threshold is not None and (

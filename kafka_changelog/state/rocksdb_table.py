@@ -165,6 +165,12 @@ def _prefix_end(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
+def _map_start(prefix: bytes, key: bytes) -> bytes:
+    """Where the entries of ``key``'s map start under a state's ``prefix``: the key
+    escaped (``00`` as ``00 ff``), then ``00 01``."""
+    return prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+
+
 def _key_group_prefix(key_group: int) -> bytes:
     return key_group.to_bytes(2, "big")
 
@@ -392,7 +398,7 @@ class RocksDBStateTable:
                 if key is None:
                     if op.op is MAP_PUT:
                         assert op.map_key is not None and op.value is not None
-                        start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+                        start = _map_start(prefix, op.key)
                         known = has_map.get(start)
                         if known is None:
                             known = self._any(db, start)
@@ -543,7 +549,7 @@ class RocksDBStateTable:
                 assert map_key is not None and value is not None
                 if tracking:
                     batch.put(mark + prefix + key, b"")
-                start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+                start = _map_start(prefix, key)
                 stored = start + map_key
                 if (stored not in written and start not in filled
                         and not self._exists(db, stored) and not self._any(db, start)):
@@ -553,7 +559,7 @@ class RocksDBStateTable:
                 batch.put(stored, value)
 
     def _apply_map(self, db: Any, prefix: bytes, op: StateOp) -> None:
-        start = prefix + op.key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+        start = _map_start(prefix, op.key)
         op_kind = op.op
         if op_kind is MAP_PUT:
             assert op.map_key is not None and op.value is not None
@@ -600,7 +606,7 @@ class RocksDBStateTable:
             found = self._prefix(key_group, state)
         prefix, kind = found
         if kind == _KIND_MAP:
-            start = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+            start = _map_start(prefix, key)
             cut = len(start)
             items = {k[cut:]: v for k, v in self._scan(start)}
             return items or None
@@ -623,7 +629,7 @@ class RocksDBStateTable:
         prefix, kind = found
         if kind != _KIND_MAP:
             return None
-        stored_key = prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END + map_key
+        stored_key = _map_start(prefix, key) + map_key
         data = db.get(stored_key)
         self._saw(stored_key, data is not None)
         return data  # type: ignore[no-any-return]
@@ -717,7 +723,7 @@ class RocksDBStateTable:
             prefix, kind = self._prefix(key_group, meta.state)
 
             def start_of(key: bytes) -> bytes:
-                return prefix + key.replace(_NUL, _ESCAPED_NUL) + _KEY_END
+                return _map_start(prefix, key)
 
             def other(key: bytes, value: bytes | None, values: list[bytes] | None,
                       items: list[tuple[bytes, bytes]] | None) -> int:
