@@ -78,6 +78,7 @@ def retry_call(
     *,
     error_type: Callable[[str], Exception] = ChangelogError,
     refresh: Callable[[], object] | None = None,
+    transient_codes: Collection[int] = (),
 ) -> T:
     """Run ``attempt(budget_s)`` until it returns, retrying transient failures up to ``timeout_s``.
 
@@ -88,6 +89,9 @@ def retry_call(
     at once; when transient failures outlast ``timeout_s``, ``error_type`` names
     the attempts and the last error. ``refresh`` runs before every retry (e.g. to
     reload the topic's metadata so the next attempt asks the new leader).
+    ``transient_codes`` are retried for this call only, beyond what
+    :func:`~kafka_changelog.kafka.error_text.is_retriable` says (an error code that
+    is transient for one request but final for others).
     """
     started = time.monotonic()
     deadline = started + timeout_s
@@ -104,7 +108,7 @@ def retry_call(
                 raise error_type(f"cannot {what}: {exc}") from exc
             if is_access_error(error):
                 raise KafkaAccessError(f"cannot {what}: {describe(error)}") from exc
-            if not is_retriable(error):
+            if not (is_retriable(error) or error.code() in transient_codes):
                 raise error_type(f"cannot {what}: {describe(error)}") from exc
             last, cause = describe(error), exc
         except NotReady as exc:
@@ -134,6 +138,7 @@ def admin_futures(
     refresh: Callable[[], object] | None = None,
     done_on: Collection[int] = (),
     check: Callable[[K, Any], str | None] | None = None,
+    transient_codes: Collection[int] = (),
 ) -> dict[K, Any]:
     """Issue ``request(request_timeout_s)``, wait for all its futures; retry as :func:`retry_call`.
 
@@ -144,7 +149,8 @@ def admin_futures(
     and others transiently, the one failing for good is raised. ``check(key,
     result)`` returns why a result is not an answer yet (None if it is): e.g. an
     offset of -1001 that librdkafka reports without an error while a leader moves;
-    such a result is retried like a transient error.
+    such a result is retried like a transient error. ``transient_codes`` as in
+    :func:`retry_call`.
     """
 
     def attempt(budget: float) -> dict[K, Any]:
@@ -158,7 +164,8 @@ def admin_futures(
                 error = kafka_error_of(exc)
                 if error is not None and error.code() in done_on:
                     results[key] = None
-                elif error is None or not is_retriable(error):
+                elif error is None or not (is_retriable(error)
+                                           or error.code() in transient_codes):
                     raise
                 elif transient is None:
                     transient = exc
@@ -171,4 +178,5 @@ def admin_futures(
                     raise NotReady(reason)
         return results
 
-    return retry_call(what, attempt, timeout_s, error_type=error_type, refresh=refresh)
+    return retry_call(what, attempt, timeout_s, error_type=error_type, refresh=refresh,
+                      transient_codes=transient_codes)

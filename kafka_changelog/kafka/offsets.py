@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from .admin_retry import admin_futures, retry_call
+
+#: librdkafka fails a ListOffsets or DeleteRecords request with ``_NOENT`` ("Failed
+#: to query partition leaders: No leaders found") when none of its partitions has a
+#: leader in the client's metadata: a replicated topic whose leaders are not elected
+#: yet, or are being re-elected. For these two requests that is a wait, not a final
+#: answer; elsewhere ``_NOENT`` means "not found", so it stays out of the shared rules.
+LEADERLESS_CODES: frozenset[int] = frozenset({KafkaError._NOENT})
 
 
 def watermarks(
@@ -41,14 +48,17 @@ def list_offsets(
     """Offsets of every partition for ``spec`` (earliest or latest).
 
     Leader changes (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``, a dead
-    leader's connection) are retried with fresh metadata for up to ``timeout_s``.
+    leader's connection) and partitions without a leader yet (a topic created a
+    moment ago on several brokers) are retried with fresh metadata for up to
+    ``timeout_s``.
     """
     request = {TopicPartition(topic, p): spec for p in range(partitions)}
     answers = admin_futures(
         f"list offsets of {topic} (ListOffsets)",
         lambda budget: admin.list_offsets(request, request_timeout=budget),
         timeout_s, refresh=_metadata_refresh(admin, topic),
-        check=lambda tp, info: _no_offset(tp, info.offset))
+        check=lambda tp, info: _no_offset(tp, info.offset),
+        transient_codes=LEADERLESS_CODES)
     return {tp.partition: int(info.offset) for tp, info in answers.items()}
 
 
@@ -68,7 +78,8 @@ def delete_below(
         "(DeleteRecords)",
         lambda budget: admin.delete_records(request, request_timeout=budget),
         timeout_s, refresh=_metadata_refresh(admin, topic),
-        check=lambda tp, deleted: _no_offset(tp, deleted.low_watermark))
+        check=lambda tp, deleted: _no_offset(tp, deleted.low_watermark),
+        transient_codes=LEADERLESS_CODES)
     return {tp.partition: int(deleted.low_watermark) for tp, deleted in answers.items()}
 
 

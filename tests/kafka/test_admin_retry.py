@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import DeletedRecords, ListOffsetsResultInfo, OffsetSpec
 
 from kafka_changelog.errors import ChangelogError, KafkaAccessError, TopicConfigError
 from kafka_changelog.kafka import KafkaChangelogConfig
@@ -24,6 +25,7 @@ from kafka_changelog.kafka.admin_retry import (
     retry_call,
 )
 from kafka_changelog.kafka.error_text import is_retriable
+from kafka_changelog.kafka.offsets import delete_below, list_offsets
 
 
 def failing(code: int, **flags: bool) -> KafkaException:
@@ -178,6 +180,67 @@ def test_admin_futures_raises_a_permanent_failure_over_a_transient_one() -> None
 
     with pytest.raises(ChangelogError, match="POLICY_VIOLATION"):
         admin_futures("delete records of t", request, 10.0)
+
+
+def _no_leaders_found() -> KafkaException:
+    # What librdkafka answers for every partition of a ListOffsets or DeleteRecords
+    # request while none of them has a leader in its metadata.
+    return KafkaException(KafkaError(
+        KafkaError._NOENT, "Failed to query partition leaders: No leaders found"))
+
+
+class _LeaderlessAtFirst:
+    """An admin client whose partitions get their leaders after ``leaderless`` requests."""
+
+    def __init__(self, leaderless: int) -> None:
+        self.leaderless = leaderless
+        self.requests = 0
+        self.refreshes = 0
+
+    def _answer(self, request: Any, value: Any) -> dict[Any, Future[Any]]:
+        self.requests += 1
+        if self.requests <= self.leaderless:
+            return {tp: _future(error=_no_leaders_found()) for tp in request}
+        return {tp: _future(value(tp)) for tp in request}
+
+    def list_offsets(self, request: Any, request_timeout: float) -> dict[Any, Future[Any]]:
+        return self._answer(request, lambda tp: ListOffsetsResultInfo(100 + tp.partition, -1, 0))
+
+    def delete_records(self, request: Any, request_timeout: float) -> dict[Any, Future[Any]]:
+        return self._answer(request, lambda tp: DeletedRecords(tp.offset))
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshes += 1
+
+
+def test_list_offsets_waits_for_a_young_replicated_topic_to_get_its_leaders() -> None:
+    admin = _LeaderlessAtFirst(leaderless=2)
+    offsets = list_offsets(admin, "changelog", 3, OffsetSpec.latest(), 10.0)  # type: ignore[arg-type]
+    assert offsets == {0: 100, 1: 101, 2: 102}
+    assert admin.requests == 3 and admin.refreshes == 2
+
+
+def test_delete_below_waits_for_leaders_too() -> None:
+    admin = _LeaderlessAtFirst(leaderless=1)
+    assert delete_below(admin, "changelog", {0: 7, 2: 9}, 10.0) == {0: 7, 2: 9}  # type: ignore[arg-type]
+    assert admin.requests == 2
+
+
+def test_leaderless_partitions_past_the_bound_name_the_topic_and_the_error() -> None:
+    admin = _LeaderlessAtFirst(leaderless=10_000)
+    with pytest.raises(ChangelogError, match=r"cannot list offsets of changelog \(ListOffsets\): "
+                       r"still failing after \d+ attempts.*No leaders found"):
+        list_offsets(admin, "changelog", 1, OffsetSpec.earliest(), 0.5)  # type: ignore[arg-type]
+
+
+def test_noent_stays_final_where_it_means_not_found() -> None:
+    assert not is_retriable(KafkaError(KafkaError._NOENT))
+
+    def request(budget: float) -> dict[str, Future[Any]]:
+        return {"t": _future(error=_no_leaders_found())}
+
+    with pytest.raises(ChangelogError, match="_NOENT"):
+        admin_futures("describe t", request, 10.0)
 
 
 def test_a_finite_retention_for_the_changelog_topic_is_refused_at_config_time() -> None:
