@@ -9,7 +9,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
-    from .batch_identity import BatchOrderError
+    from .batch_identity import BatchOrderError, OperatorMismatchError
     from .datasource import KafkaChangelogDataSource, register
     from .kafka_sink import KafkaOutputSink
     from .key_rows import KeyRows
@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
 # (planning, scan, rows) import this package without pyspark, and must stay that way.
 _HOMES = {
     "BatchOrderError": "batch_identity",
+    "OperatorMismatchError": "batch_identity",
     "KafkaChangelogDataSource": "datasource",
     "register": "datasource",
     "KafkaOutputSink": "kafka_sink",
@@ -66,6 +67,7 @@ __all__ = [
     "KafkaOutputSink",
     "KeyRows",
     "KeyState",
+    "OperatorMismatchError",
     "StateMetricsListener",
     "StatefulProcessor",
     "StreamingStateConfig",

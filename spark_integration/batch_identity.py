@@ -17,6 +17,12 @@ is then one of:
   latest checkpoint (its ``checkpointLocation`` was restored from an older copy):
   refused with :class:`BatchOrderError`, since its input was already applied.
 
+An application holds the state of one stateful operator (one processor commits its
+checkpoints): a batch of operator B in an application whose checkpoints hold operator A
+is refused with :class:`OperatorMismatchError` before anything runs. Without it, B would
+take A's commit of the same batch for its own (a "re-run": B's state would never move),
+or start from A's checkpoint, which has no state of B, and its commit would drop A's.
+
 Checkpoints written by kafka-changelog 0.1 carry no query id; there checkpoint id
 was batch id + 1, which is how such a latest checkpoint is matched.
 """
@@ -38,6 +44,11 @@ class BatchOrderError(ChangelogError):
     """A query runs a batch its application's checkpoints show was already applied."""
 
 
+class OperatorMismatchError(ChangelogError):
+    """An application's checkpoints hold the state of operators other than the one
+    committing (each stateful operator needs an application of its own)."""
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """What a micro-batch does with the application's checkpoints."""
@@ -57,11 +68,17 @@ class BatchPlan:
 
 
 def plan_batch(store: CheckpointStore, application: str, query_id: str,
-               batch_id: int) -> BatchPlan:
-    """The plan of batch ``batch_id`` of query ``query_id`` (see the module docstring)."""
+               batch_id: int, operator_id: str | None = None) -> BatchPlan:
+    """The plan of batch ``batch_id`` of query ``query_id`` (see the module docstring).
+
+    With ``operator_id``, the application's latest checkpoint must hold that operator's
+    state and no other's (:class:`OperatorMismatchError` otherwise).
+    """
     latest = store.latest(application)
     if latest is None:
         return BatchPlan(1, None, True, "first")
+    if operator_id is not None:
+        check_operator(latest, operator_id)
     recorded_query = latest.properties.get(QUERY_ID)
     if recorded_query is None:
         return _plan_after_legacy(store, application, latest, batch_id)
@@ -82,6 +99,27 @@ def plan_batch(store: CheckpointStore, application: str, query_id: str,
         "checkpointLocation (the state then continues from checkpoint "
         f"{latest.checkpoint_id})."
     )
+
+
+def check_operator(latest: CompletedCheckpoint, operator_id: str) -> None:
+    """Refuse ``operator_id`` unless it is the only operator of ``latest``."""
+    found = sorted({s.operator_id for s in latest.subtasks})
+    if not found or found == [operator_id]:
+        return
+    others = [o for o in found if o != operator_id]
+    application = latest.application
+    if operator_id in found:
+        raise OperatorMismatchError(
+            f"application {application!r}: checkpoint {latest.checkpoint_id} holds the state "
+            f"of operators {found}; a streaming processor commits one operator's state, so "
+            f"its commit would drop that of {others}. Give operator {operator_id!r} an "
+            "application of its own.")
+    raise OperatorMismatchError(
+        f"application {application!r}: checkpoint {latest.checkpoint_id} holds the state of "
+        f"operator(s) {others}, not of operator {operator_id!r}; an application keeps one "
+        f"stateful operator's state. Give operator {operator_id!r} an application of its "
+        f"own (e.g. application={application + '-' + operator_id!r}), or set "
+        f"operator_id={others[0]!r} to continue that operator's state.")
 
 
 def _plan_after_legacy(store: CheckpointStore, application: str,

@@ -350,7 +350,8 @@ class StatefulProcessor:
         sink = self.sink
         kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
         query_id = _query_id(batch_df)
-        plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id)
+        plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id,
+                          config.operator_id)
         if plan.kind == "new-query":
             logger.warning(
                 "application %s: batch %d of Spark query %s follows checkpoint %d of another "

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
 from spark_integration.batch_identity import (
     BATCH_ID,
     QUERY_ID,
     BatchOrderError,
     BatchPlan,
+    OperatorMismatchError,
     plan_batch,
 )
 
@@ -64,3 +65,45 @@ def test_checkpoints_of_version_0_1_match_batch_id_plus_one() -> None:
     assert plan_batch(store, APP, "q1", 2) == BatchPlan(3, 2, False, "rerun")
     assert plan_batch(store, APP, "q1", 3) == BatchPlan(4, 3, True, "new")
     assert plan_batch(store, APP, "q9", 0) == BatchPlan(4, 3, True, "new-query")
+
+
+def committed_by(operators: list[str]) -> InMemoryCheckpointStore:
+    """A store whose application committed checkpoint 1 with subtasks of ``operators``."""
+    store = InMemoryCheckpointStore()
+    subtasks = tuple(SubtaskState(o, i, 2, None, None) for o in operators for i in range(2))
+    store.commit(CompletedCheckpoint(APP, 1, 0, 128, subtasks,
+                                     properties={QUERY_ID: "q1", BATCH_ID: "0"}))
+    return store
+
+
+def test_the_operator_of_an_application_plans_as_before() -> None:
+    store = committed_by(["per-user"])
+    assert plan_batch(store, APP, "q1", 1, "per-user") == BatchPlan(2, 1, True, "new")
+    assert plan_batch(store, APP, "q1", 0, "per-user") == BatchPlan(1, None, False, "rerun")
+    assert plan_batch(InMemoryCheckpointStore(), APP, "q1", 0, "per-item") == BatchPlan(
+        1, None, True, "first")
+
+
+def test_a_second_operator_in_one_application_is_refused_naming_both() -> None:
+    # Its batch 0 of the same query would look like a re-run of the first operator's
+    # commit: never run, never committed.
+    store = committed_by(["per-user"])
+    for batch in (0, 1):
+        with pytest.raises(OperatorMismatchError) as caught:
+            plan_batch(store, APP, "q1", batch, "per-item")
+        assert str(caught.value) == (
+            "application 'shop': checkpoint 1 holds the state of operator(s) ['per-user'], "
+            "not of operator 'per-item'; an application keeps one stateful operator's state. "
+            "Give operator 'per-item' an application of its own (e.g. "
+            "application='shop-per-item'), or set operator_id='per-user' to continue that "
+            "operator's state.")
+    with pytest.raises(OperatorMismatchError, match="not of operator 'per-item'"):
+        plan_batch(store, APP, "q2", 0, "per-item")  # another query: "new-query" otherwise
+
+
+def test_a_checkpoint_of_several_operators_is_not_continued_by_one_of_them() -> None:
+    store = committed_by(["per-item", "per-user"])
+    with pytest.raises(OperatorMismatchError, match=(
+            r"holds the state of operators \['per-item', 'per-user'\]; .* would drop that of "
+            r"\['per-item'\]")):
+        plan_batch(store, APP, "q1", 1, "per-user")

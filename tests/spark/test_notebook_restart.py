@@ -1,0 +1,120 @@
+"""A notebook habit: stop a running query (``query.stop()`` while batches run), never
+close its processor, build a new processor with the same settings and start the query
+again on the same checkpointLocation in the same Spark session, then do it once more
+with a different parallelism. The state and the outputs must come out exactly once, as
+if the query had never stopped; the old processor's cached stores and locks must not
+block or corrupt the new one."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafka_changelog import key_group_range_for_operator
+from spark_integration.clickstream import (
+    EVENTS,
+    KINDS,
+    LAST_PAGES,
+    OUTPUT_SCHEMA,
+    SPENT,
+    _processed_offsets,
+    ensure_topic,
+    events,
+    expected_state,
+    kafka_input,
+    output_problems,
+    produce_events,
+    read_outputs,
+    update_user,
+)
+from spark_integration.kafka_sink import KafkaOutputSink
+from spark_integration.streaming import StreamingStateConfig, _Process, stateful_foreach_batch
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+EVENT_COUNT = 3000
+USERS = 40
+
+
+def start(spark: Any, config: StreamingStateConfig, servers: str, input_topic: str,
+          output_topic: str, checkpoint: Path) -> tuple[Any, Any]:
+    processor = stateful_foreach_batch(
+        config, update_user, "user", OUTPUT_SCHEMA,
+        sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
+    query = (kafka_input(spark, servers, input_topic, max_per_batch=200)
+             .writeStream.foreachBatch(processor)
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(processingTime="200 milliseconds").start())
+    return processor, query
+
+
+def wait_for_batches(query: Any, processor: Any, count: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(processor.reports) < count:
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"{len(processor.reports)} batches in {timeout_s} s"
+        time.sleep(0.1)
+
+
+def test_stopping_and_restarting_a_query_without_closing_its_processor(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"nb-{uuid.uuid4().hex[:8]}"
+    settings = kafka_cluster.client_config()
+    servers = kafka_cluster.bootstrap_servers
+    input_topic, output_topic = f"{prefix}-clicks", f"{prefix}-totals"
+    produce_events(settings, input_topic, EVENT_COUNT, USERS)
+    ensure_topic(settings, output_topic)
+    base = dict(application=prefix, operator_id="user-sessions", bootstrap_servers=servers,
+                changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
+                checkpoint_topic=f"{prefix}-checkpoints", partitions=4,
+                materialization_interval_s=1.0)
+    checkpoint = tmp_path / "chk"
+    processors = []
+    try:
+        # Stopped twice mid-stream (the second time after a parallelism change), never closed.
+        for parallelism in (2, 3):
+            processor, query = start(spark, StreamingStateConfig(parallelism=parallelism, **base),
+                                     servers, input_topic, output_topic, checkpoint)
+            processors.append(processor)
+            wait_for_batches(query, processor, 3)
+            query.stop()
+        config = StreamingStateConfig(parallelism=2, **base)
+        processor, query = start(spark, config, servers, input_topic, output_topic, checkpoint)
+        processors.append(processor)
+        try:
+            deadline = time.monotonic() + 300
+            while _processed_offsets(query) < EVENT_COUNT:
+                assert query.exception() is None, query.exception()
+                assert time.monotonic() < deadline, "the restarted query did not catch up"
+                time.sleep(0.2)
+            query.processAllAvailable()
+        finally:
+            query.stop()
+        assert all(r.committed for r in processor.reports)
+    finally:
+        for p in processors:
+            p.close()
+
+    expected = expected_state(events(EVENT_COUNT, USERS))
+    outputs = read_outputs(settings, output_topic)
+    assert output_problems(outputs, expected) == []
+    coordinator = _Process.coordinator(config)
+    backend = coordinator.restore_keyed("user-sessions", key_group_range_for_operator(128, 1, 0),
+                                        coordinator.checkpoint(), config.changelog())
+    try:
+        for user, want in expected.items():
+            backend.set_current_key(user.encode())
+            found = {"events": backend.state(EVENTS).value(),
+                     "spent": backend.state(SPENT).get(),
+                     "kinds": dict(backend.state(KINDS).items()),
+                     "last_pages": list(backend.state(LAST_PAGES).get())}
+            assert found == want, user
+    finally:
+        backend.close()
+        _Process.release(config)
+
