@@ -103,7 +103,7 @@ def plan_batch(store: CheckpointStore, application: str, query_id: str,
 
 def check_operator(latest: CompletedCheckpoint, operator_id: str) -> None:
     """Refuse ``operator_id`` unless it is the only operator of ``latest``."""
-    found = sorted({s.operator_id for s in latest.subtasks})
+    found = latest.operators()
     if not found or found == [operator_id]:
         return
     others = [o for o in found if o != operator_id]

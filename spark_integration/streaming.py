@@ -883,6 +883,7 @@ def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingState
     if base is None:
         return {}
     checkpoint = coordinator.checkpoints.get(config.application, base)
+    checkpoint.require_max_parallelism(config.max_parallelism)
     old = [s.keyed for s in checkpoint.subtasks_of(config.operator_id) if s.keyed is not None]
     assigned = {}
     for subtask in range(config.parallelism):

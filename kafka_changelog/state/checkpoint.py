@@ -17,7 +17,7 @@ from ..gc_types import LogFloor
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange, check_parallelism
 from ..serialization import decode, encode
-from .errors import CheckpointFormatError
+from .errors import CheckpointFormatError, MaxParallelismMismatchError
 from .snapshot import SnapshotHandle
 
 SCHEMA_NAME = "checkpoint"
@@ -150,6 +150,19 @@ class CompletedCheckpoint:
                     f"operator {subtask.operator_id!r} has subtasks with parallelism {known} "
                     f"and {subtask.parallelism} in checkpoint {self.checkpoint_id}"
                 )
+
+    def require_max_parallelism(self, max_parallelism: int) -> None:
+        """Raise :class:`MaxParallelismMismatchError` unless the checkpoint was written with
+        ``max_parallelism`` (the number of key groups): with another, a key's key group
+        ``hash mod max_parallelism`` changes, and keyed state restored from it would be
+        found under the wrong key groups or not at all."""
+        if max_parallelism != self.max_parallelism:
+            raise MaxParallelismMismatchError(
+                f"application {self.application!r}: checkpoint {self.checkpoint_id} was written "
+                f"with max parallelism {self.max_parallelism}, not {max_parallelism}: keys "
+                f"would move to other key groups and lose their state. Keep max_parallelism="
+                f"{self.max_parallelism} (any parallelism up to it restores the checkpoint), "
+                "or start a new application.")
 
     def operators(self) -> list[str]:
         """Ids of the operators with state in this checkpoint, sorted."""

@@ -203,6 +203,7 @@ class CheckpointCoordinator:
         """
         handles: list[KeyedStateHandle] = []
         if checkpoint is not None:
+            checkpoint.require_max_parallelism(self.max_parallelism)
             handles = [s.keyed for s in checkpoint.subtasks_of(operator_id)
                        if s.keyed is not None]
         else:

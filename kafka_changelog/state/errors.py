@@ -139,6 +139,11 @@ class StateMismatchError(ChangelogError, ValueError):
     """A state was registered (or restored) with another kind or serializer."""
 
 
+class MaxParallelismMismatchError(ChangelogError, ValueError):
+    """A checkpoint is restored with another max parallelism than it was written with
+    (keys would hash to other key groups and miss their state)."""
+
+
 class NoCurrentKeyError(ChangelogError, RuntimeError):
     """Keyed state was used before ``set_current_key``."""
 

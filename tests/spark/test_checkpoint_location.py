@@ -5,6 +5,7 @@ exactly once (never taken for a re-run of an old batch and dropped)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.state import MaxParallelismMismatchError
 from spark_integration.clickstream import (
     EVENT_SCHEMA,
     EVENTS,
@@ -103,3 +105,36 @@ def test_a_fresh_checkpoint_location_continues_the_application(
     outputs = read_outputs(kafka_cluster.client_config(), output_topic)
     assert output_problems(outputs, expected) == []
     assert sorted({checkpoint for checkpoint, *_ in outputs}) == [1, 2, 3]
+
+
+def test_a_changed_max_parallelism_is_refused_before_any_task_runs(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"maxp-{uuid.uuid4().hex[:8]}"
+    config = StreamingStateConfig(
+        application=prefix, operator_id="user-sessions",
+        bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
+        changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
+        checkpoint_topic=f"{prefix}-checkpoints", partitions=4,
+        materialization_interval_s=None)
+    output_topic = f"{prefix}-totals"
+    ensure_topic(kafka_cluster.client_config(), output_topic)
+    all_events = list(events(100, 12))
+    write_files(tmp_path / "in", [all_events])
+    run_query(spark, config, output_topic, tmp_path / "in", tmp_path / "chk")
+
+    wider = dataclasses.replace(config, max_parallelism=256)
+    with stateful_foreach_batch(wider, update_user, "user", OUTPUT_SCHEMA,
+                                sink=KafkaOutputSink(output_topic, key_column="user"),
+                                order_by=["seq"]) as processor:
+        batch = spark.createDataFrame(all_events[:10])
+        with pytest.raises(MaxParallelismMismatchError, match=(
+                f"application '{prefix}': checkpoint 1 was written with max parallelism 128, "
+                "not 256: keys would move")):
+            processor(batch, 0)
+    assert processor.reports == []
+    coordinator = _Process.coordinator(config)
+    try:
+        assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]
+    finally:
+        _Process.release(config)

@@ -88,3 +88,40 @@ def test_the_coordinator_restores_nothing_as_empty_operator_state() -> None:
         keyed_only = coordinator.complete(1, [SubtaskState("kafka-source", 0, 1, None, None)])
         restored = coordinator.restore_operator_state("kafka-source", 0, 3, keyed_only)
         assert restored.union_list_state(ASSIGNMENT, JSON).get() == []
+
+
+def test_a_checkpoint_is_restored_only_with_the_max_parallelism_it_was_written_with() -> None:
+    from kafka_changelog import InMemoryChangelogStorage, key_group_for_key
+    from kafka_changelog.keygroups import KeyGroupRange
+    from kafka_changelog.state import INT64, MaxParallelismMismatchError, value_state
+    from kafka_changelog.state.checkpoint import SubtaskState
+    from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
+    from kafka_changelog.state.coordinator import CheckpointCoordinator
+    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+
+    count = value_state("count", INT64)
+    checkpoints, snapshots = InMemoryCheckpointStore(), InMemorySnapshotStore()
+    with InMemoryChangelogStorage() as storage:
+        written = CheckpointCoordinator("app", checkpoints, snapshots, storage, 128)
+        backend = written.restore_keyed("op", KeyGroupRange.of(0, 127), None)
+        backend.set_current_key(b"user-1")
+        backend.state(count).update(7)
+        checkpoint = written.complete(
+            1, [SubtaskState("op", 0, 1, backend.snapshot(1).result(), None)])
+        backend.close()
+
+        for other in (64, 256):
+            coordinator = CheckpointCoordinator("app", checkpoints, snapshots, storage, other)
+            with pytest.raises(MaxParallelismMismatchError) as caught:
+                coordinator.restore_keyed("op", KeyGroupRange.of(0, other - 1), checkpoint)
+            assert str(caught.value) == (
+                f"application 'app': checkpoint 1 was written with max parallelism 128, not "
+                f"{other}: keys would move to other key groups and lose their state. Keep "
+                "max_parallelism=128 (any parallelism up to it restores the checkpoint), or "
+                "start a new application.")
+        key_group = key_group_for_key(b"user-1", 128)
+        restored = written.restore_keyed("op", KeyGroupRange.of(key_group, key_group),
+                                         checkpoint)
+        restored.set_current_key(b"user-1")
+        assert restored.state(count).value() == 7
+        restored.close()
