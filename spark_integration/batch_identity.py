@@ -23,21 +23,32 @@ is refused with :class:`OperatorMismatchError` before anything runs. Without it,
 take A's commit of the same batch for its own (a "re-run": B's state would never move),
 or start from A's checkpoint, which has no state of B, and its commit would drop A's.
 
+Each checkpoint records the Spark types of its key columns (``spark.key_types``); a batch
+whose key columns have other types is refused with
+:class:`~kafka_changelog.keys.KeyTypeError`, since a key's bytes depend on its type and
+its state would not be found.
+
 Checkpoints written by kafka-changelog 0.1 carry no query id; there checkpoint id
 was batch id + 1, which is how such a latest checkpoint is matched.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kafka_changelog.errors import ChangelogError
+from kafka_changelog.keys import KeyTypeError
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 
 #: Checkpoint properties the streaming layer records.
 QUERY_ID = "spark.query_id"
 BATCH_ID = "spark.batch_id"
+#: The Spark types of the key columns, a JSON list (``["string"]``, ``["int", "date"]``).
+KEY_TYPES = "spark.key_types"
 
 
 class BatchOrderError(ChangelogError):
@@ -61,24 +72,41 @@ class BatchPlan:
     commit: bool
     #: "first", "new", "rerun" or "new-query".
     kind: str
+    #: The Spark types of the batch's key columns (recorded with the checkpoint).
+    key_types: tuple[str, ...] = ()
 
     def properties(self, query_id: str, batch_id: int) -> dict[str, str]:
-        """What the committed checkpoint records about the batch."""
-        return {QUERY_ID: query_id, BATCH_ID: str(batch_id)}
+        """What the committed checkpoint records about the batch (and its key types)."""
+        recorded = {QUERY_ID: query_id, BATCH_ID: str(batch_id)}
+        if self.key_types:
+            recorded[KEY_TYPES] = json.dumps(list(self.key_types))
+        return recorded
 
 
 def plan_batch(store: CheckpointStore, application: str, query_id: str,
-               batch_id: int, operator_id: str | None = None) -> BatchPlan:
+               batch_id: int, operator_id: str | None = None,
+               key_types: Sequence[str] = ()) -> BatchPlan:
     """The plan of batch ``batch_id`` of query ``query_id`` (see the module docstring).
 
     With ``operator_id``, the application's latest checkpoint must hold that operator's
-    state and no other's (:class:`OperatorMismatchError` otherwise).
+    state and no other's (:class:`OperatorMismatchError` otherwise); with ``key_types``
+    (the Spark types of the key columns, recorded with the checkpoint the plan commits),
+    its key columns must have had these types (:class:`KeyTypeError` otherwise).
     """
     latest = store.latest(application)
+    if latest is not None:
+        if operator_id is not None:
+            check_operator(latest, operator_id)
+        if key_types:
+            check_key_types(latest, key_types)
+    plan = _plan(store, application, query_id, batch_id, latest)
+    return dataclasses.replace(plan, key_types=tuple(key_types)) if key_types else plan
+
+
+def _plan(store: CheckpointStore, application: str, query_id: str, batch_id: int,
+          latest: CompletedCheckpoint | None) -> BatchPlan:
     if latest is None:
         return BatchPlan(1, None, True, "first")
-    if operator_id is not None:
-        check_operator(latest, operator_id)
     recorded_query = latest.properties.get(QUERY_ID)
     if recorded_query is None:
         return _plan_after_legacy(store, application, latest, batch_id)
@@ -120,6 +148,22 @@ def check_operator(latest: CompletedCheckpoint, operator_id: str) -> None:
         f"stateful operator's state. Give operator {operator_id!r} an application of its "
         f"own (e.g. application={application + '-' + operator_id!r}), or set "
         f"operator_id={others[0]!r} to continue that operator's state.")
+
+
+def check_key_types(latest: CompletedCheckpoint, key_types: Sequence[str]) -> None:
+    """Refuse key columns of other Spark types than ``latest`` recorded (if it did): a
+    key's bytes, so its state, depend on its type (an ``int`` 7 is not a ``bigint`` 7)."""
+    recorded = latest.properties.get(KEY_TYPES)
+    if recorded is None:
+        return  # written before key types were recorded
+    expected = json.loads(recorded)
+    if expected != list(key_types):
+        raise KeyTypeError(
+            f"application {latest.application!r}: the key column(s) are of type(s) "
+            f"{list(key_types)}, but checkpoint {latest.checkpoint_id} was written with "
+            f"{expected}: keys of another type have other bytes and would not find their "
+            "state. Cast the key column(s) to the recorded type(s), or start a new "
+            "application.")
 
 
 def _plan_after_legacy(store: CheckpointStore, application: str,

@@ -350,8 +350,9 @@ class StatefulProcessor:
         sink = self.sink
         kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
         query_id = _query_id(batch_df)
+        columns, types = key_columns_of(batch_df.schema, self.key_columns)
         plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id,
-                          config.operator_id)
+                          config.operator_id, types)
         if plan.kind == "new-query":
             logger.warning(
                 "application %s: batch %d of Spark query %s follows checkpoint %d of another "
@@ -373,7 +374,6 @@ class StatefulProcessor:
             # are about to write (see CheckpointCoordinator.guard_first_writes).
             coordinator.guard_first_writes()
         p, max_p = config.parallelism, config.max_parallelism
-        columns, types = key_columns_of(batch_df.schema, self.key_columns)
         keyed = (
             batch_df
             .withColumn(KEY_COLUMN, F.expr(key_sql(columns, types)))

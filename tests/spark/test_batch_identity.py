@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from kafka_changelog.keys import KeyTypeError
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
 from spark_integration.batch_identity import (
     BATCH_ID,
+    KEY_TYPES,
     QUERY_ID,
     BatchOrderError,
     BatchPlan,
@@ -107,3 +109,27 @@ def test_a_checkpoint_of_several_operators_is_not_continued_by_one_of_them() -> 
             r"holds the state of operators \['per-item', 'per-user'\]; .* would drop that of "
             r"\['per-item'\]")):
         plan_batch(store, APP, "q1", 1, "per-user")
+
+
+def test_key_types_are_recorded_and_must_stay() -> None:
+    store = InMemoryCheckpointStore()
+    plan = plan_batch(store, APP, "q1", 0, "per-user", ["string", "decimal(10,2)"])
+    assert plan == BatchPlan(1, None, True, "first", ("string", "decimal(10,2)"))
+    assert plan.properties("q1", 0) == {QUERY_ID: "q1", BATCH_ID: "0",
+                                        KEY_TYPES: '["string", "decimal(10,2)"]'}
+    commit(store, plan, "q1", 0)
+    assert plan_batch(store, APP, "q1", 1, "per-user", ["string", "decimal(10,2)"]).kind == "new"
+    with pytest.raises(KeyTypeError) as caught:
+        plan_batch(store, APP, "q2", 0, "per-user", ["bigint"])
+    assert str(caught.value) == (
+        "application 'shop': the key column(s) are of type(s) ['bigint'], but checkpoint 1 "
+        "was written with ['string', 'decimal(10,2)']: keys of another type have other bytes "
+        "and would not find their state. Cast the key column(s) to the recorded type(s), or "
+        "start a new application.")
+
+
+def test_checkpoints_without_recorded_key_types_take_any() -> None:
+    store = InMemoryCheckpointStore()
+    commit(store, plan_batch(store, APP, "q1", 0), "q1", 0)
+    assert plan_batch(store, APP, "q1", 1, "per-user", ["int"]) == BatchPlan(
+        2, 1, True, "new", ("int",))

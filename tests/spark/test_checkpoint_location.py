@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.keys import KeyTypeError
 from kafka_changelog.state import MaxParallelismMismatchError
 from spark_integration.clickstream import (
     EVENT_SCHEMA,
@@ -107,10 +108,9 @@ def test_a_fresh_checkpoint_location_continues_the_application(
     assert sorted({checkpoint for checkpoint, *_ in outputs}) == [1, 2, 3]
 
 
-def test_a_changed_max_parallelism_is_refused_before_any_task_runs(
-    spark: Any, kafka_cluster: Any, tmp_path: Path
-) -> None:
-    prefix = f"maxp-{uuid.uuid4().hex[:8]}"
+def one_committed_batch(spark: Any, kafka_cluster: Any, tmp_path: Path, prefix: str
+                        ) -> tuple[StreamingStateConfig, str, list[dict[str, Any]]]:
+    """An application with one committed checkpoint (string keys, max parallelism 128)."""
     config = StreamingStateConfig(
         application=prefix, operator_id="user-sessions",
         bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
@@ -122,19 +122,45 @@ def test_a_changed_max_parallelism_is_refused_before_any_task_runs(
     all_events = list(events(100, 12))
     write_files(tmp_path / "in", [all_events])
     run_query(spark, config, output_topic, tmp_path / "in", tmp_path / "chk")
+    return config, output_topic, all_events
 
-    wider = dataclasses.replace(config, max_parallelism=256)
-    with stateful_foreach_batch(wider, update_user, "user", OUTPUT_SCHEMA,
+
+def refused(spark: Any, config: StreamingStateConfig, output_topic: str, batch: Any,
+            error: type[Exception], message: str) -> None:
+    """A batch of ``config`` fails with ``error`` before any task and commits nothing."""
+    with stateful_foreach_batch(config, update_user, "user", OUTPUT_SCHEMA,
                                 sink=KafkaOutputSink(output_topic, key_column="user"),
                                 order_by=["seq"]) as processor:
-        batch = spark.createDataFrame(all_events[:10])
-        with pytest.raises(MaxParallelismMismatchError, match=(
-                f"application '{prefix}': checkpoint 1 was written with max parallelism 128, "
-                "not 256: keys would move")):
+        with pytest.raises(error) as caught:
             processor(batch, 0)
+        assert message in str(caught.value)
     assert processor.reports == []
     coordinator = _Process.coordinator(config)
     try:
-        assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]
+        assert coordinator.checkpoints.checkpoint_ids(config.application) == [1]
     finally:
         _Process.release(config)
+
+
+def test_a_changed_max_parallelism_is_refused_before_any_task_runs(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"maxp-{uuid.uuid4().hex[:8]}"
+    config, output_topic, all_events = one_committed_batch(spark, kafka_cluster, tmp_path,
+                                                           prefix)
+    refused(spark, dataclasses.replace(config, max_parallelism=256), output_topic,
+            spark.createDataFrame(all_events[:10]), MaxParallelismMismatchError,
+            f"application '{prefix}': checkpoint 1 was written with max parallelism 128, "
+            "not 256: keys would move")
+
+
+def test_a_key_column_of_another_type_is_refused_before_any_task_runs(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"ktype-{uuid.uuid4().hex[:8]}"
+    config, output_topic, all_events = one_committed_batch(spark, kafka_cluster, tmp_path,
+                                                           prefix)
+    numbered = [{**e, "user": int(e["user"].removeprefix("user-"))} for e in all_events[:10]]
+    refused(spark, config, output_topic, spark.createDataFrame(numbered), KeyTypeError,
+            f"application '{prefix}': the key column(s) are of type(s) ['bigint'], but "
+            "checkpoint 1 was written with ['string']")
