@@ -90,6 +90,24 @@ def check_key_type(type_name: str, column: str = "key") -> str:
     )
 
 
+def key_encoding(type_name: str) -> str:
+    """Which bytes a key column of this Spark type gives its values: columns whose types
+    share an encoding give equal values equal keys (a string its UTF-8 bytes, as a binary
+    column of those bytes; every integral type eight bytes; float and double the double's
+    bits; a decimal its text, which shows its scale)."""
+    name = check_key_type(type_name)
+    if name in ("string", "binary"):
+        return "bytes"
+    if name in _INTEGRAL:
+        return "integral"
+    if name in _FLOATING:
+        return "floating point"
+    decimal = _DECIMAL.match(name)
+    if decimal is not None:
+        return f"decimal of scale {decimal.group(2)}"
+    return name
+
+
 def encode_key_part(value: Any, type_name: str, column: str = "key") -> bytes:
     """The encoding of one key column's value (see the module docstring)."""
     name = check_key_type(type_name, column)

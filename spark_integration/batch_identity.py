@@ -24,9 +24,9 @@ take A's commit of the same batch for its own (a "re-run": B's state would never
 or start from A's checkpoint, which has no state of B, and its commit would drop A's.
 
 Each checkpoint records the Spark types of its key columns (``spark.key_types``); a batch
-whose key columns have other types is refused with
-:class:`~kafka_changelog.keys.KeyTypeError`, since a key's bytes depend on its type and
-its state would not be found.
+whose key columns have types that encode keys otherwise (a ``string`` where a ``bigint``
+was; ``int`` for ``bigint`` is fine) is refused with
+:class:`~kafka_changelog.keys.KeyTypeError`, since its keys would not find their state.
 
 Checkpoints written by kafka-changelog 0.1 carry no query id; there checkpoint id
 was batch id + 1, which is how such a latest checkpoint is matched.
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.keys import KeyTypeError
+from kafka_changelog.keys import KeyTypeError, key_encoding
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 
@@ -151,13 +151,14 @@ def check_operator(latest: CompletedCheckpoint, operator_id: str) -> None:
 
 
 def check_key_types(latest: CompletedCheckpoint, key_types: Sequence[str]) -> None:
-    """Refuse key columns of other Spark types than ``latest`` recorded (if it did): a
-    key's bytes, so its state, depend on its type (an ``int`` 7 is not a ``bigint`` 7)."""
+    """Refuse key columns whose types encode keys otherwise than the types ``latest``
+    recorded (if it did): a key's bytes, so its state, depend on its type (a ``date``
+    is not a ``timestamp``; every integral type is alike, see :func:`key_encoding`)."""
     recorded = latest.properties.get(KEY_TYPES)
     if recorded is None:
         return  # written before key types were recorded
     expected = json.loads(recorded)
-    if expected != list(key_types):
+    if [key_encoding(t) for t in expected] != [key_encoding(t) for t in key_types]:
         raise KeyTypeError(
             f"application {latest.application!r}: the key column(s) are of type(s) "
             f"{list(key_types)}, but checkpoint {latest.checkpoint_id} was written with "

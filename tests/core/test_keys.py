@@ -17,6 +17,7 @@ from kafka_changelog.keys import (
     decode_key,
     encode_key,
     encode_key_part,
+    key_encoding,
 )
 
 UTC = dt.timezone.utc
@@ -119,3 +120,28 @@ def test_null_and_complex_keys_are_refused_naming_the_column() -> None:
         check_key_type("array<string>", "tags")
     with pytest.raises(KeyTypeError, match="needs a time zone"):
         encode_key_part(dt.datetime(2024, 1, 1), "timestamp")
+
+
+@pytest.mark.parametrize(("value", "types"), [
+    (7, ["tinyint", "smallint", "int", "bigint"]),
+    (-3, ["int", "bigint"]),
+    (0.5, ["float", "double"]),
+    (Decimal("1.50"), ["decimal(10,2)", "decimal(12,2)", "decimal(3,2)"]),
+])
+def test_types_of_one_key_encoding_give_equal_values_equal_bytes(value: object,
+                                                                 types: list[str]) -> None:
+    assert len({key_encoding(t) for t in types}) == 1
+    assert len({encode_key_part(value, t) for t in types}) == 1
+
+
+def test_a_string_key_has_the_bytes_of_its_utf8_binary() -> None:
+    assert key_encoding("string") == key_encoding("binary") == key_encoding("varchar(8)")
+    assert encode_key_part("übung", "string") == encode_key_part("übung".encode(), "binary")
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("int", "string"), ("date", "timestamp"), ("timestamp", "timestamp_ntz"),
+    ("decimal(10,2)", "decimal(10,3)"), ("double", "bigint"), ("boolean", "tinyint"),
+])
+def test_types_of_other_key_encodings_differ(first: str, second: str) -> None:
+    assert key_encoding(first) != key_encoding(second)

@@ -133,3 +133,32 @@ def test_checkpoints_without_recorded_key_types_take_any() -> None:
     commit(store, plan_batch(store, APP, "q1", 0), "q1", 0)
     assert plan_batch(store, APP, "q1", 1, "per-user", ["int"]) == BatchPlan(
         2, 1, True, "new", ("int",))
+
+
+@pytest.mark.parametrize(("recorded", "now"), [
+    (["int"], ["bigint"]),
+    (["tinyint", "string"], ["bigint", "varchar(10)"]),
+    (["float"], ["double"]),
+    (["decimal(10,2)"], ["decimal(12,2)"]),
+    (["binary"], ["string"]),  # a Kafka key, then CAST(key AS STRING): the same bytes
+])
+def test_key_types_that_encode_keys_alike_may_change(recorded: list[str], now: list[str]
+                                                      ) -> None:
+    store = InMemoryCheckpointStore()
+    commit(store, plan_batch(store, APP, "q1", 0, "per-user", recorded), "q1", 0)
+    assert plan_batch(store, APP, "q1", 1, "per-user", now).kind == "new"
+
+
+@pytest.mark.parametrize(("recorded", "now"), [
+    (["decimal(10,2)"], ["decimal(10,3)"]),
+    (["date"], ["timestamp"]),
+    (["timestamp"], ["timestamp_ntz"]),
+    (["string"], ["bigint"]),
+    (["string", "int"], ["string"]),
+])
+def test_key_types_that_encode_keys_otherwise_are_refused(recorded: list[str], now: list[str]
+                                                         ) -> None:
+    store = InMemoryCheckpointStore()
+    commit(store, plan_batch(store, APP, "q1", 0, "per-user", recorded), "q1", 0)
+    with pytest.raises(KeyTypeError, match="would not find their state"):
+        plan_batch(store, APP, "q1", 1, "per-user", now)
