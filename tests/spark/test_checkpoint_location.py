@@ -66,16 +66,21 @@ def run_query(spark: Any, config: StreamingStateConfig, output_topic: str, input
     return processor.reports
 
 
-def test_a_fresh_checkpoint_location_continues_the_application(
-    spark: Any, kafka_cluster: Any, tmp_path: Path
-) -> None:
-    prefix = f"loc-{uuid.uuid4().hex[:8]}"
-    config = StreamingStateConfig(
+def app_config(kafka_cluster: Any, prefix: str) -> StreamingStateConfig:
+    """An application of its own topics, named ``prefix``."""
+    return StreamingStateConfig(
         application=prefix, operator_id="user-sessions",
         bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
         changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
         checkpoint_topic=f"{prefix}-checkpoints", partitions=4,
         materialization_interval_s=None)
+
+
+def test_a_fresh_checkpoint_location_continues_the_application(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"loc-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
     output_topic = f"{prefix}-totals"
     ensure_topic(kafka_cluster.client_config(), output_topic)
     all_events = list(events(150, 12))
@@ -111,12 +116,7 @@ def test_a_fresh_checkpoint_location_continues_the_application(
 def one_committed_batch(spark: Any, kafka_cluster: Any, tmp_path: Path, prefix: str
                         ) -> tuple[StreamingStateConfig, str, list[dict[str, Any]]]:
     """An application with one committed checkpoint (string keys, max parallelism 128)."""
-    config = StreamingStateConfig(
-        application=prefix, operator_id="user-sessions",
-        bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
-        changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
-        checkpoint_topic=f"{prefix}-checkpoints", partitions=4,
-        materialization_interval_s=None)
+    config = app_config(kafka_cluster, prefix)
     output_topic = f"{prefix}-totals"
     ensure_topic(kafka_cluster.client_config(), output_topic)
     all_events = list(events(100, 12))

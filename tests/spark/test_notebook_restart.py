@@ -14,13 +14,8 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog import key_group_range_for_operator
 from spark_integration.clickstream import (
-    EVENTS,
-    KINDS,
-    LAST_PAGES,
     OUTPUT_SCHEMA,
-    SPENT,
     _processed_offsets,
     ensure_topic,
     events,
@@ -33,6 +28,8 @@ from spark_integration.clickstream import (
 )
 from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig, _Process, stateful_foreach_batch
+
+from .jobs import state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -103,18 +100,7 @@ def test_stopping_and_restarting_a_query_without_closing_its_processor(
     expected = expected_state(events(EVENT_COUNT, USERS))
     outputs = read_outputs(settings, output_topic)
     assert output_problems(outputs, expected) == []
-    coordinator = _Process.coordinator(config)
-    backend = coordinator.restore_keyed("user-sessions", key_group_range_for_operator(128, 1, 0),
-                                        coordinator.checkpoint(), config.changelog())
     try:
-        for user, want in expected.items():
-            backend.set_current_key(user.encode())
-            found = {"events": backend.state(EVENTS).value(),
-                     "spent": backend.state(SPENT).get(),
-                     "kinds": dict(backend.state(KINDS).items()),
-                     "last_pages": list(backend.state(LAST_PAGES).get())}
-            assert found == want, user
+        assert state_of(config, sorted(expected)) == expected
     finally:
-        backend.close()
         _Process.release(config)
-
