@@ -71,6 +71,12 @@ def kafka_error_of(exc: KafkaException) -> KafkaError | None:
     return first if isinstance(first, KafkaError) else None
 
 
+def _transient(error: KafkaError, transient_codes: Collection[int]) -> bool:
+    """Whether a later attempt may not meet ``error``: the shared rules, or a code the
+    call declared transient for itself."""
+    return is_retriable(error) or error.code() in transient_codes
+
+
 def retry_call(
     what: str,
     attempt: Callable[[float], T],
@@ -108,7 +114,7 @@ def retry_call(
                 raise error_type(f"cannot {what}: {exc}") from exc
             if is_access_error(error):
                 raise KafkaAccessError(f"cannot {what}: {describe(error)}") from exc
-            if not (is_retriable(error) or error.code() in transient_codes):
+            if not _transient(error, transient_codes):
                 raise error_type(f"cannot {what}: {describe(error)}") from exc
             last, cause = describe(error), exc
         except NotReady as exc:
@@ -164,8 +170,7 @@ def admin_futures(
                 error = kafka_error_of(exc)
                 if error is not None and error.code() in done_on:
                     results[key] = None
-                elif error is None or not (is_retriable(error)
-                                           or error.code() in transient_codes):
+                elif error is None or not _transient(error, transient_codes):
                     raise
                 elif transient is None:
                     transient = exc
