@@ -92,7 +92,12 @@ def test_stopping_and_restarting_a_query_without_closing_its_processor(
             query.processAllAvailable()
         finally:
             query.stop()
-        assert all(r.committed for r in processor.reports)
+        # A query stopped between our commit and Spark's runs that batch again first: a
+        # re-run, which commits nothing (its outputs and state were committed). Every other
+        # batch commits.
+        first, *rest = processor.reports
+        assert first.committed or first.kind == "rerun", first
+        assert all(r.committed for r in rest), [r for r in rest if not r.committed]
     finally:
         for p in processors:
             p.close()
