@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_changelog.testing.net import free_ports, port_open
+from kafka_changelog.testing.net import consecutive_free_ports, port_open
 
 pytestmark = pytest.mark.broker
 
@@ -47,9 +47,13 @@ def _first_line(proc: subprocess.Popen[str]) -> str:
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if selector.select(timeout=1.0):
-                return proc.stdout.readline().rstrip("\n")
+                line = proc.stdout.readline()
+                if line:
+                    return line.rstrip("\n")
+                proc.wait(timeout=30)  # end of its output: the command is exiting
             if proc.poll() is not None:
-                raise AssertionError(f"the broker command exited with {proc.returncode}: "
+                raise AssertionError(f"the broker command exited with {proc.returncode} "
+                                     "before its banner: "
                                      f"{proc.stderr.read() if proc.stderr else ''}")
     raise AssertionError(f"the broker command printed nothing within {STARTUP_S:.0f} s")
 
@@ -64,15 +68,6 @@ def broker(*args: str) -> Iterator[RunningBroker]:
         if proc.poll() is None:  # a failed test: its JVMs die with it (parent-death signal)
             proc.kill()
             proc.communicate(timeout=30)
-
-
-def _consecutive_free_ports(count: int) -> int:
-    for _ in range(50):
-        base = free_ports(1)[0]
-        if base + count <= 65535 and not any(port_open("127.0.0.1", base + i)
-                                             for i in range(count)):
-            return base
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 def _gone(pids: list[int]) -> bool:
@@ -95,7 +90,7 @@ def _records(servers: str, topic: str, count: int) -> list[bytes]:
 
 
 def test_broker_serves_clients_and_keeps_its_data_dir_across_restarts(tmp_path: Path) -> None:
-    port = _consecutive_free_ports(1)
+    port = consecutive_free_ports(1)
     data = tmp_path / "kafka"
     servers = f"localhost:{port}"
     with broker("--port", str(port), "--data-dir", str(data)) as first:
@@ -125,7 +120,7 @@ def test_broker_serves_clients_and_keeps_its_data_dir_across_restarts(tmp_path: 
 
 
 def test_three_nodes_on_consecutive_ports(tmp_path: Path) -> None:
-    port = _consecutive_free_ports(3)
+    port = consecutive_free_ports(3)
     servers = ",".join(f"localhost:{port + i}" for i in range(3))
     with broker("--port", str(port), "--nodes", "3") as running:
         assert running.banner == f"Kafka is up at {servers} (KRaft, 3 nodes); Ctrl-C stops it"
