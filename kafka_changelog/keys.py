@@ -38,9 +38,10 @@ A null in a key column has no encoding: it is refused with :class:`NullKeyError`
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -48,6 +49,10 @@ from .errors import ChangelogError
 
 #: Version of the encoding above (recorded nowhere yet: there is only one).
 KEY_ENCODING_VERSION = 1
+
+#: Checkpoint property naming the Spark types of the key columns (a JSON list, e.g.
+#: ``["string", "bigint"]``), recorded by the streaming layer with every checkpoint.
+KEY_TYPES_PROPERTY = "spark.key_types"
 
 _INTEGRAL = frozenset({"tinyint", "smallint", "int", "bigint", "byte", "short", "integer",
                        "long"})
@@ -106,6 +111,25 @@ def key_encoding(type_name: str) -> str:
     if decimal is not None:
         return f"decimal of scale {decimal.group(2)}"
     return name
+
+
+def same_key_encoding(types: Sequence[str], others: Sequence[str]) -> bool:
+    """True if key columns of ``types`` and of ``others`` give equal values equal keys
+    (column by column, see :func:`key_encoding`)."""
+    return [key_encoding(t) for t in types] == [key_encoding(t) for t in others]
+
+
+def recorded_key_types(properties: Mapping[str, str]) -> list[str] | None:
+    """The key column types a checkpoint's ``properties`` record (None: not recorded,
+    e.g. by a checkpoint written before they were, or outside Spark)."""
+    recorded = properties.get(KEY_TYPES_PROPERTY)
+    if recorded is None:
+        return None
+    types = json.loads(recorded)
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ValueError(f"checkpoint property {KEY_TYPES_PROPERTY} is not a list of type "
+                         f"names: {recorded!r}")
+    return types
 
 
 def encode_key_part(value: Any, type_name: str, column: str = "key") -> bytes:

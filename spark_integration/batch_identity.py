@@ -40,7 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.keys import KeyTypeError, key_encoding
+from kafka_changelog.keys import (
+    KEY_TYPES_PROPERTY,
+    KeyTypeError,
+    recorded_key_types,
+    same_key_encoding,
+)
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 
@@ -48,7 +53,7 @@ from kafka_changelog.state.checkpoint_store import CheckpointStore
 QUERY_ID = "spark.query_id"
 BATCH_ID = "spark.batch_id"
 #: The Spark types of the key columns, a JSON list (``["string"]``, ``["int", "date"]``).
-KEY_TYPES = "spark.key_types"
+KEY_TYPES = KEY_TYPES_PROPERTY
 
 
 class BatchOrderError(ChangelogError):
@@ -153,12 +158,12 @@ def check_operator(latest: CompletedCheckpoint, operator_id: str) -> None:
 def check_key_types(latest: CompletedCheckpoint, key_types: Sequence[str]) -> None:
     """Refuse key columns whose types encode keys otherwise than the types ``latest``
     recorded (if it did): a key's bytes, so its state, depend on its type (a ``date``
-    is not a ``timestamp``; every integral type is alike, see :func:`key_encoding`)."""
-    recorded = latest.properties.get(KEY_TYPES)
-    if recorded is None:
+    is not a ``timestamp``; every integral type is alike, see
+    :func:`kafka_changelog.keys.key_encoding`)."""
+    expected = recorded_key_types(latest.properties)
+    if expected is None:
         return  # written before key types were recorded
-    expected = json.loads(recorded)
-    if [key_encoding(t) for t in expected] != [key_encoding(t) for t in key_types]:
+    if not same_key_encoding(expected, key_types):
         raise KeyTypeError(
             f"application {latest.application!r}: the key column(s) are of type(s) "
             f"{list(key_types)}, but checkpoint {latest.checkpoint_id} was written with "

@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import binascii
 import datetime as dt
+import json
+import math
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..keys import KeyTypeError, check_key_type, encode_key
+from ..keys import (
+    KEY_TYPES_PROPERTY,
+    KeyTypeError,
+    check_key_type,
+    decode_key,
+    encode_key,
+    recorded_key_types,
+    same_key_encoding,
+)
 from .options import CliError
 
 _TRUE = {"true", "1", "yes"}
@@ -22,7 +33,7 @@ _FALSE = {"false", "0", "no"}
 
 def split_types(text: str) -> list[str]:
     """``"string,decimal(10,2)"`` -> ``["string", "decimal(10,2)"]`` (commas in parentheses
-    belong to the type)."""
+    or angle brackets belong to the type, as in ``map<string,int>``)."""
     types: list[str] = []
     current: list[str] = []
     depth = 0
@@ -31,7 +42,7 @@ def split_types(text: str) -> list[str]:
             types.append("".join(current).strip())
             current = []
             continue
-        depth += {"(": 1, ")": -1}.get(char, 0)
+        depth += {"(": 1, ")": -1, "<": 1, ">": -1}.get(char, 0)
         current.append(char)
     types.append("".join(current).strip())
     if any(not t for t in types):
@@ -106,3 +117,65 @@ def encode_cli_key(values: list[str] | None, key_type: str, key_hex: str | None)
         return encode_key(parsed, types, columns)
     except KeyTypeError as exc:
         raise CliError(str(exc)) from exc
+
+
+def key_types_to_use(given: str | None, properties: Mapping[str, str], where: str
+                     ) -> list[str] | None:
+    """The key column types to encode ``--key`` with: ``given`` (``--key-type``), else the
+    ones the checkpoint recorded (property ``spark.key_types``), else ``string``.
+
+    A ``given`` type whose keys have other bytes than the recorded one would never find
+    the state: refused, naming both (``where`` names the checkpoint). None: neither
+    given nor recorded (the key is shown as hex only when given as ``--key-hex``).
+    """
+    try:
+        recorded = recorded_key_types(properties)
+    except ValueError as exc:
+        raise CliError(f"{where}: {exc}") from exc
+    if given is None:
+        return recorded
+    types = split_types(given)
+    try:
+        for i, type_name in enumerate(types):
+            check_key_type(type_name, f"column {i}" if len(types) > 1 else "value")
+    except KeyTypeError as exc:
+        raise CliError(str(exc)) from exc
+    if recorded is not None and not same_key_encoding(types, recorded):
+        raise CliError(
+            f"--key-type {given}: {where} records its key column type(s) as {recorded} "
+            f"(property {KEY_TYPES_PROPERTY}); keys of type(s) {types} have other bytes and "
+            "would not find their state. Omit --key-type to use the recorded type(s)")
+    return types
+
+
+def describe_key(key: bytes, types: Sequence[str] | None) -> str:
+    """``"user-7" (string; 0x757365722d37)``; the hex alone if the types are unknown or
+    do not decode the bytes."""
+    values = key_values(key, types)
+    if values is None or types is None:
+        return f"0x{key.hex()}"
+    shown = json.dumps(values[0] if len(values) == 1 else values)
+    return f"{shown} ({', '.join(types)}; 0x{key.hex()})"
+
+
+def key_values(key: bytes, types: Sequence[str] | None) -> list[Any] | None:
+    """The key's column values as JSON data (bytes as ``0x`` hex, decimals, dates and
+    times as text), or None if ``types`` is None or does not decode ``key``."""
+    if types is None:
+        return None
+    try:
+        return [_json_value(v) for v in decode_key(key, types)]
+    except (KeyTypeError, ValueError, ArithmeticError, OverflowError):
+        return None
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from ..keygroups import KeyGroupRange, key_group_for_key
-from .keyarg import encode_cli_key
+from .keyarg import describe_key, encode_cli_key, key_types_to_use, key_values
 from .options import CliError, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, table, when
 from .readonly import check_operator, open_view, select_checkpoint
@@ -20,11 +20,21 @@ from .values import decode_entry, raw_json, to_json, to_text
 
 
 def _run(args: argparse.Namespace) -> int:
-    key = encode_cli_key(args.key, args.key_type, args.key_hex)
+    if args.key_type is not None or args.key_hex is not None:
+        encode_cli_key(args.key, args.key_type or "string", args.key_hex)  # fail before Kafka
+    elif not args.key:
+        raise CliError("give the key: --key VALUE (or --key-hex HEX)")
     connected = connection(args)
     with open_view(connected, args.checkpoint_topic) as view:
         checkpoint = select_checkpoint(view, args.application, args.checkpoint)
     check_operator(checkpoint, args.operator)
+    types = key_types_to_use(
+        args.key_type, checkpoint.properties,
+        f"checkpoint {checkpoint.checkpoint_id} of application {checkpoint.application!r}")
+    key = encode_cli_key(args.key, ",".join(types or ["string"]), args.key_hex)
+    if types is None and args.key_hex is None:
+        types = ["string"]
+    label = describe_key(key, types)
     max_p = checkpoint.max_parallelism
     key_group = key_group_for_key(key, max_p)
     owners = [s for s in checkpoint.subtasks_of(args.operator)
@@ -62,6 +72,8 @@ def _run(args: argparse.Namespace) -> int:
             "checkpoint_id": checkpoint.checkpoint_id,
             "operator": args.operator,
             "key_hex": key.hex(),
+            "key": key_values(key, types),
+            "key_types": types,
             "key_group": key_group,
             "max_parallelism": max_p,
             "subtask": subtask.subtask_index,
@@ -72,11 +84,11 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(f"application {checkpoint.application}, checkpoint {checkpoint.checkpoint_id} "
               f"({when(checkpoint.timestamp_ms)}), operator {args.operator}")
-        print(f"key 0x{key.hex()}: key group {key_group} of {max_p}, subtask "
+        print(f"key {label}: key group {key_group} of {max_p}, subtask "
               f"{subtask.subtask_index} of {subtask.parallelism}")
         print(table(["STATE", "KIND", "SERIALIZER", "VALUE"], shown))
     if not found:
-        progress(f"key 0x{key.hex()} has no state in operator {args.operator!r} at checkpoint "
+        progress(f"key {label} has no state in operator {args.operator!r} at checkpoint "
                  f"{checkpoint.checkpoint_id} of application {checkpoint.application!r}")
         return 1
     return 0
@@ -93,10 +105,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser],
     parser.add_argument("--key", action="append", metavar="VALUE",
                         help="the key; for a composite key its values comma-separated, or "
                              "--key repeated")
-    parser.add_argument("--key-type", default="string", metavar="TYPE[,TYPE...]",
-                        help="Spark type of each key column (default string): string, "
-                             "binary (hex), boolean, tinyint..bigint, decimal(p,s), date, "
-                             "timestamp, timestamp_ntz")
+    parser.add_argument("--key-type", metavar="TYPE[,TYPE...]",
+                        help="Spark type of each key column: string, binary (hex), boolean, "
+                             "tinyint..bigint, float, double, decimal(p,s), date, timestamp, "
+                             "timestamp_ntz (default: the types the checkpoint records, else "
+                             "string)")
     parser.add_argument("--key-hex", metavar="HEX", help="the key's stored bytes, in hex")
     parser.add_argument("--checkpoint", type=int, metavar="ID",
                         help="checkpoint id (default: the latest)")

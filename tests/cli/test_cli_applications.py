@@ -197,7 +197,8 @@ def test_state_of_a_string_key_is_decoded_by_serializer(shop: Shop) -> None:
     group = kg(b"user-3")
     assert {k: v for k, v in shown.items() if k != "states"} == {
         "application": "alpha", "checkpoint_id": 2, "operator": "clicks",
-        "key_hex": b"user-3".hex(), "key_group": group, "max_parallelism": MAX_P,
+        "key_hex": b"user-3".hex(), "key": ["user-3"], "key_types": ["string"],
+        "key_group": group, "max_parallelism": MAX_P,
         "subtask": group * 2 // MAX_P, "parallelism": 2, "found": True}
     assert shown["states"] == [
         {"state": "blob", "kind": "value", "value_serializer": "bytes",
@@ -241,6 +242,7 @@ def test_state_of_typed_and_composite_keys(shop: Shop) -> None:
     composite = _state(shop, "alpha", "--operator", "regions", "--key-type", "string,bigint",
                        "--key", "eu,7")
     assert composite["key_hex"] == region_key("eu", 7).hex()
+    assert composite["key"] == ["eu", 7] and composite["key_types"] == ["string", "bigint"]
     assert composite["key_group"] == kg(region_key("eu", 7))
     assert _values(composite) == {"visits": 702}
     repeated = _state(shop, "alpha", "--operator", "regions", "--key-type", "string,bigint",
@@ -250,7 +252,45 @@ def test_state_of_typed_and_composite_keys(shop: Shop) -> None:
     assert by_id["key_hex"] == id_key(4).hex() == "0000000000000004"
     assert _values(by_id) == {"label": "id-4"}
     as_hex = _state(shop, "alpha", "--operator", "clicks", "--key-hex", b"user-3".hex())
-    assert as_hex == _state(shop, "alpha", "--operator", "clicks", "--key", "user-3")
+    by_name = _state(shop, "alpha", "--operator", "clicks", "--key", "user-3")
+    # Hex alone says nothing of the key's type (this checkpoint records none).
+    assert as_hex == {**by_name, "key": None, "key_types": None}
+
+
+def test_state_keys_take_the_types_their_checkpoint_records(kafka_cluster: Any) -> None:
+    """A Spark application records its key column types: ``--key 4`` finds a bigint key
+    without ``--key-type``, an equivalent type is accepted, another refused by name."""
+    topics = Topics.fresh()
+    ids = Deployment(kafka_cluster, "ids", topics)
+    try:
+        ids.run_round(1, {"by-id": Operator(2, ids_work(6))}, 1, int(time.time() * 1000),
+                      materialize=True, properties={"spark.key_types": '["bigint"]'})
+    finally:
+        ids.close()
+    found = cli_json(*topics.cli_args(kafka_cluster), "state", "ids", "--operator", "by-id",
+                     "--key", "4", "--json")
+    assert (found["key"], found["key_types"], found["key_hex"]) == (
+        [4], ["bigint"], id_key(4).hex())
+    assert _values(found) == {"label": "id-4"}
+    as_int = cli_json(*topics.cli_args(kafka_cluster), "state", "ids", "--operator", "by-id",
+                      "--key-type", "int", "--key", "4", "--json")
+    assert _values(as_int) == {"label": "id-4"} and as_int["key_types"] == ["int"]
+    shown = cli(*topics.cli_args(kafka_cluster), "state", "ids", "--operator", "by-id",
+                "--key-hex", id_key(5).hex())
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1].startswith(
+        f"key 5 (bigint; 0x{id_key(5).hex()}): key group {kg(id_key(5))} of 128, subtask ")
+    refused = cli(*topics.cli_args(kafka_cluster), "state", "ids", "--operator", "by-id",
+                  "--key-type", "string", "--key", "4")
+    assert refused.returncode == 2
+    assert ("--key-type string: checkpoint 1 of application 'ids' records its key column "
+            "type(s) as ['bigint'] (property spark.key_types); keys of type(s) ['string'] "
+            "have other bytes and would not find their state. Omit --key-type to use the "
+            "recorded type(s)") in refused.stderr
+    bad = cli(*topics.cli_args(kafka_cluster), "state", "ids", "--operator", "by-id",
+              "--key", "four")
+    assert bad.returncode == 2
+    assert "key value 'four' is not a bigint" in bad.stderr
 
 
 def test_state_as_a_table(shop: Shop) -> None:
@@ -260,8 +300,8 @@ def test_state_as_a_table(shop: Shop) -> None:
     group = kg(b"b-2")
     assert lines[0] == (f"application beta, checkpoint 1 ({when(shop.times['beta-1'])}), "
                         "operator clicks")
-    assert lines[1] == (f"key 0x{b'b-2'.hex()}: key group {group} of 128, subtask "
-                        f"{group * 3 // MAX_P} of 3")
+    assert lines[1] == (f"key \"b-2\" (string; 0x{b'b-2'.hex()}): key group {group} of 128, "
+                        f"subtask {group * 3 // MAX_P} of 3")
     assert [re.split(r"\s{2,}", line) for line in lines[2:]] == [
         ["STATE", "KIND", "SERIALIZER", "VALUE"],
         ["blob", "value", "bytes", "0x00ff02"],
@@ -277,8 +317,8 @@ def test_state_as_a_table(shop: Shop) -> None:
 def test_state_of_an_unknown_key_exits_1_and_bad_requests_exit_2(shop: Shop) -> None:
     missing = cli(*shop.args("state", "alpha", "--operator", "clicks", "--key", "nobody"))
     assert missing.returncode == 1
-    assert (f"key 0x{b'nobody'.hex()} has no state in operator 'clicks' at checkpoint 2 of "
-            "application 'alpha'") in missing.stderr
+    assert (f"key \"nobody\" (string; 0x{b'nobody'.hex()}) has no state in operator 'clicks' "
+            "at checkpoint 2 of application 'alpha'") in missing.stderr
     operator = cli(*shop.args("state", "alpha", "--operator", "nope", "--key", "x"))
     assert operator.returncode == 2
     assert ("checkpoint 2 of application 'alpha' has no operator 'nope'; its operators: "
@@ -287,7 +327,8 @@ def test_state_of_an_unknown_key_exits_1_and_bad_requests_exit_2(shop: Shop) -> 
     floating = cli(*shop.args("state", "alpha", "--operator", "clicks", "--key-type", "double",
                               "--key", "1.5"))
     assert floating.returncode == 1
-    assert "key 0x3ff8000000000000 has no state in operator 'clicks'" in floating.stderr
+    assert ("key 1.5 (double; 0x3ff8000000000000) has no state in operator 'clicks'"
+            in floating.stderr)
     complex_key = cli(*shop.args("state", "alpha", "--operator", "clicks", "--key-type",
                                  "array<string>", "--key", "x"))
     assert complex_key.returncode == 2

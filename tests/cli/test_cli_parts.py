@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from decimal import Decimal
 
 import pytest
 
-from kafka_changelog.cli.keyarg import encode_cli_key, split_types
+from kafka_changelog.cli.keyarg import (
+    describe_key,
+    encode_cli_key,
+    key_types_to_use,
+    key_values,
+    split_types,
+)
 from kafka_changelog.cli.main import build_parser
 from kafka_changelog.cli.options import (
     CliError,
@@ -48,6 +55,44 @@ def test_split_types_keeps_decimal_commas() -> None:
 def test_keys_are_encoded_like_the_library(values: list[str], types: str,
                                            python: list[object]) -> None:
     assert encode_cli_key(values, types, None) == encode_key(python, split_types(types))
+
+
+def test_key_types_come_from_the_checkpoint_unless_given() -> None:
+    recorded = {"spark.key_types": '["string", "decimal(10,2)"]'}
+    where = "checkpoint 3 of application 'shop'"
+    assert key_types_to_use(None, recorded, where) == ["string", "decimal(10,2)"]
+    assert key_types_to_use(None, {}, where) is None
+    assert key_types_to_use("binary,decimal(12,2)", recorded, where) == [
+        "binary", "decimal(12,2)"]  # same bytes for equal values
+    assert key_types_to_use("bigint", {}, where) == ["bigint"]
+    with pytest.raises(CliError, match=re.escape(
+            "--key-type string,decimal(10,3): checkpoint 3 of application 'shop' records its "
+            "key column type(s) as ['string', 'decimal(10,2)'] (property spark.key_types)")):
+        key_types_to_use("string,decimal(10,3)", recorded, where)
+    with pytest.raises(CliError, match="records its key column type"):
+        key_types_to_use("string", recorded, where)  # one column for two
+    with pytest.raises(CliError, match="has type map<string,int>, which cannot be a state"):
+        key_types_to_use("map<string,int>", recorded, where)
+    with pytest.raises(CliError, match=re.escape(
+            "checkpoint 3 of application 'shop': checkpoint property spark.key_types is not "
+            "a list of type names: '\"string\"'")):
+        key_types_to_use(None, {"spark.key_types": '"string"'}, where)
+
+
+def test_keys_are_described_by_their_types() -> None:
+    key = encode_key(["eu", 7, dt.date(2025, 6, 1), b"\x01"],
+                     ["string", "bigint", "date", "binary"])
+    assert key_values(key, ["string", "bigint", "date", "binary"]) == [
+        "eu", 7, "2025-06-01", "0x01"]
+    assert describe_key(b"user-7", ["string"]) == '"user-7" (string; 0x757365722d37)'
+    assert describe_key(encode_key([Decimal("2.50")], ["decimal(5,2)"]), ["decimal(5,2)"]) == (
+        '"2.50" (decimal(5,2); 0x322e3530)')
+    assert describe_key(encode_key([float("nan")], ["double"]), ["double"]) == (
+        '"nan" (double; 0x7ff8000000000000)')
+    assert describe_key(b"\xff", ["string"]) == "0xff"  # not UTF-8: hex only
+    assert describe_key(b"abc", ["bigint"]) == "0x616263"  # not 8 bytes
+    assert describe_key(b"abc", None) == "0x616263"
+    assert key_values(b"abc", None) is None
 
 
 def test_key_hex_and_key_errors() -> None:
