@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 import struct
 from collections.abc import Mapping, Sequence
@@ -130,6 +131,42 @@ def recorded_key_types(properties: Mapping[str, str]) -> list[str] | None:
         raise ValueError(f"checkpoint property {KEY_TYPES_PROPERTY} is not a list of type "
                          f"names: {recorded!r}")
     return types
+
+
+def key_json(key: bytes, type_names: Sequence[str] | None) -> list[Any] | None:
+    """The key's column values as JSON data, or None when ``type_names`` is None or does
+    not decode ``key``: ``binary`` as ``0x`` hex, ``decimal`` as its text, ``date`` and
+    ``timestamp`` as ISO 8601, non-finite doubles as ``NaN``, ``Infinity``, ``-Infinity``."""
+    if type_names is None:
+        return None
+    try:
+        return [_json_value(v) for v in decode_key(key, type_names)]
+    except (KeyTypeError, ValueError, ArithmeticError, OverflowError):
+        return None
+
+
+def key_text(key: bytes, type_names: Sequence[str] | None) -> str | None:
+    """The key as text: one column's value as is (``user-7``, ``42``, ``2025-06-01``),
+    several as a JSON array (``["eu",7]``); None as for :func:`key_json`."""
+    values = key_json(key, type_names)
+    if values is None:
+        return None
+    if len(values) == 1:
+        value = values[0]
+        return value if isinstance(value, str) else json.dumps(value)
+    return json.dumps(values, separators=(",", ":"))
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
 
 
 def encode_key_part(value: Any, type_name: str, column: str = "key") -> bytes:

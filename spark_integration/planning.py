@@ -20,6 +20,7 @@ from kafka_changelog.kafka.config import KafkaChangelogConfig
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.keygroups import KeyGroupRange
+from kafka_changelog.keys import recorded_key_types
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 from kafka_changelog.state.errors import CheckpointNotFoundError, CheckpointStoreError
@@ -285,6 +286,8 @@ class ChangesTask:
     operator: str
     subtask: int
     slice: OffsetSlice
+    #: The key column types the checkpoint records (None: not recorded): ``key_decoded``.
+    key_types: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,8 @@ class StateTask:
     subtask: int
     key_groups: KeyGroupRange
     handle: KeyedStateHandle
+    #: The key column types the checkpoint records (None: not recorded): ``key_decoded``.
+    key_types: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -341,9 +346,20 @@ def _kafka_handles(checkpoint: CompletedCheckpoint, operator: str, subtask: int,
     return handles
 
 
+def _key_types(checkpoint: CompletedCheckpoint) -> tuple[str, ...] | None:
+    try:
+        recorded = recorded_key_types(checkpoint.properties)
+    except ValueError as exc:
+        raise UnreadableCheckpointError(
+            f"checkpoint {checkpoint.checkpoint_id} of application "
+            f"{checkpoint.application!r}: {exc}") from exc
+    return tuple(recorded) if recorded is not None else None
+
+
 def plan_changes(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                  slice_offsets: int) -> list[ChangesTask]:
     """One task per offset slice (at most ``slice_offsets``) of every changelog handle range."""
+    key_types = _key_types(checkpoint)
     tasks = []
     for operator in operators:
         for subtask in checkpoint.subtasks_of(operator):
@@ -358,13 +374,14 @@ def plan_changes(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                         tasks.append(ChangesTask(operator, subtask.subtask_index, OffsetSlice(
                             handle.topic, r.partition, start, end, handle.log_id,
                             key_groups.start, key_groups.end, handle.from_sequence_number,
-                            handle.to_sequence_number)))
+                            handle.to_sequence_number), key_types))
     return tasks
 
 
 def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                slice_key_groups: int) -> list[StateTask]:
     """One task per key-group slice (at most ``slice_key_groups``) of every subtask."""
+    key_types = _key_types(checkpoint)
     tasks = []
     for operator in operators:
         for subtask in checkpoint.subtasks_of(operator):
@@ -376,7 +393,7 @@ def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                 narrowed = keyed.intersection(key_groups)
                 if narrowed is not None:
                     tasks.append(StateTask(operator, subtask.subtask_index, key_groups,
-                                           narrowed))
+                                           narrowed, key_types))
     return tasks
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.errors import RecordDecodeError
+from kafka_changelog.keys import key_text
 from kafka_changelog.state.ops import StateMeta
 from kafka_changelog.state.restore import load_keyed_state
 from kafka_changelog.state.table import StateTable
@@ -49,6 +50,7 @@ CHANGES_SCHEMA = pa.schema([
     pa.field("map_key", pa.binary()),
     pa.field("value", pa.binary()),
     pa.field("values", _BINARY_LIST),
+    pa.field("key_decoded", pa.string()),
 ])
 
 #: Mode ``state``: one row per (state, key[, map key | list index]) at the checkpoint.
@@ -62,6 +64,7 @@ STATE_SCHEMA = pa.schema([
     pa.field("list_index", pa.int32()),
     pa.field("value", pa.binary()),
     pa.field("value_decoded", pa.string()),
+    pa.field("key_decoded", pa.string()),
 ])
 
 
@@ -73,10 +76,12 @@ class ChangeRows:
     every other change is decoded as a ``StateOp``.
     """
 
-    def __init__(self, operator: str, subtask: int, piece: OffsetSlice) -> None:
+    def __init__(self, operator: str, subtask: int, piece: OffsetSlice,
+                 key_types: Sequence[str] | None = None) -> None:
         self._operator = operator
         self._subtask = subtask
         self._slice = piece
+        self._key_types = key_types
         self._clear()
 
     def _clear(self) -> None:
@@ -165,15 +170,17 @@ class ChangeRows:
             pa.array(self._map_key, pa.binary()),
             pa.array(self._value, pa.binary()),
             pa.array(self._values, _BINARY_LIST),
+            pa.array(decoded_keys(self._key, self._key_types), pa.string()),
         ], schema=CHANGES_SCHEMA)
         self._clear()
         return batch
 
 
 def change_batches(changes: Iterable[ScannedChange], operator: str, subtask: int,
-                   piece: OffsetSlice, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+                   piece: OffsetSlice, batch_rows: int = BATCH_ROWS,
+                   key_types: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Record batches of at most ``batch_rows`` rows of the slice's ``changes``."""
-    rows = ChangeRows(operator, subtask, piece)
+    rows = ChangeRows(operator, subtask, piece, key_types)
     source = iter(changes)
     while True:
         taken = rows.fill(source, batch_rows)
@@ -181,6 +188,25 @@ def change_batches(changes: Iterable[ScannedChange], operator: str, subtask: int
             yield rows.flush()
         if taken < batch_rows:
             return
+
+
+def decoded_keys(keys: Sequence[bytes | None], key_types: Sequence[str] | None
+                 ) -> list[str | None]:
+    """``key_decoded`` of rows with these keys: :func:`~kafka_changelog.keys.key_text`
+    with the recorded key column types (None without them, for registrations and for
+    keys they do not decode)."""
+    if key_types is None:
+        return [None] * len(keys)
+    texts: dict[bytes, str | None] = {}  # the rows of one key are many (entries, changes)
+    decoded: list[str | None] = []
+    for key in keys:
+        if key is None:
+            decoded.append(None)
+            continue
+        if key not in texts:
+            texts[key] = key_text(key, key_types)
+        decoded.append(texts[key])
+    return decoded
 
 
 # -- state rows ------------------------------------------------------------------------------
@@ -235,26 +261,29 @@ def state_rows(table: KeyedStateTable, operator: str) -> Iterator[StateRow]:
                            render_value(serializer, item))
 
 
-def rows_to_batch(rows: list[StateRow]) -> pa.RecordBatch:
-    """State rows as one record batch of :data:`STATE_SCHEMA`."""
+def rows_to_batch(rows: list[StateRow], key_types: Sequence[str] | None = None
+                  ) -> pa.RecordBatch:
+    """State rows as one record batch of :data:`STATE_SCHEMA` (``key_decoded`` from the
+    key column and ``key_types``)."""
     columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)] if rows else [
-        [] for _ in STATE_SCHEMA]
+        [] for _ in STATE_SCHEMA[:-1]]
+    columns.append(decoded_keys(columns[4], key_types))
     return pa.RecordBatch.from_arrays(
         [pa.array(column, f.type) for column, f in zip(columns, STATE_SCHEMA, strict=True)],
         schema=STATE_SCHEMA)
 
 
-def state_batches(table: KeyedStateTable, operator: str,
-                  batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+def state_batches(table: KeyedStateTable, operator: str, batch_rows: int = BATCH_ROWS,
+                  key_types: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
     """Record batches of at most ``batch_rows`` rows of :func:`state_rows`."""
     rows: list[StateRow] = []
     for row in state_rows(table, operator):
         rows.append(row)
         if len(rows) >= batch_rows:
-            yield rows_to_batch(rows)
+            yield rows_to_batch(rows, key_types)
             rows = []
     if rows:
-        yield rows_to_batch(rows)
+        yield rows_to_batch(rows, key_types)
 
 
 # -- one input partition ---------------------------------------------------------------------
@@ -271,10 +300,10 @@ def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
     if isinstance(task, ChangesTask):
         with SliceReader(options.changelog_config()) as reader:
             yield from change_batches(reader.scan(task.slice), task.operator, task.subtask,
-                                      task.slice, batch_rows)
+                                      task.slice, batch_rows, task.key_types)
         return
     table = StateTable()
     chunks = ChunkReader(options.snapshot_config())
     with SliceReader(options.changelog_config()) as reader:
         load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
-    yield from state_batches(table, task.operator, batch_rows)
+    yield from state_batches(table, task.operator, batch_rows, task.key_types)

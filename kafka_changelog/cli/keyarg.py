@@ -11,7 +11,6 @@ from __future__ import annotations
 import binascii
 import datetime as dt
 import json
-import math
 from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -20,8 +19,8 @@ from ..keys import (
     KEY_TYPES_PROPERTY,
     KeyTypeError,
     check_key_type,
-    decode_key,
     encode_key,
+    key_json,
     recorded_key_types,
     same_key_encoding,
 )
@@ -151,31 +150,8 @@ def key_types_to_use(given: str | None, properties: Mapping[str, str], where: st
 def describe_key(key: bytes, types: Sequence[str] | None) -> str:
     """``"user-7" (string; 0x757365722d37)``; the hex alone if the types are unknown or
     do not decode the bytes."""
-    values = key_values(key, types)
+    values = key_json(key, types)
     if values is None or types is None:
         return f"0x{key.hex()}"
     shown = json.dumps(values[0] if len(values) == 1 else values)
     return f"{shown} ({', '.join(types)}; 0x{key.hex()})"
-
-
-def key_values(key: bytes, types: Sequence[str] | None) -> list[Any] | None:
-    """The key's column values as JSON data (bytes as ``0x`` hex, decimals, dates and
-    times as text), or None if ``types`` is None or does not decode ``key``."""
-    if types is None:
-        return None
-    try:
-        return [_json_value(v) for v in decode_key(key, types)]
-    except (KeyTypeError, ValueError, ArithmeticError, OverflowError):
-        return None
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return "0x" + value.hex()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, (dt.date, dt.datetime)):
-        return value.isoformat()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value

@@ -11,7 +11,8 @@ import argparse
 from typing import Any
 
 from ..keygroups import KeyGroupRange, key_group_for_key
-from .keyarg import describe_key, encode_cli_key, key_types_to_use, key_values
+from ..keys import key_json
+from .keyarg import describe_key, encode_cli_key, key_types_to_use
 from .options import CliError, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, table, when
 from .readonly import check_operator, open_view, select_checkpoint
@@ -72,7 +73,7 @@ def _run(args: argparse.Namespace) -> int:
             "checkpoint_id": checkpoint.checkpoint_id,
             "operator": args.operator,
             "key_hex": key.hex(),
-            "key": key_values(key, types),
+            "key": key_json(key, types),
             "key_types": types,
             "key_group": key_group,
             "max_parallelism": max_p,

@@ -12,7 +12,6 @@ from kafka_changelog.cli.keyarg import (
     describe_key,
     encode_cli_key,
     key_types_to_use,
-    key_values,
     split_types,
 )
 from kafka_changelog.cli.main import build_parser
@@ -24,7 +23,7 @@ from kafka_changelog.cli.options import (
 )
 from kafka_changelog.cli.output import age, size, table
 from kafka_changelog.cli.values import Raw, decode_entry, to_json, to_text
-from kafka_changelog.keys import KeyTypeError, encode_key
+from kafka_changelog.keys import KeyTypeError, encode_key, key_json
 from kafka_changelog.state.descriptors import StateKind
 from kafka_changelog.state.ops import StateMeta
 from kafka_changelog.state.serializers import FLOAT64, INT64, JSON, UTF8
@@ -82,17 +81,17 @@ def test_key_types_come_from_the_checkpoint_unless_given() -> None:
 def test_keys_are_described_by_their_types() -> None:
     key = encode_key(["eu", 7, dt.date(2025, 6, 1), b"\x01"],
                      ["string", "bigint", "date", "binary"])
-    assert key_values(key, ["string", "bigint", "date", "binary"]) == [
+    assert key_json(key, ["string", "bigint", "date", "binary"]) == [
         "eu", 7, "2025-06-01", "0x01"]
     assert describe_key(b"user-7", ["string"]) == '"user-7" (string; 0x757365722d37)'
     assert describe_key(encode_key([Decimal("2.50")], ["decimal(5,2)"]), ["decimal(5,2)"]) == (
         '"2.50" (decimal(5,2); 0x322e3530)')
     assert describe_key(encode_key([float("nan")], ["double"]), ["double"]) == (
-        '"nan" (double; 0x7ff8000000000000)')
+        '"NaN" (double; 0x7ff8000000000000)')
     assert describe_key(b"\xff", ["string"]) == "0xff"  # not UTF-8: hex only
     assert describe_key(b"abc", ["bigint"]) == "0x616263"  # not 8 bytes
     assert describe_key(b"abc", None) == "0x616263"
-    assert key_values(b"abc", None) is None
+    assert key_json(b"abc", None) is None
 
 
 def test_key_hex_and_key_errors() -> None:

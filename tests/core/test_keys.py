@@ -18,6 +18,8 @@ from kafka_changelog.keys import (
     encode_key,
     encode_key_part,
     key_encoding,
+    key_json,
+    key_text,
 )
 
 UTC = dt.timezone.utc
@@ -145,3 +147,24 @@ def test_a_string_key_has_the_bytes_of_its_utf8_binary() -> None:
 ])
 def test_types_of_other_key_encodings_differ(first: str, second: str) -> None:
     assert key_encoding(first) != key_encoding(second)
+
+
+def test_keys_as_text_and_json_for_readers() -> None:
+    assert key_text(b"user-7", ["string"]) == "user-7"
+    assert key_text(encode_key([42], ["bigint"]), ["bigint"]) == "42"
+    assert key_text(encode_key([True], ["boolean"]), ["boolean"]) == "true"
+    assert key_text(encode_key([1.5], ["double"]), ["double"]) == "1.5"
+    assert key_text(encode_key([float("inf")], ["double"]), ["double"]) == "Infinity"
+    assert key_text(encode_key([dt.date(2025, 6, 1)], ["date"]), ["date"]) == "2025-06-01"
+    moment = dt.datetime(2025, 6, 1, 12, 30, tzinfo=dt.timezone.utc)
+    assert key_text(encode_key([moment], ["timestamp"]), ["timestamp"]) == (
+        "2025-06-01T12:30:00+00:00")
+    assert key_text(encode_key([b"\x00\xff"], ["binary"]), ["binary"]) == "0x00ff"
+    assert key_text(encode_key([Decimal("-3.10")], ["decimal(6,2)"]), ["decimal(6,2)"]) == (
+        "-3.10")
+    composite = encode_key(["eu", 7, 2.0], ["string", "bigint", "double"])
+    assert key_text(composite, ["string", "bigint", "double"]) == '["eu",7,2.0]'
+    assert key_json(composite, ["string", "bigint", "double"]) == ["eu", 7, 2.0]
+    assert key_text(b"abc", ["bigint"]) is None  # not 8 bytes: not a bigint key
+    assert key_text(b"\xff", ["string"]) is None  # not UTF-8
+    assert key_text(b"abc", None) is None

@@ -6,7 +6,6 @@ exactly once (never taken for a re-run of an old batch and dropped)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -36,14 +35,9 @@ from spark_integration.streaming import (
     stateful_foreach_batch,
 )
 
+from .file_batches import write_batches
+
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
-
-
-def write_files(directory: Path, chunks: list[list[dict[str, Any]]]) -> None:
-    directory.mkdir(parents=True)
-    for number, chunk in enumerate(chunks):
-        (directory / f"part-{number:03d}.json").write_text(
-            "\n".join(json.dumps(e) for e in chunk) + "\n")
 
 
 def run_query(spark: Any, config: StreamingStateConfig, output_topic: str, input_dir: Path,
@@ -84,8 +78,8 @@ def test_a_fresh_checkpoint_location_continues_the_application(
     output_topic = f"{prefix}-totals"
     ensure_topic(kafka_cluster.client_config(), output_topic)
     all_events = list(events(150, 12))
-    write_files(tmp_path / "in-1", [all_events[:50], all_events[50:100]])
-    write_files(tmp_path / "in-2", [all_events[100:]])
+    write_batches(tmp_path / "in-1", [all_events[:50], all_events[50:100]])
+    write_batches(tmp_path / "in-2", [all_events[100:]])
 
     first = run_query(spark, config, output_topic, tmp_path / "in-1", tmp_path / "chk-1")
     assert [(r.batch_id, r.checkpoint_id, r.committed) for r in first] == [(0, 1, True),
@@ -120,7 +114,7 @@ def one_committed_batch(spark: Any, kafka_cluster: Any, tmp_path: Path, prefix: 
     output_topic = f"{prefix}-totals"
     ensure_topic(kafka_cluster.client_config(), output_topic)
     all_events = list(events(100, 12))
-    write_files(tmp_path / "in", [all_events])
+    write_batches(tmp_path / "in", [all_events])
     run_query(spark, config, output_topic, tmp_path / "in", tmp_path / "chk")
     return config, output_topic, all_events
 

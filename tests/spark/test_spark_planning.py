@@ -5,9 +5,11 @@ Pure Python: no Spark, no broker.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 
 from kafka_changelog import InMemoryChangelogHandle, KeyGroupRange, RecordDecodeError
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
+from kafka_changelog.keys import encode_key
 from kafka_changelog.serialization import load_schema
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
@@ -52,6 +55,7 @@ from spark_integration.rows import (
     META_OP,
     STATE_SCHEMA,
     change_batches,
+    decoded_keys,
     render_value,
     state_batches,
 )
@@ -203,6 +207,19 @@ def test_changes_tasks_cover_every_range_with_the_handle_filters() -> None:
         (1, "w2", 3): [(0, 100), (100, 200), (200, 250)],  # the empty range [8, 8) is skipped
     }
     assert len(plan_changes(checkpoint, ["op"], 10**9)) == 4
+
+
+def test_tasks_carry_the_key_types_the_checkpoint_records() -> None:
+    plain = two_subtasks()
+    assert {t.key_types for t in plan_changes(plain, ["op"], 100)} == {None}
+    typed = dataclasses.replace(plain, properties={"spark.key_types": '["string", "bigint"]'})
+    assert {t.key_types for t in plan_changes(typed, ["op"], 100)} == {("string", "bigint")}
+    assert {t.key_types for t in plan_state(typed, ["op"], 20)} == {("string", "bigint")}
+    broken = dataclasses.replace(plain, properties={"spark.key_types": '{"a": 1}'})
+    with pytest.raises(UnreadableCheckpointError, match=re.escape(
+            "checkpoint 7 of application 'shop': checkpoint property spark.key_types is not "
+            "a list of type names")):
+        plan_state(broken, ["op"], 20)
 
 
 def test_state_tasks_are_key_group_slices_of_each_subtask() -> None:
@@ -378,7 +395,8 @@ def test_change_rows_decode_ops_and_registrations() -> None:
     assert rows[0] == {
         "operator": "op", "subtask": 1, "log_id": "w-1", "key_group": None, "topic": "log",
         "partition": 2, "offset": 100, "sequence_number": 3, "position": 0, "op": META_OP,
-        "state": "pages", "key": None, "map_key": None, "value": meta, "values": None}
+        "state": "pages", "key": None, "map_key": None, "value": meta, "values": None,
+        "key_decoded": None}
     assert [(r["op"], r["state"], r["key"], r["map_key"], r["value"], r["values"])
             for r in rows[1:]] == [
         ("MAP_PUT", "pages", b"u1", b"home", b"\x01", None),
@@ -387,6 +405,18 @@ def test_change_rows_decode_ops_and_registrations() -> None:
     ]
     assert [r["offset"] for r in rows] == [100, 101, 102, 103]
     assert {r["key_group"] for r in rows[1:]} == {70}
+    assert [r["key_decoded"] for r in rows] == [None] * 4  # no key types recorded
+    typed = [r for b in change_batches(changes, "op", 1, SLICE, key_types=("string",))
+             for r in b.to_pylist()]
+    assert [r["key_decoded"] for r in typed] == [None, "u1", "u2", "u3"]
+
+
+def test_key_decoded_follows_the_recorded_key_types() -> None:
+    ids = [encode_key((n,), ("bigint",)) for n in (7, 7, -2)]
+    assert decoded_keys([None, *ids, b"odd"], ("bigint",)) == [None, "7", "7", "-2", None]
+    assert decoded_keys(ids, None) == [None, None, None]
+    pair = encode_key(("eu", 10**12), ("string", "bigint"))
+    assert decoded_keys([pair], ("string", "bigint")) == ['["eu",1000000000000]']
 
 
 def test_an_undecodable_payload_names_its_offset() -> None:
@@ -415,13 +445,16 @@ def test_state_rows_expand_lists_and_maps_in_order() -> None:
     assert all(b.schema.equals(STATE_SCHEMA) for b in batches)
     rows = [tuple(r.values()) for b in batches for r in b.to_pylist()]
     assert rows == [
-        ("op", 3, "raw", "REDUCING", b"v", None, None, b"\x00", None),
-        ("op", 9, "count", "VALUE", b"u", None, None, struct.pack(">q", 7), "7"),
-        ("op", 9, "events", "LIST", b"u", None, 0, b"x", "x"),
-        ("op", 9, "events", "LIST", b"u", None, 1, b"y", "y"),
-        ("op", 9, "pages", "MAP", b"u", b"a", None, b"{}", "{}"),
-        ("op", 9, "pages", "MAP", b"u", b"b", None, b"[1]", "[1]"),
+        ("op", 3, "raw", "REDUCING", b"v", None, None, b"\x00", None, None),
+        ("op", 9, "count", "VALUE", b"u", None, None, struct.pack(">q", 7), "7", None),
+        ("op", 9, "events", "LIST", b"u", None, 0, b"x", "x", None),
+        ("op", 9, "events", "LIST", b"u", None, 1, b"y", "y", None),
+        ("op", 9, "pages", "MAP", b"u", b"a", None, b"{}", "{}", None),
+        ("op", 9, "pages", "MAP", b"u", b"b", None, b"[1]", "[1]", None),
     ]
+    typed = [r["key_decoded"] for b in state_batches(table, "op", key_types=("string",))
+             for r in b.to_pylist()]
+    assert typed == ["v", "u", "u", "u", "u", "u"]
     assert list(state_batches(StateTable(), "op")) == []
 
 

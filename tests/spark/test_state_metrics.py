@@ -22,6 +22,8 @@ from spark_integration.streaming import (
     stateful_foreach_batch,
 )
 
+from .file_batches import write_batches
+
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 COUNT = value_state("count", INT64)
@@ -104,10 +106,8 @@ def test_a_listener_gets_each_batch_report_with_sparks_progress(
     prefix = f"listen-{uuid.uuid4().hex[:8]}"
     config = config_for(kafka_cluster, prefix)
     source = tmp_path / "in"
-    source.mkdir()
-    for number in range(3):
-        (source / f"part-{number}.json").write_text("\n".join(
-            json.dumps({"user": f"u{i % 5}", "page": f"p{number}-{i}"}) for i in range(8)))
+    write_batches(source, [[{"user": f"u{i % 5}", "page": f"p{number}-{i}"} for i in range(8)]
+                           for number in range(3)])
     received: list[tuple[BatchReport, Any]] = []
     processor = stateful_foreach_batch(config, per_user, "user", "user string, n long")
     listener = StateMetricsListener(processor, lambda r, p: received.append((r, p)))

@@ -9,6 +9,7 @@ Python value. A null key fails the batch naming the column: never dropped.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import uuid
 from decimal import Decimal
@@ -19,7 +20,7 @@ import pandas as pd
 import pytest
 
 from kafka_changelog import key_group_for_key, key_group_range_for_operator
-from kafka_changelog.keys import NullKeyError, encode_key
+from kafka_changelog.keys import NullKeyError, decode_key, encode_key
 from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.serializers import INT64
 from spark_integration.keys import key_sql
@@ -205,17 +206,26 @@ def test_long_user_ids_and_composite_keys_through_the_reader(spark: Any,
     from spark_integration.datasource import register
 
     register(spark)
-    state = (spark.read.format("kafka-changelog").option("mode", "state")
-             .option("kafka.bootstrap.servers", kafka_cluster.bootstrap_servers)
-             .option("application", prefix).option("changelog.topic", config.changelog_topic)
-             .option("snapshot.topic", config.snapshot_topic)
-             .option("checkpoint.topic", config.checkpoint_topic).load()
-             .where("state = 'count'").collect())
+    reader = (spark.read.format("kafka-changelog")
+              .option("kafka.bootstrap.servers", kafka_cluster.bootstrap_servers)
+              .option("application", prefix).option("changelog.topic", config.changelog_topic)
+              .option("snapshot.topic", config.snapshot_topic)
+              .option("checkpoint.topic", config.checkpoint_topic))
+    state = reader.option("mode", "state").load().where("state = 'count'").collect()
     by_key = {bytes(r["key"]): (r["key_group"], int(r["value_decoded"])) for r in state}
     assert by_key == {
         encode_key(k, ("string", "bigint")): (
             key_group_for_key(encode_key(k, ("string", "bigint")), 128), n)
         for k, n in expected.items()}
+    # The recorded key types decode the keys: one column's text, several as a JSON array,
+    # which Spark SQL takes apart again.
+    decoded = reader.option("mode", "state").load().where("state = 'count'").selectExpr(
+        "from_json(key_decoded, 'array<string>') AS parts", "cast(value_decoded AS long) AS n")
+    assert {(r.parts[0], int(r.parts[1])): r.n for r in decoded.collect()} == expected
+    changes = reader.option("mode", "changes").load().where("op != 'META'").collect()
+    assert changes and all(
+        r["key_decoded"] == json.dumps(list(decode_key(bytes(r["key"]), ("string", "bigint"))),
+                                       separators=(",", ":")) for r in changes)
     _Process.release(config)
 
 

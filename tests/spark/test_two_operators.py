@@ -30,6 +30,8 @@ from spark_integration.streaming import (
     stateful_foreach_batch,
 )
 
+from .file_batches import write_batches
+
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 SEEN = value_state("seen", INT64)
@@ -59,10 +61,7 @@ def run(spark: Any, processors: list[StatefulProcessor], chunks: list[list[dict[
             p(df, batch_id)
 
     data = checkpoint.parent / f"{checkpoint.name}-in"
-    data.mkdir()
-    for number, chunk in enumerate(chunks):
-        pd.DataFrame(chunk).to_json(data / f"part-{number:03d}.json", orient="records",
-                                    lines=True)
+    write_batches(data, chunks)
     query = (spark.readStream.schema("seq long, user string, kind string, page string, "
                                      "amount double")
              .option("maxFilesPerTrigger", 1).json(str(data))
