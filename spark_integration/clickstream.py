@@ -281,6 +281,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
              .option("checkpointLocation", checkpoint_dir)
              .trigger(processingTime="500 milliseconds").start())
     started = time.monotonic()
+    started_at = time.time()
     try:
         while True:
             done = _processed_offsets(query)
@@ -319,7 +320,9 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
                               for r in processor.reports},
             "batch_seconds": [(round(r.seconds, 2), round(r.task_s, 2), round(r.commit_s, 2),
                                round(r.sink_s, 2)) for r in processor.reports],
-            "seconds": time.monotonic() - started}
+            "seconds": time.monotonic() - started,
+            # Wall-clock time (epoch seconds) from the query's start to its end.
+            "span_s": [started_at, time.time()]}
 
 
 def _processed_offsets(query: Any) -> int:

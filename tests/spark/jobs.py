@@ -65,6 +65,13 @@ class Job:
     materialization_s: float = 2.0
     #: More clickstream arguments (e.g. ``("--vectorized", "--state-backend", "rocksdb")``).
     options: tuple[str, ...] = ()
+    #: Prefix of the state topics (default: ``prefix``; applications may share them).
+    topic_prefix: str | None = None
+
+    @property
+    def topics(self) -> str:
+        """The prefix of the job's changelog, snapshot and checkpoint topics."""
+        return self.topic_prefix or self.prefix
 
     def command(self, parallelism: int, kill_at: str | None = None,
                 stall_dir: Path | None = None, stall_at: str | None = None,
@@ -89,7 +96,7 @@ class Job:
             sys.executable, *module,
             "--bootstrap-servers", self.bootstrap_servers, "--application", self.prefix,
             "--input-topic", self.input_topic, "--output-topic", self.output_topic,
-            "--topic-prefix", self.prefix, "--checkpoint-dir", str(self.checkpoint_dir),
+            "--topic-prefix", self.topics, "--checkpoint-dir", str(self.checkpoint_dir),
             "--parallelism", str(parallelism), "--expected-events", str(self.events),
             "--max-per-batch", str(self.per_batch),
             "--materialization-interval", str(self.materialization_s),
@@ -131,9 +138,9 @@ class Job:
         return StreamingStateConfig(
             application=self.prefix, operator_id=OPERATOR,
             bootstrap_servers=self.bootstrap_servers,
-            changelog_topic=f"{self.prefix}-changelog",
-            snapshot_topic=f"{self.prefix}-snapshots",
-            checkpoint_topic=f"{self.prefix}-checkpoints", partitions=8)
+            changelog_topic=f"{self.topics}-changelog",
+            snapshot_topic=f"{self.topics}-snapshots",
+            checkpoint_topic=f"{self.topics}-checkpoints", partitions=8)
 
 
 def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[str, Any]]:

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from kafka_changelog.testing.process import die_with_parent
 from spark_integration.clickstream import (
     events,
     expected_state,
@@ -42,7 +43,7 @@ from spark_integration.clickstream import (
 )
 from spark_integration.streaming import _Process
 
-from .jobs import LOCAL, Engine, Job, cluster_engine, record_count, state_of
+from .jobs import LOCAL, REPO, Engine, Job, cluster_engine, record_count, state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -189,7 +190,45 @@ def test_vectorized_state_is_exactly_once_across_kills_and_rescaling(
     assert_exactly_once(job, kafka_cluster, spark)
 
 
-def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any) -> None:
+@pytest.mark.spark_cluster
+def test_two_applications_at_once_on_one_cluster_sharing_topics_and_hosts(
+    kafka_cluster: Any, spark: Any, spark_cluster: Any, tmp_path: Path
+) -> None:
+    """Two applications run at the same time on the cluster (one core each), with the
+    RocksDB backend under one host-local state directory and one set of state topics,
+    over the same user names (so the same key groups and changelog partitions): each
+    ends with exactly its own state and outputs."""
+    base = cluster_engine(spark_cluster)
+    engine = Engine(base.name, base.master, {**base.spark_config, "spark.cores.max": "1"})
+    shared = f"two-{uuid.uuid4().hex[:8]}"
+    local_state = tmp_path / "local-state"
+    jobs = [Job(f"{shared}-{name}", kafka_cluster.bootstrap_servers,
+                tmp_path / f"chk-{name}", count, engine, per_batch=PER_BATCH,
+                options=("--state-backend", "rocksdb", "--local-state-dir", str(local_state)),
+                topic_prefix=shared)
+            for name, count in (("a", 1200), ("b", EVENT_COUNT))]
+    settings = kafka_cluster.client_config()
+    for job, users in zip(jobs, (30, USERS), strict=True):
+        produce_events(settings, job.input_topic, job.events, users)
+    running = [subprocess.Popen(job.command(2), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=die_with_parent()) for job in jobs]
+    outcomes = [proc.communicate(timeout=600) for proc in running]
+    for proc, (_, err) in zip(running, outcomes, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outcomes]
+    # They ran at the same time: each one's query started before the other's ended.
+    spans = [summary["span_s"] for summary in summaries]
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans
+    # Each reattached its subtasks' local stores between batches (not restored each time).
+    for summary in summaries:
+        sources = [s for batch in summary["state_sources"].values() for s in batch.values()]
+        assert sources.count("reattached") >= len(sources) // 2, summary["state_sources"]
+    for job, users in zip(jobs, (30, USERS), strict=True):
+        assert_exactly_once(job, kafka_cluster, spark, users)
+
+
+def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any, users: int = USERS) -> None:
     """The job's final state, outputs (ours and through Spark's connector), materialization
     and garbage collection are what the events give, each batch's outputs once."""
     settings = kafka_cluster.client_config()
@@ -199,9 +238,9 @@ def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any) -> None:
     assert latest is not None and latest.checkpoint_id >= 4
     # Materialization and garbage collection ran inside the job: snapshot chunks were
     # written, and retention left only the newest checkpoints.
-    assert record_count(settings, f"{job.prefix}-snapshots") > 0
+    assert record_count(settings, f"{job.topics}-snapshots") > 0
     assert len(coordinator.checkpoints.checkpoint_ids(job.prefix)) <= config.retain
-    expected = expected_state(events(EVENT_COUNT, USERS))
+    expected = expected_state(events(job.events, users))
     assert state_of(config, sorted(expected)) == expected
     _Process.release(config)
     outputs = read_outputs(settings, job.output_topic)
