@@ -82,6 +82,7 @@ from .keys import key_columns_of, key_sql
 from .local_state import CachedBackend
 from .metrics import BatchReport as BatchReport  # public here too
 from .metrics import SubtaskMetrics, log_batch
+from .output_rows import output_records
 from .streaming_config import StreamingStateConfig as StreamingStateConfig  # public here too
 from .subtask_partitioning import partition_by_subtask
 from .vectorized import VectorizedFunction, call_vectorized
@@ -144,9 +145,9 @@ class KeyState:
         return self._backend.state(descriptor)
 
 
-#: ``fn(key, rows, state) -> output rows`` (a DataFrame or an iterable of dicts). ``key``
-#: is the key column's value (str, int, Decimal, date, Timestamp, bool or bytes), or a
-#: tuple of the values of several key columns.
+#: ``fn(key, rows, state) -> output rows`` (a DataFrame, a dict for one row, an iterable
+#: of dicts, or None). ``key`` is the key column's value (str, int, Decimal, date,
+#: Timestamp, bool or bytes), or a tuple of the values of several key columns.
 StatefulFunction = Callable[[Any, pd.DataFrame, KeyState], Any]
 
 
@@ -819,7 +820,9 @@ class _SubtaskTask:
             key_bytes = encoded[start]
             set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
                             key_groups[i])
-            outputs.extend(_as_records(fn(keys[i], rows_of(rows, start, ends[i]), state)))
+            produced = fn(keys[i], rows_of(rows, start, ends[i]), state)
+            if produced is not None:
+                outputs.extend(output_records(produced, keys[i]))
         return len(keys)
 
     def _check_keys(self, rows: pd.DataFrame) -> None:
@@ -917,14 +920,6 @@ def _natural(value: Any) -> Any:
     if type(value) is float:
         return math.nan if value != value else value + 0.0  # -0.0 + 0.0 is 0.0
     return value
-
-
-def _as_records(produced: Any) -> Iterator[dict[str, Any]]:
-    if produced is None:
-        return iter(())
-    if isinstance(produced, pd.DataFrame):
-        return iter(produced.to_dict("records"))
-    return iter(produced)
 
 
 def stateful_foreach_batch(

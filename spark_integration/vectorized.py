@@ -7,7 +7,8 @@ columns only, sorted by key then ``order_by``, index ``0..n-1``) and ``state`` a
 subtask's backend opened for the batch's distinct keys. The function folds rows with
 pandas (``groupby`` aggregates) and reads and writes the state of many keys per call,
 instead of being called once per key with a state object per call; it returns the
-output rows (a DataFrame or an iterable of dicts), like the per-key function.
+output rows (a DataFrame, a dict for one row, an iterable of dicts, or None), like the
+per-key function.
 
 The keys are given by their natural values, exactly as the per-key API gives them
 (a :class:`~spark_integration.streaming.StringKey` for a string column, ``int``,
@@ -30,6 +31,7 @@ from kafka_changelog.state.bulk_state import BulkState
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 
 from .key_runs import keys_at, run_starts
+from .output_rows import output_records
 
 
 class BatchState(BulkState):
@@ -46,8 +48,8 @@ class BatchState(BulkState):
         self.key_index = key_index
 
 
-#: ``fn(rows, state) -> output rows`` (a DataFrame or an iterable of dicts): a subtask's
-#: rows of the batch and the :class:`BatchState` of its keys.
+#: ``fn(rows, state) -> output rows`` (a DataFrame, a dict for one row, an iterable of
+#: dicts, or None): a subtask's rows of the batch and the :class:`BatchState` of its keys.
 VectorizedFunction = Callable[[pd.DataFrame, BatchState], Any]
 
 
@@ -68,16 +70,7 @@ def call_vectorized(fn: VectorizedFunction, backend: ChangelogKeyedStateBackend,
         backend, keys, [k if type(k) is bytes else bytes(k) for k in encoded[starts]],
         key_groups.to_numpy()[starts].tolist(), key_index)
     produced = fn(rows.reset_index(drop=True), state)
-    return records_of(produced), len(keys)
-
-
-def records_of(produced: Any) -> list[dict[str, Any]]:
-    """The output rows a function returned, as records (None: no rows)."""
-    if produced is None:
-        return []
-    if isinstance(produced, pd.DataFrame):
-        return produced.to_dict("records")  # type: ignore[no-any-return]
-    return list(produced)
+    return output_records(produced), len(keys)
 
 
 __all__ = ["BatchState", "VectorizedFunction", "call_vectorized"]

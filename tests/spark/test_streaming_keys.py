@@ -245,3 +245,30 @@ def test_a_null_key_fails_the_batch_naming_the_column(spark: Any, kafka_cluster:
         # Nothing of the failed batch was committed.
         coordinator = _Process.coordinator(config)
         assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]
+
+
+@pytest.mark.broker
+def test_a_dict_is_one_output_row_and_a_wrong_return_names_the_key(spark: Any,
+                                                                    kafka_cluster: Any) -> None:
+    prefix = f"returns-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
+
+    def one_row(key: Any, rows: pd.DataFrame, state: Any) -> Any:
+        count = state(COUNT)
+        count.update((count.value() or 0) + len(rows))
+        if key == "oops":
+            return "oops"  # a habit from elsewhere: one value instead of rows
+        return {"k": key, "n": count.value(), "pytype": type(key).__name__}
+
+    outputs: list[pd.DataFrame] = []
+    with stateful_foreach_batch(config, one_row, "user", "k string, n long, pytype string",
+                                sink=lambda frame, _: outputs.append(frame.toPandas())
+                                ) as processor:
+        processor(spark.createDataFrame([("a",), ("a",), ("b",)], "user string"), 0)
+        assert sorted(zip(outputs[0]["k"], outputs[0]["n"], strict=True)) == [("a", 2), ("b", 1)]
+        with pytest.raises(Exception) as failure:
+            processor(spark.createDataFrame([("a",), ("oops",)], "user string"), 1)
+        assert ("the stateful function returned str 'oops' for key 'oops': return the output "
+                "rows as a pandas DataFrame, a dict (one row)") in str(failure.value)
+        coordinator = _Process.coordinator(config)
+        assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]  # nothing of batch 1
