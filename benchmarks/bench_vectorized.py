@@ -74,7 +74,7 @@ from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_f
 from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from spark_integration.clickstream import OUTPUT_SCHEMA, events, update_user, update_users
+from spark_integration.clickstream import OUTPUT_COLUMNS, events, update_user, update_users
 from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import (
     KEY_COLUMN,
@@ -138,7 +138,7 @@ class StatefulSide:
     def run(self, batch_id: int, rows: pd.DataFrame) -> list[dict[str, Any]]:
         task = _SubtaskTask(self.config, update_users if self.vectorized else update_user,
                             ["user"], ("seq",), batch_id or None, {}, batch_id + 1,
-                            OUTPUT_SCHEMA, batch_id, vectorized=self.vectorized)
+                            OUTPUT_COLUMNS, batch_id, vectorized=self.vectorized)
         outputs, _, _ = task._run(self.backend, rows, 0, "reattached", 0.0)
         self.backend.notify_checkpoint_complete(batch_id + 1)
         return outputs

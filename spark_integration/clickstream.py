@@ -44,6 +44,7 @@ SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
 KINDS = map_state("kinds", UTF8, INT64)
 LAST_PAGES = list_state("last_pages", UTF8)
 OUTPUT_SCHEMA = "user string, events long, spent double"
+OUTPUT_COLUMNS = ("user", "events", "spent")
 EVENT_SCHEMA = "seq long, kind string, page string, amount double"
 
 

@@ -386,7 +386,7 @@ class StatefulProcessor:
         task = _SubtaskTask(
             config, self.fn, columns, self.order_by, plan.base,
             _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,
-            self.output_schema, batch_id,
+            self._output_struct(batch_df).fieldNames(), batch_id,
             _TaskCommit(kafka_sink, self._output_struct(batch_df), floor, query_id,
                         {s: c.to_bytes() for s, c in reused.items()})
             if kafka_sink is not None else None,
@@ -560,7 +560,8 @@ class _SubtaskTask:
                  fn: StatefulFunction | VectorizedFunction,
                  key_columns: list[str], order_by: tuple[str, ...], base: int | None,
                  handles: dict[int, list[KeyedStateHandle]], checkpoint_id: int,
-                 output_schema: str, batch_id: int, commit: _TaskCommit | None = None,
+                 output_columns: Sequence[str], batch_id: int,
+                 commit: _TaskCommit | None = None,
                  outputs_to_driver: bool = True, listener: TaskListener | None = None,
                  vectorized: bool = False) -> None:
         self.config = config
@@ -574,8 +575,10 @@ class _SubtaskTask:
         self.handles = handles
         self.checkpoint_id = checkpoint_id
         self.batch_id = batch_id
-        self.output_columns = [c.strip().split()[0].strip("`")
-                               for c in output_schema.split(",") if c.strip()]
+        # The output schema's column names (as Spark parsed the DDL on the driver): every
+        # output row has exactly these.
+        self.output_columns = list(output_columns)
+        self._output_column_set = frozenset(output_columns)
         self.commit = commit
         self.outputs_to_driver = outputs_to_driver
         self.listener = listener
@@ -781,7 +784,8 @@ class _SubtaskTask:
             if self.vectorized:
                 produced, keys = call_vectorized(
                     self.fn, backend, data[user_columns],  # type: ignore[arg-type]
-                    data[KEY_COLUMN], data[KEY_GROUP_COLUMN], self.key_columns, _natural)
+                    data[KEY_COLUMN], data[KEY_GROUP_COLUMN], self.key_columns, _natural,
+                    self._output_column_set)
                 outputs.extend(produced)
             else:
                 keys = self._call_per_key(backend, data, user_columns, state, outputs)
@@ -816,13 +820,14 @@ class _SubtaskTask:
         rows = data[user_columns]
         fn: StatefulFunction = self.fn  # type: ignore[assignment]
         set_current_key, rows_of = backend.set_current_key, KeyRows.copy_of_rows
+        columns = self._output_column_set
         for i, start in enumerate(starts.tolist()):
             key_bytes = encoded[start]
             set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
                             key_groups[i])
             produced = fn(keys[i], rows_of(rows, start, ends[i]), state)
             if produced is not None:
-                outputs.extend(output_records(produced, keys[i]))
+                outputs.extend(output_records(produced, columns, keys[i]))
         return len(keys)
 
     def _check_keys(self, rows: pd.DataFrame) -> None:

@@ -21,7 +21,7 @@ key: ``rows.groupby(state.key_index)`` groups rows per key in the order of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -55,13 +55,14 @@ VectorizedFunction = Callable[[pd.DataFrame, BatchState], Any]
 
 def call_vectorized(fn: VectorizedFunction, backend: ChangelogKeyedStateBackend,
                     rows: pd.DataFrame, key_bytes: pd.Series, key_groups: pd.Series,
-                    key_columns: Sequence[str], natural: Callable[[Any], Any]
+                    key_columns: Sequence[str], natural: Callable[[Any], Any],
+                    output_columns: Set[str] | None = None
                     ) -> tuple[list[dict[str, Any]], int]:
     """Call ``fn`` once with ``rows`` (a subtask's non-empty batch, user columns, sorted
     by key bytes) and the :class:`BatchState` of their keys; ``key_bytes`` and
     ``key_groups`` are each row's state key and key group, ``natural`` turns a key
     column's value into the key the per-key API would give. Returns the output records
-    and the number of keys."""
+    (each with exactly ``output_columns``, if given) and the number of keys."""
     encoded = key_bytes.to_numpy()
     starts = run_starts(encoded)
     key_index = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, len(encoded))))
@@ -70,7 +71,7 @@ def call_vectorized(fn: VectorizedFunction, backend: ChangelogKeyedStateBackend,
         backend, keys, [k if type(k) is bytes else bytes(k) for k in encoded[starts]],
         key_groups.to_numpy()[starts].tolist(), key_index)
     produced = fn(rows.reset_index(drop=True), state)
-    return output_records(produced), len(keys)
+    return output_records(produced, output_columns), len(keys)
 
 
 __all__ = ["BatchState", "VectorizedFunction", "call_vectorized"]

@@ -139,8 +139,7 @@ def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
                                          KeyGroupRange.of(0, 127), 128)
     config = StreamingStateConfig("app", "op", "unused:9092", parallelism=1,
                                   max_parallelism=128, materialization_interval_s=None)
-    task = _SubtaskTask(config, per_user, ["user"], ("seq",), None, {}, 1,
-                        "user string", 0)
+    task = _SubtaskTask(config, per_user, ["user"], ("seq",), None, {}, 1, ["user"], 0)
     try:
         task._run(backend, batch, 0, "fresh", 0.0)
     finally:

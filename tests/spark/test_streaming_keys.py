@@ -272,3 +272,36 @@ def test_a_dict_is_one_output_row_and_a_wrong_return_names_the_key(spark: Any,
                 "rows as a pandas DataFrame, a dict (one row)") in str(failure.value)
         coordinator = _Process.coordinator(config)
         assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]  # nothing of batch 1
+
+
+@pytest.mark.broker
+def test_output_columns_are_checked_by_name_and_may_have_any_type(spark: Any,
+                                                                   kafka_cluster: Any) -> None:
+    prefix = f"columns-{uuid.uuid4().hex[:8]}"
+    config = app_config(kafka_cluster, prefix)
+    schema = "user string, amount decimal(10,2), tags array<string>, n long"
+
+    def totals(key: Any, rows: pd.DataFrame, state: Any) -> Any:
+        count = state(COUNT)
+        count.update((count.value() or 0) + len(rows))
+        row = {"user": key, "amount": Decimal("1.50") * len(rows), "tags": ["a", "b"],
+               "n": count.value()}
+        if key == "typo":
+            row["amuont"] = row.pop("amount")
+        return row
+
+    outputs: list[pd.DataFrame] = []
+    with stateful_foreach_batch(config, totals, "user", schema,
+                                sink=lambda frame, _: outputs.append(frame.toPandas())
+                                ) as processor:
+        processor(spark.createDataFrame([("a",), ("a",), ("b",)], "user string"), 0)
+        found = sorted((r.user, r.amount, list(r.tags), r.n) for r in outputs[0].itertuples())
+        assert found == [("a", Decimal("3.00"), ["a", "b"], 2),
+                         ("b", Decimal("1.50"), ["a", "b"], 1)]
+        with pytest.raises(Exception) as failure:
+            processor(spark.createDataFrame([("a",), ("typo",)], "user string"), 1)
+        assert ("an output row for key 'typo' has columns ['amuont', 'n', 'tags', 'user'], but "
+                "output_schema names ['amount', 'n', 'tags', 'user']: unknown ['amuont'], "
+                "missing ['amount']") in str(failure.value)
+        coordinator = _Process.coordinator(config)
+        assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]
