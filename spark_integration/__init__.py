@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from .kafka_sink import KafkaOutputSink
     from .key_rows import KeyRows
     from .metrics import StateMetricsListener, SubtaskMetrics
+    from .output_rows import OutputColumnsError
     from .session import local_session, spark_session
     from .streaming import (
         BATCH_EVENTS,
@@ -37,6 +38,7 @@ _HOMES = {
     "KeyRows": "key_rows",
     "StateMetricsListener": "metrics",
     "SubtaskMetrics": "metrics",
+    "OutputColumnsError": "output_rows",
     "local_session": "session",
     "spark_session": "session",
     "BATCH_EVENTS": "streaming",
@@ -68,6 +70,7 @@ __all__ = [
     "KeyRows",
     "KeyState",
     "OperatorMismatchError",
+    "OutputColumnsError",
     "StateMetricsListener",
     "StatefulProcessor",
     "StreamingStateConfig",
