@@ -65,7 +65,7 @@ def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
         except KafkaException as exc:
             raise _error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
         finally:
-            producer.flush(0)
+            _discard(producer)
 
 
 class OutputTopicMissingError(CheckpointStoreError):
@@ -128,7 +128,7 @@ class SubtaskCommitter:
         try:
             producer.init_transactions(self.config.request_timeout_s)
         except KafkaException as exc:
-            producer.flush(0)
+            _discard(producer)
             raise _error("starting transactions", exc.args[0], self.transactional_id) from exc
         self._producer = producer
 
@@ -250,9 +250,9 @@ class SubtaskCommitter:
             raise _error("aborting a transaction", error, self.transactional_id) from exc
 
     def _drop_producer(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(0)
-            self._producer = None
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            _discard(producer)
 
     def close(self) -> None:
         """Release the producer and consumers (idempotent)."""
@@ -260,6 +260,14 @@ class SubtaskCommitter:
         for consumer in (self._consumer, self._ends):
             with contextlib.suppress(RuntimeError):  # closed already
                 consumer.close()
+
+
+def _discard(producer: Producer) -> None:
+    """Let ``producer`` go. A fenced producer is in a fatal state, and librdkafka raises
+    that fatal error from ``flush`` (sometimes): it has nothing left to deliver, and the
+    committer must go on to take the id back, so the error is not raised again here."""
+    with contextlib.suppress(KafkaException):
+        producer.flush(0)
 
 
 def _transactional_settings(config: CheckpointStoreConfig, transactional_id: str,

@@ -15,6 +15,7 @@ running the step again writes them once.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -163,8 +164,10 @@ class TransactionalCommitter:
         return CheckpointStoreError(message)
 
     def close(self) -> None:
-        """Release the producer (nothing is pending between commits)."""
-        self._producer.flush(self.timeout_s)
+        """Release the producer (nothing is pending between commits; a fenced producer's
+        fatal error, which ``flush`` may raise, was reported by the commit it failed)."""
+        with contextlib.suppress(KafkaException):
+            self._producer.flush(self.timeout_s)
 
     def __enter__(self) -> TransactionalCommitter:
         return self

@@ -177,3 +177,26 @@ def test_a_missing_output_topic_is_named_before_any_transaction(
         f"output topic {missing!r} does not exist on {config.bootstrap_servers} and its "
         "brokers do not create topics on first use (auto.create.topics.enable=false): "
         f"create it first, e.g. kafka-topics.sh --create --topic {missing}")
+
+
+def test_committers_of_two_workers_take_turns_batch_after_batch(
+        names: tuple[CheckpointStoreConfig, str], kafka_cluster: Any) -> None:
+    """Spark hands a subtask's tasks to whichever Python worker is free: each worker keeps
+    its committer of the subtask's id, so every task of the other worker finds its own
+    producer fenced (a fatal librdkafka state) and must take the id back, batch after
+    batch."""
+    config, output = names
+    workers = [SubtaskCommitter(config, "tid-turns"), SubtaskCommitter(config, "tid-turns")]
+    try:
+        for batch in range(8):
+            committer = workers[batch % 2]
+            commit = a_commit(2, checkpoint_id=batch + 1, batch_id=batch, marker=f"b{batch}")
+            assert committer.find(commit.key, 0, same(commit)) is None
+            holding, ours = committer.commit(outputs(output, f"b{batch}"), commit, 0)
+            assert ours and holding == commit, batch
+        assert sum(w.fenced for w in workers) == 6  # each task after its worker's first
+    finally:
+        for worker in workers:
+            worker.close()
+    assert committed_values(kafka_cluster.bootstrap_servers, output) == [
+        f"b{batch}-{i}".encode() for batch in range(8) for i in range(2)]
