@@ -52,8 +52,6 @@ from kafka_changelog.state.checkpoint_store import CheckpointStore
 #: Checkpoint properties the streaming layer records.
 QUERY_ID = "spark.query_id"
 BATCH_ID = "spark.batch_id"
-#: The Spark types of the key columns, a JSON list (``["string"]``, ``["int", "date"]``).
-KEY_TYPES = KEY_TYPES_PROPERTY
 
 
 class BatchOrderError(ChangelogError):
@@ -84,7 +82,7 @@ class BatchPlan:
         """What the committed checkpoint records about the batch (and its key types)."""
         recorded = {QUERY_ID: query_id, BATCH_ID: str(batch_id)}
         if self.key_types:
-            recorded[KEY_TYPES] = json.dumps(list(self.key_types))
+            recorded[KEY_TYPES_PROPERTY] = json.dumps(list(self.key_types))
         return recorded
 
 

@@ -383,11 +383,12 @@ class StatefulProcessor:
                         F.floor(F.col(KEY_GROUP_COLUMN) * p / max_p).cast("int"))
         )
         outputs_to_driver = sink is not None and kafka_sink is None
+        output_struct = self._output_struct(batch_df)
         task = _SubtaskTask(
             config, self.fn, columns, self.order_by, plan.base,
             _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,
-            self._output_struct(batch_df).fieldNames(), batch_id,
-            _TaskCommit(kafka_sink, self._output_struct(batch_df), floor, query_id,
+            output_struct.fieldNames(), batch_id,
+            _TaskCommit(kafka_sink, output_struct, floor, query_id,
                         {s: c.to_bytes() for s, c in reused.items()})
             if kafka_sink is not None else None,
             outputs_to_driver, self.task_listener, vectorized=self.vectorized)

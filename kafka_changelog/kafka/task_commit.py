@@ -41,7 +41,7 @@ from ..state.subtask_commit import SUBTASK_COMMIT_SCHEMA_HEADER, SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import describe, is_access_error
-from .transaction_calls import commit_transaction_retrying, produce_waiting
+from .transaction_calls import commit_transaction_retrying, let_go, produce_waiting
 from .transactional_commit import OutputRecord, TransactionAbortedError, TransactionFencedError
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
         except KafkaException as exc:
             raise _error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
         finally:
-            _discard(producer)
+            let_go(producer)
 
 
 class OutputTopicMissingError(CheckpointStoreError):
@@ -128,7 +128,7 @@ class SubtaskCommitter:
         try:
             producer.init_transactions(self.config.request_timeout_s)
         except KafkaException as exc:
-            _discard(producer)
+            let_go(producer)
             raise _error("starting transactions", exc.args[0], self.transactional_id) from exc
         self._producer = producer
 
@@ -252,7 +252,7 @@ class SubtaskCommitter:
     def _drop_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            _discard(producer)
+            let_go(producer)
 
     def close(self) -> None:
         """Release the producer and consumers (idempotent)."""
@@ -260,14 +260,6 @@ class SubtaskCommitter:
         for consumer in (self._consumer, self._ends):
             with contextlib.suppress(RuntimeError):  # closed already
                 consumer.close()
-
-
-def _discard(producer: Producer) -> None:
-    """Let ``producer`` go. A fenced producer is in a fatal state, and librdkafka raises
-    that fatal error from ``flush`` (sometimes): it has nothing left to deliver, and the
-    committer must go on to take the id back, so the error is not raised again here."""
-    with contextlib.suppress(KafkaException):
-        producer.flush(0)
 
 
 def _transactional_settings(config: CheckpointStoreConfig, transactional_id: str,

@@ -7,6 +7,7 @@ mean "not yet", never "failed".
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -41,3 +42,11 @@ def commit_transaction_retrying(producer: Producer, timeout_s: float) -> None:
             error: KafkaError = exc.args[0]
             if not error.retriable() or time.monotonic() > deadline:
                 raise
+
+
+def let_go(producer: Producer, timeout_s: float = 0) -> None:
+    """Flush ``producer`` for the last time. A fenced producer is in a fatal state and
+    librdkafka raises that error from ``flush`` (sometimes): it has nothing left to
+    deliver and whoever lets it go moves on (the error was reported where it struck)."""
+    with contextlib.suppress(KafkaException):
+        producer.flush(timeout_s)

@@ -15,7 +15,6 @@ running the step again writes them once.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from ..state.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
 from .error_text import describe, is_access_error
-from .transaction_calls import commit_transaction_retrying, produce_waiting
+from .transaction_calls import commit_transaction_retrying, let_go, produce_waiting
 
 
 class TransactionAbortedError(CheckpointStoreError):
@@ -164,10 +163,8 @@ class TransactionalCommitter:
         return CheckpointStoreError(message)
 
     def close(self) -> None:
-        """Release the producer (nothing is pending between commits; a fenced producer's
-        fatal error, which ``flush`` may raise, was reported by the commit it failed)."""
-        with contextlib.suppress(KafkaException):
-            self._producer.flush(self.timeout_s)
+        """Release the producer (nothing is pending between commits)."""
+        let_go(self._producer, self.timeout_s)
 
     def __enter__(self) -> TransactionalCommitter:
         return self

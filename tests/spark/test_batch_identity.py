@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_changelog.keys import KeyTypeError
+from kafka_changelog.keys import KEY_TYPES_PROPERTY, KeyTypeError
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
 from spark_integration.batch_identity import (
     BATCH_ID,
-    KEY_TYPES,
     QUERY_ID,
     BatchOrderError,
     BatchPlan,
@@ -116,7 +115,7 @@ def test_key_types_are_recorded_and_must_stay() -> None:
     plan = plan_batch(store, APP, "q1", 0, "per-user", ["string", "decimal(10,2)"])
     assert plan == BatchPlan(1, None, True, "first", ("string", "decimal(10,2)"))
     assert plan.properties("q1", 0) == {QUERY_ID: "q1", BATCH_ID: "0",
-                                        KEY_TYPES: '["string", "decimal(10,2)"]'}
+                                        KEY_TYPES_PROPERTY: '["string", "decimal(10,2)"]'}
     commit(store, plan, "q1", 0)
     assert plan_batch(store, APP, "q1", 1, "per-user", ["string", "decimal(10,2)"]).kind == "new"
     with pytest.raises(KeyTypeError) as caught:
