@@ -1,6 +1,6 @@
 """Materialization that costs what changed: delta layers against whole key groups.
 
-One subtask's host-local RocksDB store (``spark_integration.local_state``, what every
+One subtask's host-local RocksDB store (``kafka_changelog.state.host_store``, what every
 streaming task runs) holds K keys of a 100-byte value state (``--keys``; ``BENCH_SCALE``
 scales it), materialized once. Then, round after round, a task updates U random keys
 (``--changed``, default 1% of K: they touch every key group, as random users do), takes
@@ -60,15 +60,15 @@ from benchmarks.common import (
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
-from kafka_changelog.state import BYTES, value_state
+from kafka_changelog.state import BYTES, host_store, value_state
 from kafka_changelog.state import store_materialization as jobs
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
 from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from spark_integration import local_state
-from spark_integration.local_state import CachedBackend, LocalAttachment
+from kafka_changelog.state.subtask_backend import CachedBackend
 from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.task import host_store_settings, placement_of
 
 DEFAULT_JSON = RESULTS_DIR / "incremental_materialization.json"
 VALUE = value_state("value", BYTES)
@@ -98,12 +98,14 @@ class Store:
         self.checkpoint = 0
 
     def task(self, keys: list[bytes], materialization: MaterializationConfig
-             ) -> LocalAttachment:
+             ) -> host_store.StoreHold:
         base = self.checkpoint or None
         self.checkpoint += 1
-        attached = local_state.attach(
-            self.config, 0, base, [self.handles[base]] if base else [], self.cached,
-            self.storage, self.snapshots, materialization)
+        settings = host_store_settings(self.config)
+        assert settings is not None
+        attached = host_store.attach(
+            settings, placement_of(self.config, 0), base, [self.handles[base]] if base else [],
+            self.cached, self.storage, self.snapshots, materialization)
         backend = attached.backend
         for key in keys:
             value = os.urandom(100)
@@ -112,10 +114,9 @@ class Store:
             self.model[key] = value
         handle = backend.snapshot(self.checkpoint).result(600)
         encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
-        local_state.materialize_in_background(attached, self.checkpoint, encoded,
-                                              materialization)
-        self.cached = local_state.release(attached, self.config, 0, self.checkpoint,
-                                          encoded)
+        host_store.materialize_in_background(attached, self.checkpoint, encoded,
+                                             materialization)
+        self.cached = host_store.release(attached, self.checkpoint, encoded)
         self.handles[self.checkpoint] = handle
         return attached
 

@@ -11,7 +11,7 @@ host-local store against restoring it from Kafka.
    tail of K/10 updates) from a local Kafka broker into each table
    (``restore_backend(table=...)``): seconds, and the ratio.
 3. Reattach against restore, as streaming does with ``state_backend="rocksdb"``
-   (``spark_integration.local_state``): the subtask's store is restored from Kafka into
+   (``kafka_changelog.state.host_store``): the subtask's store is restored from Kafka into
    the local directory, released at its checkpoint (flushed, manifest written), then
    taken over by a new backend as another Python worker would (``attach`` without a
    cached backend: open the store, read the manifest, adopt the base). Seconds of both
@@ -222,8 +222,8 @@ def _write_state(storage: KafkaChangelogStorage, snapshots: KafkaSnapshotStore,
 
 
 def restore_and_reattach(broker: Broker, rounds: int) -> dict[str, Any]:
-    from spark_integration import local_state
-    from spark_integration.streaming import StreamingStateConfig
+    from kafka_changelog.state import host_store
+    from kafka_changelog.state.subtask_backend import StateSource, SubtaskPlacement
 
     k = int(scaled(RESTORE_KEYS, minimum=2_000))
     storage, snapshots = _kafka_stores(broker, "state-table")
@@ -243,30 +243,27 @@ def restore_and_reattach(broker: Broker, rounds: int) -> dict[str, Any]:
                 backend.close()
                 best[f"restore into {kind}"] = min(seconds, best.get(f"restore into {kind}",
                                                                      float("inf")))
-            config = StreamingStateConfig(
-                application=f"bench-{number}", operator_id="op",
-                bootstrap_servers=broker.bootstrap_servers, max_parallelism=MAX_PARALLELISM,
-                parallelism=1, state_backend="rocksdb",
-                local_state_dir=str(tables.directory / "local"))
+            placement = SubtaskPlacement(f"bench-{number}", "op", 0, 1, MAX_PARALLELISM)
+            settings = host_store.HostStoreSettings(tables.directory / "local")
             materialization = MaterializationConfig(interval_s=None)
             gc.collect()
-            attached = local_state.attach(config, 0, 1, [handle], None, storage, snapshots,
-                                          materialization)
-            assert attached.source == "restored"
+            attached = host_store.attach(settings, placement, 1, [handle], None, storage,
+                                         snapshots, materialization)
+            assert attached.source is StateSource.RESTORED
             encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
             # The handle of checkpoint 1 is the one restored: released "at" checkpoint 1.
-            kept = local_state.release(attached, config, 0, 1, encoded)
+            kept = host_store.release(attached, 1, encoded)
             assert kept is not None  # no materialization was started
             kept.backend.close()
             restore_local = attached.seconds
             gc.collect()
             started = time.perf_counter()
-            again = local_state.attach(config, 0, 1, [handle], None, storage, snapshots,
-                                       materialization)
+            again = host_store.attach(settings, placement, 1, [handle], None, storage,
+                                      snapshots, materialization)
             reattach = time.perf_counter() - started
-            assert again.source == "reattached-local"
+            assert again.source is StateSource.REATTACHED_LOCAL
             assert again.backend.state_rows() == 2 * k
-            local_state.abandon(again)
+            host_store.abandon(again)
             best["restore into the local store"] = min(
                 restore_local, best.get("restore into the local store", float("inf")))
             best["reattach the local store"] = min(

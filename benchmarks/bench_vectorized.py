@@ -14,11 +14,11 @@ Python work of all of a batch's subtask tasks together. Sides, each on the same 
   per-key calls get them.
 - **stateless_pandas_rows**: the same with each user's rows as pandas' ``groupby`` gives
   them (the baseline before per-key calls got ``KeyRows``), for comparison.
-- **per_key**: ``_SubtaskTask._run`` (what a Spark task runs for its subtask: sort,
+- **per_key**: ``SubtaskTask.run_function`` (what a Spark task runs for its subtask: sort,
   ``update_user`` per key with ``set_current_key`` and state objects, snapshot) on a
   backend over the in-memory changelog storage with the in-memory table, kept across
   batches.
-- **vectorized**: the same ``_SubtaskTask._run`` with ``vectorized=True`` and
+- **vectorized**: the same ``SubtaskTask.run_function`` with ``vectorized=True`` and
   ``clickstream.update_users`` (once per batch: pandas/NumPy aggregates, bulk state).
 - **vectorized_rocksdb**: the same with the RocksDB table (``--no-rocksdb`` skips it).
 
@@ -71,18 +71,16 @@ from benchmarks.common import (
     write_json,
 )
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
+from kafka_changelog.state.acquire import AcquiredBackend
 from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.subtask_backend import StateSource
 from spark_integration.clickstream import OUTPUT_COLUMNS, events, update_user, update_users
 from spark_integration.key_rows import KeyRows
-from spark_integration.streaming import (
-    KEY_COLUMN,
-    KEY_GROUP_COLUMN,
-    SUBTASK_COLUMN,
-    StreamingStateConfig,
-    _SubtaskTask,
-)
+from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
+from spark_integration.streaming.task import SubtaskTask
 
 DEFAULT_JSON = RESULTS_DIR / "vectorized.json"
 EVENTS_PER_BATCH = 100_000
@@ -136,10 +134,11 @@ class StatefulSide:
                                            materialization_interval_s=None)
 
     def run(self, batch_id: int, rows: pd.DataFrame) -> list[dict[str, Any]]:
-        task = _SubtaskTask(self.config, update_users if self.vectorized else update_user,
+        task = SubtaskTask(self.config, update_users if self.vectorized else update_user,
                             ["user"], ("seq",), batch_id or None, {}, batch_id + 1,
                             OUTPUT_COLUMNS, batch_id, vectorized=self.vectorized)
-        outputs, _, _ = task._run(self.backend, rows, 0, "reattached", 0.0)
+        outputs, _, _ = task.run_function(
+            AcquiredBackend(self.backend, StateSource.REATTACHED, 0.0), rows, 0)
         self.backend.notify_checkpoint_complete(batch_id + 1)
         return outputs
 

@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
         KeyState,
         StatefulProcessor,
         StreamingStateConfig,
-        StringKey,
         stateful_foreach_batch,
     )
 
@@ -47,7 +46,6 @@ _HOMES = {
     "KeyState": "streaming",
     "StatefulProcessor": "streaming",
     "StreamingStateConfig": "streaming",
-    "StringKey": "streaming",
     "stateful_foreach_batch": "streaming",
 }
 
@@ -74,7 +72,6 @@ __all__ = [
     "StateMetricsListener",
     "StatefulProcessor",
     "StreamingStateConfig",
-    "StringKey",
     "SubtaskMetrics",
     "local_session",
     "register",

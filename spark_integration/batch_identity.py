@@ -39,6 +39,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kafka_changelog.enums import StrEnum
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.keys import (
     KEY_TYPES_PROPERTY,
@@ -63,6 +64,22 @@ class OperatorMismatchError(ChangelogError):
     committing (each stateful operator needs an application of its own)."""
 
 
+class BatchKind(StrEnum):
+    """What a micro-batch is to the application's checkpoints (a ``str``: reports carry
+    the value)."""
+
+    #: The application's first batch: no checkpoint yet.
+    FIRST = "first"
+    #: The batch after the latest checkpoint's, of the same query.
+    NEW = "new"
+    #: A batch whose checkpoint is committed already, run again by Spark: nothing is
+    #: committed.
+    RERUN = "rerun"
+    #: A batch of another query than the latest checkpoint's (a new checkpointLocation):
+    #: the state carries over.
+    NEW_QUERY = "new-query"
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """What a micro-batch does with the application's checkpoints."""
@@ -73,8 +90,7 @@ class BatchPlan:
     base: int | None
     #: False for a re-run of a committed batch: nothing is committed.
     commit: bool
-    #: "first", "new", "rerun" or "new-query".
-    kind: str
+    kind: BatchKind
     #: The Spark types of the batch's key columns (recorded with the checkpoint).
     key_types: tuple[str, ...] = ()
 
@@ -109,18 +125,18 @@ def plan_batch(store: CheckpointStore, application: str, query_id: str,
 def _plan(store: CheckpointStore, application: str, query_id: str, batch_id: int,
           latest: CompletedCheckpoint | None) -> BatchPlan:
     if latest is None:
-        return BatchPlan(1, None, True, "first")
+        return BatchPlan(1, None, True, BatchKind.FIRST)
     recorded_query = latest.properties.get(QUERY_ID)
     if recorded_query is None:
         return _plan_after_legacy(store, application, latest, batch_id)
     if recorded_query != query_id:
-        return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, "new-query")
+        return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, BatchKind.NEW_QUERY)
     recorded_batch = int(latest.properties.get(BATCH_ID, "-1"))
     if batch_id > recorded_batch:
-        return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, "new")
+        return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, BatchKind.NEW)
     if batch_id == recorded_batch:
         return BatchPlan(latest.checkpoint_id, _before(store, application, latest), False,
-                         "rerun")
+                         BatchKind.RERUN)
     raise BatchOrderError(
         f"application {application!r}: Spark query {query_id} runs batch {batch_id}, but "
         f"the application's latest checkpoint {latest.checkpoint_id} was committed by "
@@ -175,8 +191,8 @@ def _plan_after_legacy(store: CheckpointStore, application: str,
     # Written by 0.1, where checkpoint id = batch id + 1.
     if batch_id + 1 == latest.checkpoint_id:
         return BatchPlan(latest.checkpoint_id, _before(store, application, latest), False,
-                         "rerun")
-    kind = "new" if batch_id + 1 > latest.checkpoint_id else "new-query"
+                         BatchKind.RERUN)
+    kind = BatchKind.NEW if batch_id + 1 > latest.checkpoint_id else BatchKind.NEW_QUERY
     return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, kind)
 
 

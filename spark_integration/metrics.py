@@ -18,6 +18,10 @@ from typing import Any, Protocol
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from kafka_changelog.state.subtask_backend import StateSource
+
+from .batch_identity import BatchKind
+
 logger = logging.getLogger(__name__)
 
 
@@ -43,11 +47,9 @@ class SubtaskMetrics:
     materializations_started: int
     materializations_completed: int
     materialized_bytes: int
-    #: How the subtask got its state: "reattached" (the backend its Python worker kept,
-    #: exactly at the base checkpoint), "reattached-local" (``state_backend="rocksdb"``:
-    #: the host-local store another Python worker left exactly at the base checkpoint, no
-    #: Kafka read), "restored" (from Kafka) or "fresh" (no state yet).
-    state_source: str
+    #: How the subtask got its state (reattached, reattached from another worker's
+    #: store, rolled back, restored from Kafka, or fresh).
+    state_source: StateSource
     #: Seconds restoring (0 unless restored).
     restore_s: float
     #: Seconds getting the backend, whatever the source (opening and reattaching a local
@@ -66,7 +68,9 @@ class SubtaskMetrics:
     @staticmethod
     def from_json(text: str) -> SubtaskMetrics:
         """Inverse of :meth:`to_json`."""
-        return SubtaskMetrics(**json.loads(text))
+        fields = json.loads(text)
+        fields["state_source"] = StateSource(fields["state_source"])
+        return SubtaskMetrics(**fields)
 
 
 @dataclass
@@ -92,8 +96,7 @@ class BatchReport:
     restore_s: dict[int, float] = field(default_factory=dict)
     #: Materialization id of each subtask's snapshot in this checkpoint (0: none yet).
     materializations: dict[int, int] = field(default_factory=dict)
-    #: "first", "new", "rerun" or "new-query" (see ``spark_integration.batch_identity``).
-    kind: str = "new"
+    kind: BatchKind = BatchKind.NEW
     #: The Spark query that ran the batch ("" outside a streaming query).
     query_id: str = ""
     #: What each subtask held and did (state rows and bytes, changes persisted,
@@ -117,12 +120,12 @@ class ReportingProcessor(Protocol):
 def log_batch(report: BatchReport) -> None:
     """One INFO line per batch with the state metrics summed over subtasks."""
     metrics = report.subtask_metrics.values()
-    sources = sorted({m.state_source for m in metrics})
+    sources = sorted({m.state_source.value for m in metrics})
     logger.info(
         "batch %d (checkpoint %d, %s%s): %d rows in, %d keys, state rows %d, checkpoint "
         "bytes %d, changes %d (%d bytes), materializations %d started / %d done (%d bytes), "
         "state %s, restore %.3f s, commit %.3f s, tasks %.3f s, batch %.3f s",
-        report.batch_id, report.checkpoint_id, report.kind,
+        report.batch_id, report.checkpoint_id, report.kind.value,
         "" if report.committed else ", re-run: not committed again",
         sum(m.rows_in for m in metrics), sum(m.keys for m in metrics),
         sum(m.state_rows for m in metrics), sum(m.checkpoint_bytes for m in metrics),

@@ -11,7 +11,7 @@ output rows (a DataFrame, a dict for one row, an iterable of dicts, or None), li
 per-key function.
 
 The keys are given by their natural values, exactly as the per-key API gives them
-(a :class:`~spark_integration.streaming.StringKey` for a string column, ``int``,
+(``str`` for a string column, ``int``,
 ``bytes``, ``Decimal``, ``datetime.date``, ``pandas.Timestamp``..., a tuple of them for
 several key columns); the view maps each to the key bytes and key group Spark computed
 for its rows. ``state.key_index`` gives the position in ``state.keys`` of each row's

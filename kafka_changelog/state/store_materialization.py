@@ -31,6 +31,7 @@ import shutil
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from ..keygroups import KeyGroupRange
@@ -47,8 +48,16 @@ JOB_FORMAT = 1
 DIRECTORY = "materializing"
 _STAGING = ".staging-"
 
-#: A job's states (see the module docstring).
-RUNNING, DONE, FAILED = "running", "done", "failed"
+
+class JobStatus(Enum):
+    """Where a job directory is (see the module docstring)."""
+
+    #: Its lock is held: a process is writing it.
+    RUNNING = "running"
+    #: ``result.json`` exists: the snapshot is written.
+    DONE = "done"
+    #: Neither: the writer died or gave up; its key groups stay to be written.
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ class JobState:
 
     path: Path
     materialization_id: int
-    state: str
+    status: JobStatus
     job: MaterializationJob | None
     result: SnapshotHandle | None
 
@@ -284,8 +293,9 @@ def _state_of(path: Path, materialization_id: int) -> JobState:
         logger.warning("unreadable materialization result in %s: %s", path, exc)
         result = None
     if result is not None and job is not None:
-        return JobState(path, materialization_id, DONE, job, result)
-    return JobState(path, materialization_id, RUNNING if _locked(path) else FAILED, job, None)
+        return JobState(path, materialization_id, JobStatus.DONE, job, result)
+    status = JobStatus.RUNNING if _locked(path) else JobStatus.FAILED
+    return JobState(path, materialization_id, status, job, None)
 
 
 def _locked(path: Path) -> bool:
@@ -318,13 +328,13 @@ def tombstone(snapshots: SnapshotStore, job: MaterializationJob,
 
 def discard(state: JobState, snapshots: SnapshotStore | None) -> None:
     """Remove a job that will not be used (a done one's chunks are tombstoned first)."""
-    if state.state == RUNNING:
+    if state.status is JobStatus.RUNNING:
         raise ValueError(f"materialization job {state.path} is still running")
     if state.result is not None and state.job is not None and snapshots is not None:
         tombstone(snapshots, state.job, state.result)
     discard_directory(state.path)
 
 
-__all__ = ["DONE", "FAILED", "RUNNING", "JobState", "MaterializationJob", "StartedJob",
+__all__ = ["JobState", "JobStatus", "MaterializationJob", "StartedJob",
            "cancel", "create_job", "discard", "job_path", "list_jobs", "run_job", "tombstone",
            "write_snapshot", "written_bytes"]

@@ -11,6 +11,7 @@ the same bytes for the same state, so snapshots restore into either.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .ops import OpKind, StateMeta, StateOp
@@ -94,4 +95,38 @@ class KeyedStateTable(Protocol):
         ...
 
 
-__all__ = ["Entry", "KeyedStateTable"]
+@runtime_checkable
+class HostStoreTable(KeyedStateTable, Protocol):
+    """A working copy kept in a host-local store directory across tasks: it is closed
+    and reopened in place, made durable and copied, and it marks the keys mutations
+    touch by change epoch (the keys an incremental materialization must write).
+
+    Invariants: after :meth:`flush`, reopening the directory gives exactly the state at
+    the flush; :meth:`copy_to` copies the state as of the last flush; a key touched
+    after :meth:`start_change_epoch` returned ``e`` carries a mark of an epoch ``> e``,
+    so :meth:`clear_changes` ``(e)`` keeps it.
+    """
+
+    def reopen(self) -> None:
+        """Open the store again after :meth:`close` (no-op when open)."""
+        ...
+
+    def flush(self) -> None:
+        """Make the store durable as it is now."""
+        ...
+
+    def copy_to(self, path: str | Path) -> None:
+        """Write a copy of the store as of its last :meth:`flush` into new directory
+        ``path``."""
+        ...
+
+    def start_change_epoch(self) -> int:
+        """End the current change epoch and return it."""
+        ...
+
+    def clear_changes(self, upto: int) -> None:
+        """Forget the marks of change epochs up to ``upto``."""
+        ...
+
+
+__all__ = ["Entry", "HostStoreTable", "KeyedStateTable"]

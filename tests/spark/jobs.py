@@ -18,7 +18,8 @@ from confluent_kafka import Consumer, TopicPartition
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.testing.process import die_with_parent
 from spark_integration.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
-from spark_integration.streaming import StreamingStateConfig, _Process
+from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.worker_resources import WorkerResources
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR = "user-sessions"
@@ -145,7 +146,7 @@ class Job:
 
 def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[str, Any]]:
     """Every user's state at the latest checkpoint, restored in this process."""
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     latest = coordinator.checkpoint()
     assert latest is not None
     backend = coordinator.restore_keyed(OPERATOR, key_group_range_for_operator(

@@ -4,7 +4,7 @@ A task for which a materialization is due keeps a copy of its store at its check
 and leaves the writing of the snapshot to a background thread; a later task applies
 the result when the checkpoint it starts from continues the copy's, and otherwise
 discards it, giving its key groups back. Driven here task by task through
-``local_state`` (what ``stateful_foreach_batch`` runs in each Spark task) against a real
+``host_store`` (what ``stateful_foreach_batch`` runs in each Spark task) against a real
 broker, so that each case (done, failed, still running, superseded) is reached exactly.
 """
 
@@ -25,15 +25,16 @@ from kafka_changelog import KeyGroupRange, key_group_for_key
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.job_process import spawn_job
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
-from kafka_changelog.state import INT64, value_state
+from kafka_changelog.state import INT64, host_store, value_state
 from kafka_changelog.state import store_materialization as jobs
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.local_store import SubtaskStore
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.restore import restore_backend
-from spark_integration import local_state
-from spark_integration.local_state import CachedBackend
-from spark_integration.streaming import StreamingStateConfig, _Process
+from kafka_changelog.state.subtask_backend import CachedBackend
+from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.task import host_store_settings, placement_of
+from spark_integration.streaming.worker_resources import WorkerResources, resource_key
 
 pytestmark = [pytest.mark.broker]
 
@@ -68,12 +69,15 @@ class Subtask:
 
     def task(self, checkpoint_id: int, base: int | None, updates: list[str],
              materialization: MaterializationConfig = EVERY_TASK,
-             run: bool = True, deletes: tuple[str, ...] = ()) -> local_state.LocalAttachment:
+             run: bool = True, deletes: tuple[str, ...] = ()) -> host_store.StoreHold:
         """One task: attach at ``base``, add 1 per user in ``updates``, clear the users in
         ``deletes``, snapshot, maybe start a background materialization (written at once
         here when ``run``), release."""
-        attached = local_state.attach(
-            self.config, 0, base, [self.handles[base]] if base is not None else [],
+        settings = host_store_settings(self.config)
+        assert settings is not None
+        attached = host_store.attach(
+            settings, placement_of(self.config, 0), base,
+            [self.handles[base]] if base is not None else [],
             self.cached, self.storage, self.snapshots, materialization)
         backend = attached.backend
         for user in updates:
@@ -87,9 +91,9 @@ class Subtask:
             self.model.pop(user, None)
         handle = backend.snapshot(checkpoint_id).result(60)
         encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
-        local_state.materialize_in_background(attached, checkpoint_id, encoded,
-                                              materialization)
-        self.cached = local_state.release(attached, self.config, 0, checkpoint_id, encoded)
+        host_store.materialize_in_background(attached, checkpoint_id, encoded,
+                                             materialization)
+        self.cached = host_store.release(attached, checkpoint_id, encoded)
         self.handles[checkpoint_id] = handle
         if run and attached.started is not None:
             assert jobs.run_job(attached.started, self.snapshots) is not None
@@ -170,7 +174,7 @@ def test_a_failed_materialization_gives_its_key_groups_back(subtask: Subtask) ->
     assert first.started is not None
     # The writer dies without a result: its lock goes with its process.
     os.close(first.started.lock_fd)
-    assert [j.state for j in jobs.list_jobs(subtask.store.directory)] == [jobs.FAILED]
+    assert [j.status for j in jobs.list_jobs(subtask.store.directory)] == [jobs.JobStatus.FAILED]
 
     second = subtask.task(2, 1, users_in_groups({20}, 3), run=False)
     assert second.applied == 0
@@ -221,7 +225,7 @@ def test_a_materialization_of_a_checkpoint_that_never_completed_is_discarded(
     # from checkpoint 1 (the driver died before the commit).
     subtask.task(2, 1, users_in_groups({2}, 3))
     [job] = jobs.list_jobs(subtask.store.directory)
-    assert job.state == jobs.DONE and job.result is not None
+    assert job.status is jobs.JobStatus.DONE and job.result is not None
     subtask.model = before
     retry = subtask.task(2, 1, users_in_groups({9}, 3), MaterializationConfig(None))
     assert retry.source == "rolled-back"
@@ -242,19 +246,19 @@ def test_after_failures_in_a_row_the_task_writes_the_materialization_itself(
         assert attached.started is not None
         os.close(attached.started.lock_fd)  # its writer dies
     third = subtask.task(3, 2, users_in_groups({3}, 3), run=False)
-    assert third.failures == local_state.MAX_BACKGROUND_FAILURES
+    assert third.failures == host_store.MAX_BACKGROUND_FAILURES
     handed: list[jobs.StartedJob] = []
-    local_state.run_started(third, subtask.snapshots, handed.append,
-                            worker_outlives_task=True)
+    host_store.run_started(third, subtask.snapshots, handed.append,
+                           process_outlives_task=True)
     assert handed == []  # written by the task itself
-    assert [j.state for j in jobs.list_jobs(subtask.store.directory)] == [jobs.DONE]
+    assert [j.status for j in jobs.list_jobs(subtask.store.directory)] == [jobs.JobStatus.DONE]
 
     fourth = subtask.task(4, 3, users_in_groups({4}, 3), run=False)
     assert (fourth.applied, fourth.failures) == (1, 0)
     assert fourth.started is not None
     # In a Python worker that exits after its task, the task writes it too.
-    local_state.run_started(fourth, subtask.snapshots, handed.append,
-                            worker_outlives_task=False)
+    host_store.run_started(fourth, subtask.snapshots, handed.append,
+                           process_outlives_task=False)
     assert handed == []
     subtask.task(5, 4, [], MaterializationConfig(None))
     handle = subtask.handles[5]
@@ -272,7 +276,8 @@ def test_later_materializations_write_only_the_keys_changed_since(
     subtask.task(1, None, everyone)
     whole = subtask.task(2, 1, everyone[:2])  # applies the first; its own is a delta
     assert whole.applied == 1 and whole.started is not None
-    [state] = [j for j in jobs.list_jobs(subtask.store.directory) if j.state == jobs.DONE]
+    [state] = [j for j in jobs.list_jobs(subtask.store.directory)
+               if j.status is jobs.JobStatus.DONE]
     assert state.result is not None and state.job is not None
     changed = set(state.job.changed)
     assert len(changed) <= 2
@@ -336,7 +341,7 @@ def test_a_materialization_written_by_a_process_of_its_own(
     assert process.wait(60) == 0
     assert "at nice 7" in capfd.readouterr().err  # it lowered its own priority
     [done] = jobs.list_jobs(subtask.store.directory)
-    assert done.state == jobs.DONE and done.result is not None
+    assert done.status is jobs.JobStatus.DONE and done.result is not None
     assert not (done.path / "db").exists()  # the copy went with the job
 
     second = subtask.task(2, 1, users_in_groups({3, 4}, 5), MaterializationConfig(None))
@@ -356,7 +361,7 @@ def test_a_job_process_past_its_deadline_fails_and_gives_its_key_groups_back(
     process = spawn_job(first.started, unreachable.snapshots(), nice=0, deadline_s=2)
     assert process.wait(60) != 0
     assert time.monotonic() - started < 30
-    assert [j.state for j in jobs.list_jobs(subtask.store.directory)] == [jobs.FAILED]
+    assert [j.status for j in jobs.list_jobs(subtask.store.directory)] == [jobs.JobStatus.FAILED]
 
     second = subtask.task(2, 1, users_in_groups({20}, 3))
     assert second.applied == 0 and second.started is not None
@@ -378,17 +383,17 @@ def test_settings_a_process_cannot_get_fall_back_to_a_worker_thread(subtask: Sub
         spawn_job(first.started, config.snapshots())
     os.fstat(first.started.lock_fd)  # the lock is still this process's
     try:
-        _Process.materialize(config, first.started)  # on a thread instead
-        assert _Process.job_processes == [] and _Process.materializer is not None
-        _Process.materializer.shutdown(wait=True)
+        WorkerResources.materialize(config, first.started)  # on a thread instead
+        assert WorkerResources.job_processes == [] and WorkerResources.materializer is not None
+        WorkerResources.materializer.shutdown(wait=True)
     finally:
-        _Process.materializer = None
-        clients = _Process.storages.pop(_Process._resource_key(config), None)
+        WorkerResources.materializer = None
+        clients = WorkerResources.storages.pop(resource_key(config), None)
         if clients is not None:
             clients[1].close()
             clients[0].close()
     [done] = jobs.list_jobs(subtask.store.directory)
-    assert done.state == jobs.DONE
+    assert done.status is jobs.JobStatus.DONE
     subtask.task(2, 1, [], MaterializationConfig(None))
     assert subtask.handles[2].materialization_id == first.started.job.materialization_id
     assert subtask.restored(2) == subtask.model

@@ -31,9 +31,9 @@ from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import (
     BatchReport,
     StreamingStateConfig,
-    _Process,
     stateful_foreach_batch,
 )
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches
 
@@ -91,7 +91,7 @@ def test_a_fresh_checkpoint_location_continues_the_application(
     assert second[0].query_id and second[0].query_id != first[0].query_id
 
     expected = expected_state(iter(all_events))
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     backend = coordinator.restore_keyed("user-sessions", key_group_range_for_operator(128, 1, 0),
                                         coordinator.checkpoint(), config.changelog())
     try:
@@ -101,7 +101,7 @@ def test_a_fresh_checkpoint_location_continues_the_application(
                 want["events"], want["spent"]), user
     finally:
         backend.close()
-        _Process.release(config)
+        WorkerResources.release(config)
     outputs = read_outputs(kafka_cluster.client_config(), output_topic)
     assert output_problems(outputs, expected) == []
     assert sorted({checkpoint for checkpoint, *_ in outputs}) == [1, 2, 3]
@@ -129,11 +129,11 @@ def refused(spark: Any, config: StreamingStateConfig, output_topic: str, batch: 
             processor(batch, 0)
         assert message in str(caught.value)
     assert processor.reports == []
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     try:
         assert coordinator.checkpoints.checkpoint_ids(config.application) == [1]
     finally:
-        _Process.release(config)
+        WorkerResources.release(config)
 
 
 def test_a_changed_max_parallelism_is_refused_before_any_task_runs(

@@ -111,15 +111,17 @@ def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
     """What ``stateful_foreach_batch``'s task hands the function (run in process over the
     in-memory changelog storage: no Spark, no broker)."""
     from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
+    from kafka_changelog.state.acquire import AcquiredBackend
     from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
     from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-    from spark_integration.streaming import (
+    from kafka_changelog.state.subtask_backend import StateSource
+    from spark_integration.streaming import StreamingStateConfig
+    from spark_integration.streaming.columns import (
         KEY_COLUMN,
         KEY_GROUP_COLUMN,
         SUBTASK_COLUMN,
-        StreamingStateConfig,
-        _SubtaskTask,
     )
+    from spark_integration.streaming.task import SubtaskTask
 
     seen: dict[str, tuple[type, list[tuple[Any, ...]]]] = {}
 
@@ -139,9 +141,9 @@ def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
                                          KeyGroupRange.of(0, 127), 128)
     config = StreamingStateConfig("app", "op", "unused:9092", parallelism=1,
                                   max_parallelism=128, materialization_interval_s=None)
-    task = _SubtaskTask(config, per_user, ["user"], ("seq",), None, {}, 1, ["user"], 0)
+    task = SubtaskTask(config, per_user, ["user"], ("seq",), None, {}, 1, ["user"], 0)
     try:
-        task._run(backend, batch, 0, "fresh", 0.0)
+        task.run_function(AcquiredBackend(backend, StateSource.FRESH, 0.0), batch, 0)
     finally:
         backend.close()
         storage.close()

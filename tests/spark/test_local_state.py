@@ -18,7 +18,8 @@ import pytest
 
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.state.local_store import SubtaskStore
-from spark_integration.streaming import StatefulProcessor, _Process, stateful_foreach_batch
+from spark_integration.streaming import StatefulProcessor, stateful_foreach_batch
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .local_state_job import COUNT, PAGES, config_of, per_user
 
@@ -137,7 +138,7 @@ def test_state_stays_exact_across_batches_and_a_rescale(
         # The stores of parallelism 2 are gone: one store per current subtask.
         assert sorted(p.name for p in root.iterdir()) == ["p3-s0", "p3-s1", "p3-s2"]
         # The state in Kafka is the model's, read back by a restore of everything.
-        coordinator = _Process.coordinator(rescaled)
+        coordinator = WorkerResources.coordinator(rescaled)
         backend = coordinator.restore_keyed("op", KeyGroupRange(0, 127),
                                             coordinator.checkpoint())
         for user, pages in model.pages.items():

@@ -27,7 +27,8 @@ from spark_integration.clickstream import (
     update_user,
 )
 from spark_integration.kafka_sink import KafkaOutputSink
-from spark_integration.streaming import StreamingStateConfig, _Process, stateful_foreach_batch
+from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .jobs import state_of
 
@@ -108,4 +109,4 @@ def test_stopping_and_restarting_a_query_without_closing_its_processor(
     try:
         assert state_of(config, sorted(expected)) == expected
     finally:
-        _Process.release(config)
+        WorkerResources.release(config)

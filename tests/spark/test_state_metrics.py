@@ -18,9 +18,9 @@ from spark_integration.metrics import StateMetricsListener
 from spark_integration.streaming import (
     BatchReport,
     StreamingStateConfig,
-    _Process,
     stateful_foreach_batch,
 )
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches
 
@@ -55,7 +55,7 @@ def test_batch_metrics_equal_what_was_written(spark: Any, kafka_cluster: Any) ->
     with stateful_foreach_batch(config, per_user, "user", "user string, n long") as processor:
         for batch_id, rows in enumerate(batches):
             processor(spark.createDataFrame(rows, "user string, page string"), batch_id)
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     seen_users: set[str] = set()
     previous: dict[int, tuple[int, int]] = {}
     for report, rows in zip(processor.reports, batches, strict=True):
@@ -97,7 +97,7 @@ def test_batch_metrics_equal_what_was_written(spark: Any, kafka_cluster: Any) ->
         assert set(report.restore_s) == {
             s for s, m in metrics.items() if m.state_source == "restored"}
         assert json.loads(json.dumps(report.to_dict()))["subtask_metrics"]["0"]["subtask"] == 0
-    _Process.release(config)
+    WorkerResources.release(config)
 
 
 def test_a_listener_gets_each_batch_report_with_sparks_progress(

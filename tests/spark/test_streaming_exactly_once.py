@@ -41,7 +41,7 @@ from spark_integration.clickstream import (
     produce_events,
     read_outputs,
 )
-from spark_integration.streaming import _Process
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .jobs import LOCAL, REPO, Engine, Job, cluster_engine, record_count, state_of
 
@@ -235,7 +235,7 @@ def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any, users: int = U
     and garbage collection are what the events give, each batch's outputs once."""
     settings = kafka_cluster.client_config()
     config = job.config()
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     latest = coordinator.checkpoint()
     assert latest is not None and latest.checkpoint_id >= 4
     # Materialization and garbage collection ran inside the job: snapshot chunks were
@@ -244,7 +244,7 @@ def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any, users: int = U
     assert len(coordinator.checkpoints.checkpoint_ids(job.prefix)) <= config.retain
     expected = expected_state(events(job.events, users))
     assert state_of(config, sorted(expected)) == expected
-    _Process.release(config)
+    WorkerResources.release(config)
     outputs = read_outputs(settings, job.output_topic)
     assert output_problems(outputs, expected) == []
     assert len({batch for batch, *_ in outputs}) >= 4

@@ -24,7 +24,8 @@ from kafka_changelog.keys import NullKeyError, decode_key, encode_key
 from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.serializers import INT64
 from spark_integration.keys import key_sql
-from spark_integration.streaming import StreamingStateConfig, _Process, stateful_foreach_batch
+from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.worker_resources import WorkerResources
 
 pytestmark = [pytest.mark.spark]
 
@@ -81,7 +82,7 @@ def count_batches(config: StreamingStateConfig, frames: list[Any]) -> dict[int, 
 
 
 def restored_counts(config: StreamingStateConfig, keys: list[bytes]) -> dict[bytes, int | None]:
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     backend = coordinator.restore_keyed(
         config.operator_id, key_group_range_for_operator(config.max_parallelism, 1, 0),
         coordinator.checkpoint(), config.changelog())
@@ -127,7 +128,7 @@ def test_floating_point_keys_group_as_spark_groups_them(spark: Any,
     assert [(n, k.lower()) for n, k in ours] == [(n, k.lower()) for n, k in spark_groups]
     keys = [encode_key((v,), ("double",)) for v in (0.0, float("nan"), 2.5)]
     assert restored_counts(config, keys) == dict(zip(keys, [2, 2, 1], strict=True))
-    _Process.release(config)
+    WorkerResources.release(config)
 
     # The vectorised view has the same keys: 0.0 (not the first row's -0.0) and math.nan,
     # so a lookup with math.nan finds the NaN key's state.
@@ -147,7 +148,7 @@ def test_floating_point_keys_group_as_spark_groups_them(spark: Any,
         processor(frame, 0)
     assert sorted(seen[0]["k"]) == ["0.0", "2.5", "nan"]
     assert set(seen[0].loc[seen[0]["k"] == "nan", "nan_count"]) == {2}
-    _Process.release(config)
+    WorkerResources.release(config)
 
 
 @pytest.mark.broker
@@ -164,7 +165,7 @@ def test_every_key_type_keeps_its_own_state(spark: Any, kafka_cluster: Any,
     # One output per key (the exact key -> count mapping is checked on the state below).
     assert sorted(last["n"]) == sorted(2 * (2 if v == values[0] else 1) for v in values)
     assert last["k"].nunique() == len(values)
-    python_types = {"string": "StringKey", "binary": "bytes", "boolean": "bool",
+    python_types = {"string": "str", "binary": "bytes", "boolean": "bool",
                     "decimal(10,2)": "Decimal", "date": "date", "timestamp": "Timestamp",
                     "timestamp_ntz": "Timestamp", "double": "float", "float": "float"}
     assert set(last["pytype"]) == {python_types.get(type_name, "int")}
@@ -172,7 +173,7 @@ def test_every_key_type_keeps_its_own_state(spark: Any, kafka_cluster: Any,
     keys = [encode_key((v,), (type_name,)) for v in values]
     counts = restored_counts(config, keys)
     assert counts == {k: 2 * (2 if k == keys[0] else 1) for k in keys}
-    _Process.release(config)
+    WorkerResources.release(config)
 
 
 @pytest.mark.broker
@@ -226,7 +227,7 @@ def test_long_user_ids_and_composite_keys_through_the_reader(spark: Any,
     assert changes and all(
         r["key_decoded"] == json.dumps(list(decode_key(bytes(r["key"]), ("string", "bigint"))),
                                        separators=(",", ":")) for r in changes)
-    _Process.release(config)
+    WorkerResources.release(config)
 
 
 @pytest.mark.broker
@@ -243,7 +244,7 @@ def test_a_null_key_fails_the_batch_naming_the_column(spark: Any, kafka_cluster:
         assert NullKeyError.__name__ in str(failure.value)
         assert "batch 1: 1 rows have a null in key column(s) ['user']" in str(failure.value)
         # Nothing of the failed batch was committed.
-        coordinator = _Process.coordinator(config)
+        coordinator = WorkerResources.coordinator(config)
         assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]
 
 
@@ -270,7 +271,7 @@ def test_a_dict_is_one_output_row_and_a_wrong_return_names_the_key(spark: Any,
             processor(spark.createDataFrame([("a",), ("oops",)], "user string"), 1)
         assert ("the stateful function returned str 'oops' for key 'oops': return the output "
                 "rows as a pandas DataFrame, a dict (one row)") in str(failure.value)
-        coordinator = _Process.coordinator(config)
+        coordinator = WorkerResources.coordinator(config)
         assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]  # nothing of batch 1
 
 
@@ -303,5 +304,5 @@ def test_output_columns_are_checked_by_name_and_may_have_any_type(spark: Any,
         assert ("an output row for key 'typo' has columns ['amuont', 'n', 'tags', 'user'], but "
                 "output_schema names ['amount', 'n', 'tags', 'user']: unknown ['amuont'], "
                 "missing ['amount']") in str(failure.value)
-        coordinator = _Process.coordinator(config)
+        coordinator = WorkerResources.coordinator(config)
         assert coordinator.checkpoints.checkpoint_ids(prefix) == [1]

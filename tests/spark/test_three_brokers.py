@@ -27,7 +27,7 @@ from spark_integration.clickstream import (
     produce_events,
     read_outputs,
 )
-from spark_integration.streaming import _Process
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .jobs import Job, record_count, state_of, watermarks
 from .test_streaming_exactly_once import wait_for
@@ -63,7 +63,7 @@ def test_a_broker_killed_mid_batch_loses_and_repeats_nothing(
               materialization_s=0.5)
     produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
     config = job.config()
-    checkpoints = _Process.coordinator(config).checkpoints
+    checkpoints = WorkerResources.coordinator(config).checkpoints
     stall = tmp_path / "stall"
     stall.mkdir()
     log = tmp_path / "job.log"
@@ -105,7 +105,7 @@ def test_a_broker_killed_mid_batch_loses_and_repeats_nothing(
     with_spark = outputs_with_spark(spark, cluster.bootstrap_servers, job.output_topic)
     assert sorted(tuple(row) for row in with_spark.collect()) == sorted(outputs)
     # Materialization went on: the latest checkpoint's snapshots were made after the kill.
-    latest = _Process.coordinator(config).checkpoint()
+    latest = WorkerResources.coordinator(config).checkpoint()
     assert latest is not None and latest.checkpoint_id > at_kill + 2
     made = [s.keyed.materialization_id for s in latest.subtasks
             if s.keyed is not None and s.keyed.snapshot is not None]
@@ -116,4 +116,4 @@ def test_a_broker_killed_mid_batch_loses_and_repeats_nothing(
     after = watermarks(settings, config.changelog_topic)
     assert any(after[p][0] > before[p][0] for p in before), (before, after)
     assert len(checkpoints.checkpoint_ids(job.prefix)) <= config.retain
-    _Process.release(config)
+    WorkerResources.release(config)

@@ -26,9 +26,9 @@ from spark_integration.streaming import (
     KeyState,
     StatefulProcessor,
     StreamingStateConfig,
-    _Process,
     stateful_foreach_batch,
 )
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches
 
@@ -78,7 +78,7 @@ def run(spark: Any, processors: list[StatefulProcessor], chunks: list[list[dict[
 
 
 def state_of(config: StreamingStateConfig, keys: list[str]) -> dict[str, int | None]:
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     backend = coordinator.restore_keyed(config.operator_id,
                                         key_group_range_for_operator(128, 1, 0),
                                         coordinator.checkpoint(), config.changelog())
@@ -90,7 +90,7 @@ def state_of(config: StreamingStateConfig, keys: list[str]) -> dict[str, int | N
         return found
     finally:
         backend.close()
-        _Process.release(config)
+        WorkerResources.release(config)
 
 
 def test_two_operators_with_applications_of_their_own(

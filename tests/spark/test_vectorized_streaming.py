@@ -7,7 +7,7 @@ subtask per batch, pandas aggregates and bulk state). Both must give exactly the
 outputs per batch and leave exactly the same state in their last checkpoint (every
 key group's snapshot bytes, restored from Kafka), which is also what the events give
 (``clickstream.expected_state``); with a single key column and with a composite key
-(a string and an int column, the latter's keys given as ``(StringKey, int)``).
+(a string and an int column, the latter's keys given as ``(str, int)``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from spark_integration.clickstream import (
     update_users,
 )
 from spark_integration.kafka_sink import KafkaOutputSink
-from spark_integration.streaming import StreamingStateConfig, StringKey, _Process
+from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.worker_resources import WorkerResources
 from spark_integration.vectorized import BatchState, call_vectorized
 
 pytestmark = [pytest.mark.spark]
@@ -63,7 +64,7 @@ def composite_per_key(key: Any, rows: pd.DataFrame, state: Any) -> list[dict[str
 
 def composite_vectorized(rows: pd.DataFrame, state: BatchState) -> pd.DataFrame:
     """``update_users`` keyed by (user, device): the keys are what the per-key API gets."""
-    assert all(type(user) is StringKey and type(device) is int for user, device in state.keys)
+    assert all(type(user) is str and type(device) is int for user, device in state.keys)
     outputs = update_users(rows, state)
     outputs["user"] = [f"{user}/{device}" for user, device in state.keys]
     return outputs
@@ -97,7 +98,7 @@ def run_job(spark: Any, config: StreamingStateConfig, fn: Any, key_column: Any,
 def restored_state(config: StreamingStateConfig) -> tuple[dict[int, bytes], dict[bytes, Any]]:
     """The last checkpoint's state restored from Kafka into one backend: every key group's
     snapshot bytes, and each key's clickstream state read through the per-key API."""
-    coordinator = _Process.coordinator(config)
+    coordinator = WorkerResources.coordinator(config)
     backend = coordinator.restore_keyed(
         config.operator_id, key_group_range_for_operator(config.max_parallelism, 1, 0),
         coordinator.checkpoint(), config.changelog())
@@ -115,7 +116,7 @@ def restored_state(config: StreamingStateConfig) -> tuple[dict[int, bytes], dict
         return groups, by_key
     finally:
         backend.close()
-        _Process.release(config)
+        WorkerResources.release(config)
 
 
 @pytest.mark.broker
@@ -174,7 +175,7 @@ def test_vectorised_outputs_are_committed_by_the_tasks(spark: Any, kafka_cluster
     rows = read_outputs(settings, topic)
     assert output_problems(rows, expected_state(e for b in batches for e in b)) == []
     assert len(rows) == sum(len({e["user"] for e in batch}) for batch in batches)
-    _Process.release(config)
+    WorkerResources.release(config)
 
 
 def test_call_vectorized_gives_each_row_its_key(tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ def test_call_vectorized_gives_each_row_its_key(tmp_path: Path) -> None:
     from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
     from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
     from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-    from spark_integration.streaming import _natural
+    from spark_integration.streaming.task import natural_key_value
 
     rows = pd.DataFrame({"region": ["eu", "eu", "us", "us", "us"],
                          "user": [1, 1, 1, 2, 2], "x": [10, 11, 12, 13, 14]})
@@ -200,12 +201,13 @@ def test_call_vectorized_gives_each_row_its_key(tmp_path: Path) -> None:
         backend = ChangelogKeyedStateBackend(storage, InMemorySnapshotStore(), "op",
                                              KeyGroupRange.of(0, 127), 128)
         produced, keys = call_vectorized(fn, backend, rows.set_index(pd.Index([5] * 5)),
-                                         key_bytes, key_groups, ["region", "user"], _natural)
+                                         key_bytes, key_groups, ["region", "user"],
+                                         natural_key_value)
         backend.set_current_key(b"us2")
         assert backend.state(EVENTS).value() == 2
         backend.close()
     assert (produced, keys) == ([{"n": 1}], 3)
     assert seen["keys"] == [("eu", 1), ("us", 1), ("us", 2)]
-    assert [type(k[0]) for k in seen["keys"]] == [StringKey] * 3
+    assert [type(k[0]) for k in seen["keys"]] == [str] * 3
     assert seen["index"] == [0, 0, 1, 2, 2]
     assert list(seen["frame"].index) == [0, 1, 2, 3, 4]

@@ -232,7 +232,7 @@ def test_no_state_module_imports_rocksdict_when_loaded() -> None:
         "import kafka_changelog.state as state\n"
         "for m in pkgutil.iter_modules(state.__path__):\n"
         "    importlib.import_module('kafka_changelog.state.' + m.name)\n"
-        "import spark_integration.local_state, spark_integration.streaming\n"
+        "import spark_integration.streaming.task, spark_integration.streaming\n"
         "print('ok')\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -1,0 +1,25 @@
+"""Exactly-once keyed state for Structured Streaming, through ``foreachBatch``.
+
+One module per role: :mod:`.driver` (the ``foreachBatch`` function: plans a batch, runs
+a task per subtask, commits the checkpoint), :mod:`.task` (what a Spark task runs for its
+subtask), :mod:`.worker_resources` (what a Python process keeps across batches),
+:mod:`.events` (what listeners hear), :mod:`.columns` (the internal columns). The
+public names are here.
+"""
+
+from ..metrics import BatchReport
+from ..streaming_config import StreamingStateConfig
+from .driver import StatefulProcessor, stateful_foreach_batch
+from .events import (
+    BATCH_EVENTS,
+    TASK_EVENTS,
+    BatchEvent,
+    BatchListener,
+    TaskEvent,
+    TaskListener,
+)
+from .task import KeyState, StatefulFunction
+
+__all__ = ["BATCH_EVENTS", "TASK_EVENTS", "BatchEvent", "BatchListener", "BatchReport",
+           "KeyState", "StatefulFunction", "StatefulProcessor", "StreamingStateConfig",
+           "TaskEvent", "TaskListener", "stateful_foreach_batch"]

@@ -1,0 +1,369 @@
+"""The driver of a stateful query: the ``foreachBatch`` function that plans each
+micro-batch, runs one Spark task per subtask and commits the checkpoint.
+
+Checkpoint ids are the application's own (latest + 1 per committed batch); which
+checkpoint a batch commits and starts from is :mod:`spark_integration.batch_identity`
+(a re-run of a committed batch, a fresh ``checkpointLocation``). The driver adds each
+row's state key (``kafka_changelog.keys``, computed by Spark SQL from the key columns),
+its key group ``pmod(hash(key), max_parallelism)`` and its subtask, assigns each subtask
+the base checkpoint's handles overlapping its key groups, and runs one Spark task per
+subtask, in parallel (``partition_by_subtask`` then ``mapInPandas``; see
+:mod:`spark_integration.streaming.task`). It commits the checkpoint only when every
+subtask succeeded (and, with a ``KafkaOutputSink``, committed its outputs).
+
+A batch that Spark runs again after a crash starts from the checkpoint before it.
+With a ``KafkaOutputSink``, whatever its subtasks committed before the crash is
+reused, not computed again, and a batch whose checkpoint completed is not run at
+all: every output is written once. With a sink function the batch is computed again
+from the same base (the state comes out the same and is not committed twice) and
+its outputs are given again (make the function idempotent per batch id, as with any
+``foreachBatch`` sink).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import pandas as pd
+
+from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.errors import ChangelogError
+from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore, high_watermark
+from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, check_output_topics, fence
+from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.subtask_backend import StateSource
+from kafka_changelog.state.subtask_commit import SubtaskCommit
+
+from ..batch_identity import BatchKind, BatchPlan, plan_batch
+from ..kafka_sink import KafkaOutputSink
+from ..keys import key_columns_of, key_sql
+from ..metrics import BatchReport, SubtaskMetrics, log_batch
+from ..streaming_config import StreamingStateConfig
+from ..subtask_partitioning import partition_by_subtask
+from ..vectorized import VectorizedFunction
+from .columns import (
+    HANDLE_COLUMN,
+    KEY_COLUMN,
+    KEY_GROUP_COLUMN,
+    METRICS_COLUMN,
+    PARTITION_COLUMN,
+    RESULT_SCHEMA,
+    SUBTASK_COLUMN,
+)
+from .events import BatchEvent, BatchListener, TaskListener
+from .task import StatefulFunction, SubtaskTask, TaskCommit
+from .worker_resources import WorkerResources, subtask_transactional_id
+
+logger = logging.getLogger(__name__)
+
+
+class StatefulProcessor:
+    """The ``foreachBatch`` function of a stateful query.
+
+    ``fn(key, rows, state)`` is called once per key present in a micro-batch, with the
+    key's rows (ordered by ``order_by``) and ``state(descriptor)`` to reach its state;
+    it returns the output rows (schema ``output_schema``, a DDL string). The key is
+    ``key_column``'s value, or a tuple when ``key_column`` names several columns; a
+    row with a null key column fails the batch with
+    :class:`~kafka_changelog.keys.NullKeyError` (filter or fill nulls first).
+
+    ``sink`` is either a :class:`KafkaOutputSink` (each task commits its outputs with
+    its part of the checkpoint in a Kafka transaction of its own: exactly once, and no
+    output row goes through the driver) or a function ``sink(df, batch_id)`` called
+    with every batch's outputs as a DataFrame after the checkpoint committed (the
+    tasks' results are kept by Spark, so handing them over runs no stateful task again;
+    at least once: a batch Spark runs again after a crash gives its outputs again; make
+    it idempotent per batch id). ``listener`` hears the batch's progress on the driver
+    (:data:`BatchListener`), ``task_listener`` each task's (:data:`TaskListener`).
+
+    With ``vectorized=True``, ``fn(rows, state)`` is called once per subtask per batch
+    instead, with all of the subtask's rows (sorted by key, then ``order_by``) and a
+    :class:`~spark_integration.vectorized.BatchState` that reads and writes the state of
+    many keys per call (see :mod:`spark_integration.vectorized`).
+    """
+
+    def __init__(
+        self,
+        config: StreamingStateConfig,
+        fn: StatefulFunction | VectorizedFunction,
+        key_column: str | Sequence[str],
+        output_schema: str,
+        sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
+        order_by: Iterable[str] = (),
+        listener: BatchListener | None = None,
+        task_listener: TaskListener | None = None,
+        vectorized: bool = False,
+    ) -> None:
+        self.config = config
+        self.fn = fn
+        self.vectorized = vectorized
+        self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
+        if not self.key_columns:
+            raise ValueError("key_column must name at least one column")
+        self.output_schema = output_schema
+        self.sink = sink
+        self.order_by = tuple(order_by)
+        self.listener = listener
+        self.task_listener = task_listener
+        self.reports: list[BatchReport] = []
+        self._struct: Any = None
+        #: Whether this processor fenced its subtasks' transactional ids (once per process).
+        self._fenced = False
+
+    def _emit(self, event: BatchEvent, batch_id: int) -> None:
+        if self.listener is not None:
+            self.listener(event, batch_id)
+
+    def close(self) -> None:
+        """Close the Kafka clients this processor opened in the driver process.
+
+        Call it when the query has stopped (the processor works again afterwards,
+        reopening them). Spark's Python workers close theirs when Spark stops them.
+        """
+        WorkerResources.release(self.config)
+
+    def __enter__(self) -> StatefulProcessor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        config = self.config
+        self._emit(BatchEvent.BATCH_START, batch_id)
+        coordinator = WorkerResources.coordinator(config)
+        sink = self.sink
+        kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
+        query_id = _query_id(batch_df)
+        columns, types = key_columns_of(batch_df.schema, self.key_columns)
+        plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id,
+                          config.operator_id, types)
+        if plan.kind is BatchKind.NEW_QUERY:
+            logger.warning(
+                "application %s: batch %d of Spark query %s follows checkpoint %d of another "
+                "query (a new checkpointLocation?): the state carries over from it",
+                config.application, batch_id, query_id or "(none)", plan.base)
+        if kafka_sink is not None and not plan.commit:
+            # The checkpoint and every subtask's outputs are committed: nothing to redo.
+            self._report(BatchReport(batch_id, plan.checkpoint_id, plan.base, False, 0,
+                                     time.monotonic() - started, kind=plan.kind,
+                                     query_id=query_id))
+            return
+        reused: dict[int, SubtaskCommit] = {}
+        floor = 0
+        if kafka_sink is not None:
+            config, reused, floor = self._pending_commits(coordinator, kafka_sink, plan,
+                                                          query_id, batch_id)
+        if plan.base is None:
+            # Before the first checkpoint: keep other applications' GC off what the tasks
+            # are about to write (see CheckpointCoordinator.guard_first_writes).
+            coordinator.guard_first_writes()
+        p, max_p = config.parallelism, config.max_parallelism
+        keyed = (
+            batch_df
+            .withColumn(KEY_COLUMN, F.expr(key_sql(columns, types)))
+            .withColumn(KEY_GROUP_COLUMN, F.expr(f"pmod(hash({KEY_COLUMN}), {max_p})"))
+            .withColumn(SUBTASK_COLUMN,
+                        F.floor(F.col(KEY_GROUP_COLUMN) * p / max_p).cast("int"))
+        )
+        outputs_to_driver = sink is not None and kafka_sink is None
+        output_struct = self._output_struct(batch_df)
+        task = SubtaskTask(
+            config, self.fn, columns, self.order_by, plan.base,
+            _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,
+            output_struct.fieldNames(), batch_id,
+            TaskCommit(kafka_sink, output_struct, floor, query_id,
+                        {s: c.to_bytes() for s, c in reused.items()})
+            if kafka_sink is not None else None,
+            outputs_to_driver, self.task_listener, vectorized=self.vectorized)
+
+        def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+            return task.run_partition(batches)
+
+        result = partition_by_subtask(
+            # A null key hashes like any value (Spark's hash(null) is its seed); the task
+            # that gets it refuses it, naming the column.
+            keyed, SUBTASK_COLUMN, p,
+        ).mapInPandas(run_partition, f"{self.output_schema}, {RESULT_SCHEMA}"
+                      if outputs_to_driver else RESULT_SCHEMA)
+        tasks_started = time.monotonic()
+        if outputs_to_driver:
+            # The sink gets the outputs as a DataFrame: keep the tasks' results so that
+            # handing them over runs no stateful task again.
+            result = result.persist()
+        handles = result.where(F.col(HANDLE_COLUMN).isNotNull()).select(
+            SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN).toPandas()
+        task_s = time.monotonic() - tasks_started
+        try:
+            self._finish(batch_df, batch_id, plan, query_id, coordinator, config, handles,
+                         result, started, task_s)
+        finally:
+            if outputs_to_driver:
+                result.unpersist()
+
+    def _finish(self, batch_df: Any, batch_id: int, plan: BatchPlan, query_id: str,
+                coordinator: CheckpointCoordinator, config: StreamingStateConfig,
+                handles: pd.DataFrame, result: Any, started: float, task_s: float) -> None:
+        """Commit the checkpoint of the subtasks' ``handles``, then call a sink function."""
+        from pyspark.sql import functions as F
+
+        p = config.parallelism
+        if sorted(handles[SUBTASK_COLUMN]) != list(range(p)):
+            raise ChangelogError(
+                f"batch {batch_id}: expected state handles of subtasks 0..{p - 1}, got "
+                f"{sorted(handles[SUBTASK_COLUMN])}")
+        subtasks = [SubtaskState.from_bytes(bytes(h)) for h in handles[HANDLE_COLUMN]]
+        partitions = {int(s): int(q) for s, q in
+                      zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
+        metrics = {m.subtask: m for m in map(SubtaskMetrics.from_json, handles[METRICS_COLUMN])}
+        restores = {s: m.restore_s for s, m in metrics.items()
+                    if m.state_source is StateSource.RESTORED and not m.reused}
+        materializations = {
+            s.subtask_index: (s.keyed.materialization_id
+                              if s.keyed is not None and s.keyed.snapshot is not None else 0)
+            for s in subtasks}
+        self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
+        commit_started = time.monotonic()
+        if plan.commit:
+            coordinator.complete(plan.checkpoint_id, subtasks,
+                                 properties=plan.properties(query_id, batch_id))
+        commit_s = time.monotonic() - commit_started
+        self._emit(BatchEvent.AFTER_COMMIT, batch_id)
+        sink_started = time.monotonic()
+        sink = self.sink
+        if sink is not None and not isinstance(sink, KafkaOutputSink):
+            outputs = result.where(F.col(HANDLE_COLUMN).isNull()).drop(
+                SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN)
+            sink(outputs, batch_id)
+        self._report(BatchReport(
+            batch_id, plan.checkpoint_id, plan.base, plan.commit,
+            sum(m.rows_out for m in metrics.values()), time.monotonic() - started, task_s,
+            commit_s, time.monotonic() - sink_started, partitions, restores,
+            materializations, plan.kind, query_id, metrics,
+            sorted(s for s, m in metrics.items() if m.reused)))
+
+    def _report(self, report: BatchReport) -> None:
+        self.reports.append(report)
+        log_batch(report)
+
+    def _output_struct(self, batch_df: Any) -> Any:
+        """``output_schema`` as a Spark ``StructType`` (parsed once, by Spark)."""
+        if self._struct is None:
+            self._struct = batch_df.sparkSession.createDataFrame(
+                [], self.output_schema).schema
+        return self._struct
+
+    def _pending_commits(self, coordinator: CheckpointCoordinator, sink: KafkaOutputSink,
+                         plan: BatchPlan, query_id: str, batch_id: int
+                         ) -> tuple[StreamingStateConfig, dict[int, SubtaskCommit], int]:
+        """What subtasks of this batch committed already (an earlier run of the batch
+        crashed before the checkpoint completed): the config to run the batch with (the
+        earlier run's parallelism), those commits, and the checkpoint topic's end offset
+        (where the tasks look for commits of their own earlier attempts)."""
+        config = self.config
+        store = coordinator.checkpoints
+        assert isinstance(store, KafkaCheckpointStore)
+        if not self._fenced:
+            # A crashed driver may have left tasks behind: fence every subtask's id (of
+            # this and of the last committed parallelism) before looking.
+            last = store.latest(config.application)
+            old = {s.parallelism for s in last.subtasks_of(config.operator_id)} if last else set()
+            count = max([config.parallelism, *old,
+                         *(c.parallelism for c in store.subtask_commits(
+                             config.application, config.operator_id).values())])
+            check_output_topics(config.checkpoints(), [sink.topic])
+            fence(config.checkpoints(), [subtask_transactional_id(config, sink, s)
+                                         for s in range(count)], sink.producer_config)
+            self._fenced = True
+        store.catch_up(TRANSACTION_TIMEOUT_MS / 1000 + store.config.request_timeout_s)
+        pending = store.subtask_commits(config.application, config.operator_id)
+        reused = {s: c for s, c in pending.items()
+                  if c.is_for(config.application, config.operator_id, plan.checkpoint_id,
+                              batch_id, query_id)}
+        stale = sorted(s for s, c in pending.items()
+                       if c.checkpoint_id >= plan.checkpoint_id and s not in reused)
+        if stale:
+            logger.warning(
+                "application %s: subtasks %s committed outputs for checkpoint %d in a batch "
+                "that never completed and is not this one (batch %d of query %s): those "
+                "outputs stay published; the state goes on from checkpoint %s",
+                config.application, stale, plan.checkpoint_id, batch_id, query_id or "(none)",
+                plan.base)
+        if reused:
+            parallelism = {c.parallelism for c in reused.values()}
+            if len(parallelism) != 1:
+                raise ChangelogError(
+                    f"batch {batch_id}: the subtasks committed before a crash ran at "
+                    f"different parallelisms {sorted(parallelism)}")
+            earlier = parallelism.pop()
+            logger.warning(
+                "application %s: batch %d ran before and subtasks %s committed their outputs "
+                "then; reusing them%s", config.application, batch_id, sorted(reused),
+                "" if earlier == config.parallelism else
+                f" (at their parallelism {earlier}; {config.parallelism} from the next batch)")
+            config = dataclasses.replace(config, parallelism=earlier)
+        return config, reused, high_watermark(config.checkpoints())
+
+
+def _query_id(batch_df: Any) -> str:
+    """The id of the streaming query running this ``foreachBatch`` call ("" if none).
+
+    Spark sets it as a local property of the query's thread, which is the thread
+    calling the function (py4j pins Python threads to JVM threads).
+    """
+    context = batch_df.sparkSession.sparkContext
+    return context.getLocalProperty("sql.streaming.queryId") or ""
+
+
+
+def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingStateConfig,
+                      base: int | None) -> dict[int, list[KeyedStateHandle]]:
+    """Per subtask of ``config.parallelism``, the keyed state handles of checkpoint ``base``
+    that overlap its key groups (read once, on the driver)."""
+    if base is None:
+        return {}
+    checkpoint = coordinator.checkpoints.get(config.application, base)
+    checkpoint.require_max_parallelism(config.max_parallelism)
+    old = [s.keyed for s in checkpoint.subtasks_of(config.operator_id) if s.keyed is not None]
+    assigned = {}
+    for subtask in range(config.parallelism):
+        key_groups = key_group_range_for_operator(config.max_parallelism, config.parallelism,
+                                                  subtask)
+        assigned[subtask] = [h for h in old
+                             if not h.key_group_range.intersection(key_groups).is_empty]
+    return assigned
+
+
+
+def stateful_foreach_batch(
+    config: StreamingStateConfig,
+    fn: StatefulFunction | VectorizedFunction,
+    key_column: str | Sequence[str],
+    output_schema: str,
+    sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
+    order_by: Iterable[str] = (),
+    listener: BatchListener | None = None,
+    task_listener: TaskListener | None = None,
+    vectorized: bool = False,
+) -> StatefulProcessor:
+    """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
+
+    See :class:`StatefulProcessor` (``vectorized=True``: ``fn(rows, state)`` once per
+    subtask per batch, see :mod:`spark_integration.vectorized`). Spark's Python workers
+    must run an interpreter with this library installed:
+    :func:`spark_integration.session.local_session` sets that up for local sessions; on
+    a cluster, set ``spark.pyspark.python``.
+    """
+    return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
+                             task_listener, vectorized)
+
+
+__all__ = ["StatefulProcessor", "stateful_foreach_batch"]

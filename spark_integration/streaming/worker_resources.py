@@ -1,0 +1,182 @@
+"""What one Python process (the driver, or a Spark Python worker) keeps across batches:
+Kafka clients, cached backends, task committers and background materializations.
+
+The driver holds a coordinator (the checkpoint store, commits, GC); a worker holds
+only what its tasks write to: the changelog storage and the snapshot store. Workers
+never open the checkpoint store: the driver hands each task its state handles.
+Everything is keyed by the application's Kafka resources, so several applications (or
+operators) share a process without sharing state.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+from kafka_changelog.kafka import KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
+from kafka_changelog.kafka.job_process import spawn_job
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
+from kafka_changelog.kafka.task_commit import SubtaskCommitter
+from kafka_changelog.state.backend_config import ROCKSDB
+from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.local_store import remove_operator_stores
+from kafka_changelog.state.store_materialization import StartedJob, run_job
+from kafka_changelog.state.subtask_backend import CachedBackend
+
+from ..kafka_sink import KafkaOutputSink
+from ..streaming_config import StreamingStateConfig
+
+logger = logging.getLogger(__name__)
+
+#: Seconds :meth:`WorkerResources.release` waits for a materialization process before
+#: stopping it.
+JOB_PROCESS_WAIT_S = 120.0
+
+
+def resource_key(config: StreamingStateConfig) -> tuple[str, ...]:
+    """Under which key a process keeps the Kafka clients of ``config``'s application."""
+    return (config.bootstrap_servers, config.application, config.changelog_topic,
+            config.snapshot_topic, config.checkpoint_topic)
+
+
+def backend_key(config: StreamingStateConfig, subtask: int) -> tuple[Any, ...]:
+    """Under which key a process caches ``subtask``'s backend (any setting that changes
+    where its state lives is part of it)."""
+    return (config.bootstrap_servers, config.application, config.operator_id,
+            config.parallelism, subtask, config.state_backend, config.local_state_dir)
+
+
+def subtask_transactional_id(config: StreamingStateConfig, sink: KafkaOutputSink,
+                             subtask: int) -> str:
+    """The transactional id subtask ``subtask`` commits its outputs with."""
+    return f"{sink.transactional_id_for(config.application, config.operator_id)}-{subtask}"
+
+
+class WorkerResources:
+    """The Kafka clients and cached backends of this process (class-level: one set per
+    process, shared by every processor and task in it)."""
+
+    storages: ClassVar[dict[tuple[str, ...], tuple[KafkaChangelogStorage,
+                                                   KafkaSnapshotStore]]] = {}
+    coordinators: ClassVar[dict[tuple[str, ...], CheckpointCoordinator]] = {}
+    backends: ClassVar[dict[tuple[Any, ...], CachedBackend]] = {}
+    committers: ClassVar[dict[tuple[str, ...], SubtaskCommitter]] = {}
+    materializer: ClassVar[ThreadPoolExecutor | None] = None
+    job_processes: ClassVar[list[subprocess.Popen[bytes]]] = []
+
+    @classmethod
+    def stores(cls, config: StreamingStateConfig
+               ) -> tuple[KafkaChangelogStorage, KafkaSnapshotStore]:
+        """The changelog storage and snapshot store of ``config`` in this process."""
+        key = resource_key(config)
+        if key not in cls.storages:
+            cls.storages[key] = (KafkaChangelogStorage(config.changelog()),
+                                 KafkaSnapshotStore(config.snapshots()))
+        return cls.storages[key]
+
+    @classmethod
+    def coordinator(cls, config: StreamingStateConfig) -> CheckpointCoordinator:
+        """The driver's coordinator of ``config``'s application."""
+        key = resource_key(config)
+        if key not in cls.coordinators:
+            storage, snapshots = cls.stores(config)
+            cls.coordinators[key] = CheckpointCoordinator(
+                config.application, KafkaCheckpointStore(config.checkpoints()), snapshots,
+                storage, config.max_parallelism)
+        return cls.coordinators[key]
+
+    @classmethod
+    def take_backend(cls, config: StreamingStateConfig, subtask: int) -> CachedBackend | None:
+        """The backend this process kept for ``subtask`` (removed from the cache: the
+        task that takes it owns it)."""
+        return cls.backends.pop(backend_key(config, subtask), None)
+
+    @classmethod
+    def keep_backend(cls, config: StreamingStateConfig, subtask: int,
+                     cached: CachedBackend) -> None:
+        """Keep ``subtask``'s backend for its next task in this process."""
+        cls.backends[backend_key(config, subtask)] = cached
+
+    @classmethod
+    def task_committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink,
+                       subtask: int) -> SubtaskCommitter:
+        """The transactional committer of ``subtask``'s outputs in this process."""
+        tid = subtask_transactional_id(config, sink, subtask)
+        key = (*resource_key(config), tid)
+        if key not in cls.committers:
+            cls.committers[key] = SubtaskCommitter(config.checkpoints(), tid,
+                                                   sink.producer_config)
+        return cls.committers[key]
+
+    @classmethod
+    def drop_committer(cls, config: StreamingStateConfig, sink: KafkaOutputSink,
+                       subtask: int) -> None:
+        """Close ``subtask``'s committer in this process (a failed task: start afresh)."""
+        key = (*resource_key(config), subtask_transactional_id(config, sink, subtask))
+        committer = cls.committers.pop(key, None)
+        if committer is not None:
+            committer.close()
+
+    @classmethod
+    def materialize(cls, config: StreamingStateConfig, started: StartedJob) -> None:
+        """Write a background materialization (the task that started it has returned):
+        in a process of its own at ``config.materialization_nice``, else (None, or no
+        process could be started) on this process's materialization thread, one at a
+        time."""
+        if config.materialization_nice is not None:
+            cls.job_processes = [p for p in cls.job_processes if p.poll() is None]
+            try:
+                cls.job_processes.append(spawn_job(started, config.snapshots(),
+                                                   config.materialization_nice))
+                return
+            except OSError as exc:
+                logger.warning("no process for materialization %d (%s): writing it on a "
+                               "thread of this worker", started.job.materialization_id, exc)
+        if cls.materializer is None:
+            cls.materializer = ThreadPoolExecutor(
+                1, thread_name_prefix="kafka-changelog-store-materialization")
+        _, snapshots = cls.stores(config)
+        cls.materializer.submit(run_job, started, snapshots)
+
+    @classmethod
+    def release(cls, config: StreamingStateConfig) -> None:
+        """Close this process's backends and Kafka clients of ``config``'s application, and
+        delete the operator's local state stores on this host (those nobody holds), once
+        this process's background materializations are written."""
+        if cls.materializer is not None:
+            cls.materializer.shutdown(wait=True)
+            cls.materializer = None
+        for process in cls.job_processes:
+            try:
+                process.wait(JOB_PROCESS_WAIT_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("materialization process %d still running after %.0f s: "
+                               "stopped (its key groups are written by a later one)",
+                               process.pid, JOB_PROCESS_WAIT_S)
+                process.kill()
+                process.wait()
+        cls.job_processes = []
+        resources = resource_key(config)
+        for key in [k for k in cls.committers if k[:-1] == resources]:
+            cls.committers.pop(key).close()
+        for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
+                                                         config.application)]:
+            cls.backends.pop(key).backend.close()
+        if config.state_backend == ROCKSDB:
+            remove_operator_stores(config.local_state_root(), config.application,
+                                   config.operator_id)
+        coordinator = cls.coordinators.pop(resources, None)
+        if coordinator is not None:
+            coordinator.checkpoints.close()
+        stores = cls.storages.pop(resources, None)
+        if stores is not None:
+            storage, snapshots = stores
+            snapshots.close()
+            storage.close()
+
+
+__all__ = ["JOB_PROCESS_WAIT_S", "WorkerResources", "backend_key", "resource_key",
+           "subtask_transactional_id"]
