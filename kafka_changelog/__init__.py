@@ -40,7 +40,7 @@ from .sequence import (
 from .storage import StateChangelogStorage, available_storages, load_storage
 from .writer import SnapshotResult, StateChangelogWriter
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "MAX_SEQUENCE_NUMBER",

@@ -1,0 +1,90 @@
+"""The documents agree with the code and with each other: the version is the changelog's
+latest release, every Python example is run by a test, and relative links resolve."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import kafka_changelog
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Documents whose ``python`` blocks a test runs: README.md and docs/spark.md in
+#: test_readme_examples.py (against a broker and Spark), docs/state.md in
+#: test_docs_examples.py. A new document with examples must join one of them.
+RUN_EXAMPLES = {"README.md", "docs/spark.md", "docs/state.md"}
+#: Documents whose ``python`` blocks are fragments, not programs (a record's ``value`` from
+#: elsewhere), so no test runs them.
+FRAGMENTS = {"docs/kafka-storage.md"}
+#: The documents whose links are checked.
+LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/spark-internals.md",
+          "docs/state.md", "docs/kafka-storage.md", "docs/snapshots-and-checkpoints.md",
+          "benchmarks/README.md", "benchmarks/HISTORY.md")
+
+RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\]", re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def markdown_files() -> list[Path]:
+    skip = {".git", ".venv", "node_modules"}
+    return sorted(path for path in ROOT.rglob("*.md")
+                  if not skip.intersection(path.relative_to(ROOT).parts))
+
+
+def test_the_version_is_the_latest_release_in_the_changelog() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = RELEASE.findall(changelog)
+    assert releases, "CHANGELOG.md names no released version ('## [x.y.z]')"
+    assert kafka_changelog.__version__ == releases[0], (
+        f"kafka_changelog.__version__ is {kafka_changelog.__version__}, the latest release in "
+        f"CHANGELOG.md is {releases[0]}")
+    assert changelog.index("## [Unreleased]") < changelog.index(f"## [{releases[0]}]")
+
+
+def test_every_document_with_python_examples_has_them_run_by_a_test() -> None:
+    with_examples = {str(path.relative_to(ROOT)) for path in markdown_files()
+                     if "```python\n" in path.read_text(encoding="utf-8")}
+    expected = RUN_EXAMPLES | FRAGMENTS
+    assert with_examples == expected, (
+        "documents with python examples that no test runs (or a runner without examples): "
+        f"{sorted(with_examples ^ expected)}")
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a document's headings (repeats get -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in HEADING.findall(FENCE.sub("", markdown)):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).lower()
+        slug = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def resolves(linked: Path, anchor: str) -> bool:
+    """The file exists, and so does the anchor in it (a markdown file's heading)."""
+    if not linked.exists():
+        return False
+    return not anchor or linked.suffix != ".md" or anchor in anchors(
+        linked.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("document", LINKED)
+def test_relative_links_resolve(document: str) -> None:
+    path = ROOT / document
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not resolves(linked, anchor):
+            broken.append(target)
+    assert not broken, f"{document}: broken links {broken}"
