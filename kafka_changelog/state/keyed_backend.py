@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Any
@@ -25,7 +25,7 @@ from ..sequence import SequenceNumber
 from ..storage import StateChangelogStorage
 from ..writer import SnapshotResult, StateChangelogWriter
 from .checkpoint import KeyedStateHandle
-from .descriptors import StateDescriptor, StateKind
+from .descriptors import StateDescriptor, StateKind, map_state
 from .errors import NoCurrentKeyError, StateMismatchError
 from .key_buffer import KeyChangeBuffer
 from .local_recovery import BASE, MATERIALIZING, LocalKeyedStateHandle, LocalRecoveryStore
@@ -58,6 +58,15 @@ from .state_objects import (
 )
 from .table import StateTable
 from .table_protocol import Entry, KeyedStateTable
+from .timers import TIMERS_STATE, TimeDomain, Timer, TimerService
+from .ttl import expiry_of, split_serializer_name
+from .ttl_state import (
+    TtlAggregatingState,
+    TtlListState,
+    TtlMapState,
+    TtlReducingState,
+    TtlValueState,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +87,18 @@ _STATE_TYPES: dict[StateKind, type[Any]] = {
     StateKind.AGGREGATING: AggregatingState,
 }
 
+_TTL_STATE_TYPES: dict[StateKind, type[Any]] = {
+    StateKind.VALUE: TtlValueState,
+    StateKind.LIST: TtlListState,
+    StateKind.MAP: TtlMapState,
+    StateKind.REDUCING: TtlReducingState,
+    StateKind.AGGREGATING: TtlAggregatingState,
+}
+
+#: The registration of the reserved state of every key's timers.
+_TIMERS_META = StateMeta(TIMERS_STATE, StateKind.MAP, "bytes", "bytes")
+_TIMERS_DESCRIPTOR = map_state(TIMERS_STATE)
+
 #: The mutations that apply to each kind of state (what the state objects log).
 _OPS_OF_KIND: dict[StateKind, frozenset[OpKind]] = {
     StateKind.VALUE: frozenset({SET, DELETE}),
@@ -86,6 +107,20 @@ _OPS_OF_KIND: dict[StateKind, frozenset[OpKind]] = {
     StateKind.LIST: frozenset({LIST_ADD, LIST_REPLACE, DELETE}),
     StateKind.MAP: frozenset({MAP_PUT, MAP_REMOVE, DELETE}),
 }
+
+
+def _check_ttl_unchanged(known: StateMeta | None, meta: StateMeta) -> None:
+    """Refuse adding or removing a state's TTL (its values' bytes differ), naming it."""
+    if known is None or known.kind != meta.kind:
+        return
+    was, was_ttl = split_serializer_name(known.value_serializer)
+    now, now_ttl = split_serializer_name(meta.value_serializer)
+    if was == now and was_ttl != now_ttl:
+        raise StateMismatchError(
+            f"state {meta.state!r} was written {'with' if was_ttl else 'without'} a TTL and "
+            f"is now declared {'with' if now_ttl else 'without'} one: adding or removing a "
+            "TTL changes how its values are stored; give the state a new name (a changed "
+            "TTL duration is fine: it applies from each entry's next write)")
 
 
 class ChangelogKeyedStateBackend:
@@ -154,6 +189,9 @@ class ChangelogKeyedStateBackend:
         # This backend's name for what it holds in the local store (unique even when a
         # restored backend adopts an earlier one's backend id).
         self._local_owner = f"{self.backend_id}#{uuid.uuid4().hex[:8]}"
+        # The processing time TTL and processing-time timers see (None: the wall clock).
+        self._processing_time_ms: int | None = None
+        self._timers = TimerService(self)
 
     # -- keys and state access -------------------------------------------------------------
 
@@ -220,9 +258,98 @@ class ChangelogKeyedStateBackend:
         known = self.register(descriptor)
         # The current key's buffer is the state objects' context: its reads and writes
         # are what this backend's are, one call less per state call.
-        made = _STATE_TYPES[known.kind](self._buffer, known)
+        if known.ttl is not None:
+            made = _TTL_STATE_TYPES[known.kind](self._buffer, known, self.processing_time_ms,
+                                                self._expires)
+        else:
+            made = _STATE_TYPES[known.kind](self._buffer, known)
         self._state_objects[descriptor.name] = (descriptor, made)
         return made
+
+    # -- time: TTL and timers -----------------------------------------------------------
+
+    def set_processing_time(self, time_ms: int | None) -> None:
+        """Fix the processing time (ms since the epoch) that TTL and processing-time timers
+        see until the next call (streaming sets the batch's); None: the wall clock."""
+        self._processing_time_ms = time_ms
+
+    def processing_time_ms(self) -> int:
+        """The processing time TTL and timers see now."""
+        fixed = self._processing_time_ms
+        return fixed if fixed is not None else int(time.time() * 1000)
+
+    @property
+    def timers(self) -> TimerService:
+        """The timers of this backend's keys (register/delete act on the current key)."""
+        return self._timers
+
+    def key_groups(self) -> Iterator[int]:
+        """This backend's key groups, in order."""
+        return iter(range(self.key_group_range.start, self.key_group_range.end + 1))
+
+    def ensure_timers_state(self) -> None:
+        """Register the reserved timers state (once)."""
+        if TIMERS_STATE not in self._descriptors and TIMERS_STATE not in self._table.metas:
+            self._buffer.flush()
+            self._table.register(_TIMERS_META)
+            self._append_meta(_TIMERS_META)
+        self._descriptors.setdefault(TIMERS_STATE, _TIMERS_DESCRIPTOR)
+
+    def _expires(self, state: str, expires_at_ms: int) -> None:
+        self._timers.expire_at(state.encode(), expires_at_ms)
+
+    def expire_due(self) -> int:
+        """Remove the TTL'd entries expired at the processing time (their keys' expiry
+        timers being due), as logged changes; returns how many keys' states were looked
+        at. Entries refreshed since keep a timer at their new expiry."""
+        now = self.processing_time_ms()
+        due = self._timers.pop_due(TimeDomain.EXPIRY, now)
+        metas = self._table.metas
+        for timer in due:
+            meta = metas.get(timer.tag.decode())
+            if meta is None or not split_serializer_name(meta.value_serializer)[1]:
+                continue  # dropped, or no longer TTL'd
+            self.set_current_key(timer.key, timer.key_group)
+            following = self._expire_entries(meta.state, now)
+            if following is not None:
+                self._timers.expire_at(timer.tag, following)
+        return len(due)
+
+    def _expire_entries(self, state: str, now: int) -> int | None:
+        """Remove the current key's expired entries of ``state``; the earliest expiry of
+        what remains (None: nothing)."""
+        entry = self._buffer.read(state)
+        if entry is None:
+            return None
+        if isinstance(entry, bytes):
+            expires = expiry_of(entry)
+            if expires > now:
+                return expires
+            self._buffer.write(state, DELETE)
+            return None
+        if isinstance(entry, list):
+            live = [item for item in entry if expiry_of(item) > now]
+            if len(live) != len(entry):
+                if live:
+                    self._buffer.write(state, LIST_REPLACE, None, None, tuple(live))
+                else:
+                    self._buffer.write(state, DELETE)
+            return min((expiry_of(item) for item in live), default=None)
+        following: int | None = None
+        for map_key, item in list(entry.items()):
+            expires = expiry_of(item)
+            if expires <= now:
+                self._buffer.write(state, MAP_REMOVE, map_key)
+            elif following is None or expires < following:
+                following = expires
+        return following
+
+    def due_timers(self, domain: TimeDomain, upto_ms: int) -> list[Timer]:
+        """Take the users' timers of ``domain`` due at ``upto_ms`` (removed from the state
+        as logged changes), in firing order."""
+        if domain is TimeDomain.EXPIRY:
+            raise ValueError("expiry timers are the backend's: see expire_due")
+        return self._timers.pop_due(domain, upto_ms)
 
     def register(self, descriptor: StateDescriptor) -> StateDescriptor:
         """Register ``descriptor``'s state (logged on first use, as :meth:`state` does) and
@@ -231,11 +358,14 @@ class ChangelogKeyedStateBackend:
         A different kind or serializer under a registered name raises
         :class:`~kafka_changelog.state.errors.StateMismatchError`.
         """
+        if descriptor.name == TIMERS_STATE and descriptor is not _TIMERS_DESCRIPTOR:
+            raise StateMismatchError(f"state name {TIMERS_STATE!r} is reserved for timers")
         known = self._descriptors.get(descriptor.name)
         if known is None:
             meta = StateMeta(
-                descriptor.name, descriptor.kind, descriptor.value_serializer.name,
+                descriptor.name, descriptor.kind, descriptor.value_serializer_name(),
                 descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
+            _check_ttl_unchanged(self._table.metas.get(descriptor.name), meta)
             self._table.register(meta)  # refuses a different kind or serializer
             self._descriptors[descriptor.name] = descriptor
             self._append_meta(meta)

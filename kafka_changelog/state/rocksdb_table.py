@@ -658,6 +658,12 @@ class RocksDBStateTable:
         for name in sorted(self._states):
             yield from self._state_entries(key_group, name)
 
+    def state_entries(self, key_group: int, state: str) -> Iterator[tuple[bytes, Entry]]:
+        """(key, entry) of one state in the key group, ordered by key (one prefix scan)."""
+        if state in self._states:
+            for _, key, entry in self._state_entries(key_group, state):
+                yield key, entry
+
     def _state_entries(self, key_group: int, name: str) -> Iterator[tuple[str, bytes, Entry]]:
         prefix, kind = self._prefix(key_group, name)
         cut = len(prefix)

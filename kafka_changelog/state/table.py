@@ -185,6 +185,12 @@ class StateTable:
                 yield name, key, ({k: entry[k] for k in sorted(entry)}
                                   if isinstance(entry, dict) else entry)
 
+    def state_entries(self, key_group: int, state: str) -> Iterator[tuple[bytes, Entry]]:
+        """(key, entry) of one state in the key group, ordered by key."""
+        entries = self.groups.get(key_group, {}).get(state, {})
+        for key in sorted(entries):
+            yield key, entries[key]
+
     def entry_count(self) -> int:
         """Entries in all (a key of a state; a list or a map counts once)."""
         return sum(len(entries) for states in self.groups.values()

@@ -77,6 +77,11 @@ class KeyedStateTable(Protocol):
         """(state, key, entry) of the key group, ordered by state name then key."""
         ...
 
+    def state_entries(self, key_group: int, state: str) -> Iterator[tuple[bytes, Entry]]:
+        """(key, entry) of one state in the key group, ordered by key: proportional to
+        that state's entries, not the key group's."""
+        ...
+
     def entry_count(self) -> int:
         """Entries in all (a key of a state; a list or a map counts once)."""
         ...

@@ -1,0 +1,240 @@
+"""State objects of states with a TTL: each value stored with its expiry
+(:mod:`kafka_changelog.state.ttl`), expired entries invisible and removed when seen.
+
+The same API as :mod:`kafka_changelog.state.state_objects`. "Now" is the backend's
+processing time (in streaming, the batch's). An entry read at or after its expiry is
+absent to the caller, and the read removes it from the state as a logged change (a
+value or map entry deleted, a list rewritten without its expired elements): the
+changelog holds every removal, so a restore sees exactly the state the function saw.
+Entries nobody reads are removed by the backend's expiry timers (see
+:meth:`~kafka_changelog.state.keyed_backend.ChangelogKeyedStateBackend.expire_due`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
+from .ops import DELETE, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET
+from .state_objects import KeyContext
+from .ttl import expiry_of, stamp, value_of
+
+V = TypeVar("V")
+K = TypeVar("K")
+
+#: Called with (state name) when a TTL'd state of the current key is written: the
+#: backend makes sure an expiry timer of the key and state exists.
+OnWrite = Callable[[str, int], None]
+
+
+class _TtlState:
+    def __init__(self, context: KeyContext, descriptor: StateDescriptor,
+                 now_ms: Callable[[], int], on_write: OnWrite) -> None:
+        assert descriptor.ttl is not None
+        self._descriptor = descriptor
+        self._name = descriptor.name
+        self._values = descriptor.value_serializer
+        self._ttl_ms = descriptor.ttl.ttl_ms
+        self._update_on_read = descriptor.ttl.update_on_read
+        self._context = context
+        self._now = now_ms
+        self._on_write = on_write
+
+    def _stamp(self, data: bytes) -> bytes:
+        expires = self._now() + self._ttl_ms
+        self._on_write(self._name, expires)
+        return stamp(expires, data)
+
+    def clear(self) -> None:
+        """Remove the current key's entry."""
+        if self._context.read(self._name) is not None:
+            self._context.write(self._name, DELETE)
+
+
+class _TtlValue(_TtlState):
+    """A value-like state's live value bytes (None: absent or expired, then removed)."""
+
+    def _live(self) -> bytes | None:
+        stored = self._context.read(self._name)
+        if stored is None:
+            return None
+        assert isinstance(stored, bytes)
+        if expiry_of(stored) <= self._now():
+            self._context.write(self._name, DELETE)
+            return None
+        data = value_of(stored)
+        if self._update_on_read:
+            self._context.write(self._name, SET, None, self._stamp(data))
+        return data
+
+    def _set(self, data: bytes) -> None:
+        self._context.write(self._name, SET, None, self._stamp(data))
+
+
+class TtlValueState(_TtlValue, Generic[V]):
+    """One value per key, expiring ``ttl`` after its last write."""
+
+    def value(self, default: V | None = None) -> V | None:
+        """The current key's value (``default`` if none or expired)."""
+        data = self._live()
+        return default if data is None else self._values.deserialize(data)
+
+    def update(self, value: V) -> None:
+        """Set the current key's value (its expiry starts again)."""
+        self._set(self._values.serialize(value))
+
+
+class TtlReducingState(_TtlValue, Generic[V]):
+    """A folded value per key, expiring ``ttl`` after its last write (then starting afresh)."""
+
+    def get(self) -> V | None:
+        """The folded value (None if nothing was added since it expired)."""
+        data = self._live()
+        return None if data is None else self._values.deserialize(data)
+
+    def add(self, value: V) -> None:
+        """Fold ``value`` in."""
+        descriptor = self._descriptor
+        assert isinstance(descriptor, ReducingStateDescriptor) and descriptor.reduce is not None
+        current = self.get()
+        folded = value if current is None else descriptor.reduce(current, value)
+        self._set(self._values.serialize(folded))
+
+
+class TtlAggregatingState(_TtlValue, Generic[V]):
+    """An accumulator per key, expiring ``ttl`` after its last write."""
+
+    def get(self) -> Any:
+        """The accumulator (None if nothing was added since it expired)."""
+        data = self._live()
+        return None if data is None else self._values.deserialize(data)
+
+    def add(self, value: V) -> None:
+        """Add ``value`` to the accumulator."""
+        descriptor = self._descriptor
+        assert isinstance(descriptor, AggregatingStateDescriptor)
+        assert descriptor.create is not None and descriptor.add is not None
+        current = self.get()
+        accumulator = descriptor.add(descriptor.create() if current is None else current, value)
+        self._set(self._values.serialize(accumulator))
+
+
+class TtlListState(_TtlState, Generic[V]):
+    """A list per key; each element expires ``ttl`` after it was added."""
+
+    def _live(self) -> list[bytes]:
+        """The live elements as stored (with expiry); the expired ones are removed."""
+        stored = self._context.read(self._name)
+        if not stored:
+            return []
+        assert isinstance(stored, list)
+        now = self._now()
+        live = [item for item in stored if expiry_of(item) > now]
+        if len(live) != len(stored):
+            if live:
+                self._context.write(self._name, LIST_REPLACE, None, None, tuple(live))
+            else:
+                self._context.write(self._name, DELETE)
+        return live
+
+    def get(self) -> list[V]:
+        """The current key's live elements, oldest first."""
+        live = self._live()
+        if live and self._update_on_read:
+            live = [self._stamp(value_of(item)) for item in live]
+            self._context.write(self._name, LIST_REPLACE, None, None, tuple(live))
+        return [self._values.deserialize(value_of(item)) for item in live]
+
+    def add(self, value: V) -> None:
+        """Append one value."""
+        self.add_all((value,))
+
+    def add_all(self, values: Iterable[V]) -> None:
+        """Append several values (the expired elements are dropped at the same time)."""
+        added = [self._stamp(self._values.serialize(v)) for v in values]
+        if added:
+            self._context.write(self._name, LIST_REPLACE, None, None,
+                                (*self._live(), *added))
+
+    def update(self, values: Iterable[V]) -> None:
+        """Replace the list (every element's expiry starts now)."""
+        items = tuple(self._stamp(self._values.serialize(v)) for v in values)
+        self._context.write(self._name, LIST_REPLACE, None, None, items)
+
+
+class TtlMapState(_TtlState, Generic[K, V]):
+    """A map per key; each entry expires ``ttl`` after its last write."""
+
+    def __init__(self, context: KeyContext, descriptor: StateDescriptor,
+                 now_ms: Callable[[], int], on_write: OnWrite) -> None:
+        super().__init__(context, descriptor, now_ms, on_write)
+        assert descriptor.map_key_serializer is not None
+        self._keys = descriptor.map_key_serializer
+
+    def _live_value(self, encoded_key: bytes) -> bytes | None:
+        stored = self._context.read_map_value(self._name, encoded_key)
+        if stored is None:
+            return None
+        if expiry_of(stored) <= self._now():
+            self._context.write(self._name, MAP_REMOVE, encoded_key)
+            return None
+        data = value_of(stored)
+        if self._update_on_read:
+            self._context.write(self._name, MAP_PUT, encoded_key, self._stamp(data))
+        return data
+
+    def _live_map(self) -> dict[bytes, bytes]:
+        """Live entries (values without expiry); the expired ones are removed."""
+        stored = self._context.read(self._name)
+        if not isinstance(stored, dict):
+            return {}
+        now = self._now()
+        live = {}
+        for key, item in list(stored.items()):
+            if expiry_of(item) <= now:
+                self._context.write(self._name, MAP_REMOVE, key)
+            else:
+                live[key] = value_of(item)
+        if self._update_on_read:
+            for key, data in live.items():
+                self._context.write(self._name, MAP_PUT, key, self._stamp(data))
+        return live
+
+    def get(self, map_key: K, default: V | None = None) -> V | None:
+        """The value under ``map_key`` (``default`` if none or expired)."""
+        data = self._live_value(self._keys.serialize(map_key))
+        return default if data is None else self._values.deserialize(data)
+
+    def put(self, map_key: K, value: V) -> None:
+        """Set the value under ``map_key`` (its expiry starts again)."""
+        self._context.write(self._name, MAP_PUT, self._keys.serialize(map_key),
+                            self._stamp(self._values.serialize(value)))
+
+    def remove(self, map_key: K) -> None:
+        """Remove ``map_key`` (no-op if absent)."""
+        encoded = self._keys.serialize(map_key)
+        if self._context.read_map_value(self._name, encoded) is not None:
+            self._context.write(self._name, MAP_REMOVE, encoded)
+
+    def contains(self, map_key: K) -> bool:
+        """True if ``map_key`` is present and not expired."""
+        return self._live_value(self._keys.serialize(map_key)) is not None
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """Live (map key, value) pairs, ordered by serialized key."""
+        entries = self._live_map()
+        for k in sorted(entries):
+            yield self._keys.deserialize(k), self._values.deserialize(entries[k])
+
+    def keys(self) -> Iterator[K]:
+        """Live map keys, ordered by serialized key."""
+        return (k for k, _ in self.items())
+
+    def is_empty(self) -> bool:
+        """True when the current key has no live entries."""
+        return not self._live_map()
+
+
+__all__ = ["TtlAggregatingState", "TtlListState", "TtlMapState", "TtlReducingState",
+           "TtlValueState"]
