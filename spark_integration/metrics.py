@@ -60,6 +60,16 @@ class SubtaskMetrics:
     #: Whether the batch reused what an earlier run of it committed for this subtask
     #: (the figures above are that run's; nothing was computed again).
     reused: bool = False
+    #: The batch's processing time the subtask ran at (ms since the epoch).
+    processing_time_ms: int = 0
+    #: Rows whose event time was before the batch's watermark (dropped, or passed on:
+    #: see ``EventTime.late_rows``), and the largest event time of the subtask's rows.
+    late_rows: int = 0
+    max_event_time_ms: int | None = None
+    #: Users' timers that fired, and keys whose TTL'd state was looked at by an expiry
+    #: timer.
+    timers_fired: int = 0
+    expiry_checks: int = 0
 
     def to_json(self) -> str:
         """One JSON object (what a task sends to the driver)."""
@@ -105,6 +115,11 @@ class BatchReport:
     #: Subtasks whose results an earlier run of the batch committed (with a
     #: ``KafkaOutputSink``), reused instead of computed again.
     reused_subtasks: list[int] = field(default_factory=list)
+    #: The batch's processing time (ms since the epoch), the watermark it ran with, and the
+    #: watermark after it (None: no event time declared, or no event seen yet).
+    processing_time_ms: int = 0
+    watermark_ms: int | None = None
+    next_watermark_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (JSON-able), e.g. for a metrics system."""

@@ -9,6 +9,7 @@ public names are here.
 
 from ..metrics import BatchReport
 from ..streaming_config import StreamingStateConfig
+from .batch_time import EventTimeColumnError
 from .driver import StatefulProcessor, stateful_foreach_batch
 from .events import (
     BATCH_EVENTS,
@@ -18,8 +19,20 @@ from .events import (
     TaskEvent,
     TaskListener,
 )
-from .task import KeyState, StatefulFunction
+from .key_state import (
+    BatchContext,
+    EventTime,
+    EventTimeNotDeclaredError,
+    KeyState,
+    KeyTimers,
+    LateRows,
+    TimerInfo,
+    TimerOutsideCallError,
+)
+from .task import StatefulFunction, TimerFunction
 
-__all__ = ["BATCH_EVENTS", "TASK_EVENTS", "BatchEvent", "BatchListener", "BatchReport",
-           "KeyState", "StatefulFunction", "StatefulProcessor", "StreamingStateConfig",
-           "TaskEvent", "TaskListener", "stateful_foreach_batch"]
+__all__ = ["BATCH_EVENTS", "TASK_EVENTS", "BatchContext", "BatchEvent", "BatchListener",
+           "BatchReport", "EventTime", "EventTimeColumnError", "EventTimeNotDeclaredError",
+           "KeyState", "KeyTimers", "LateRows", "StatefulFunction", "StatefulProcessor",
+           "StreamingStateConfig", "TaskEvent", "TaskListener", "TimerFunction", "TimerInfo",
+           "TimerOutsideCallError", "stateful_foreach_batch"]

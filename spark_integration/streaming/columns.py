@@ -18,6 +18,8 @@ HANDLE_COLUMN = "__kc_handle"
 PARTITION_COLUMN = "__kc_partition"
 #: The subtask's ``SubtaskMetrics`` as JSON (handle row only).
 METRICS_COLUMN = "__kc_metrics"
+#: True on the driver's one marker row per subtask (never reaches a task: see the driver).
+MARKER_COLUMN = "__kc_marker"
 #: What the driver adds to the input rows.
 INPUT_COLUMNS = (SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN)
 #: What a task adds to its results, in order.

@@ -46,17 +46,26 @@ from ..metrics import BatchReport, SubtaskMetrics, log_batch
 from ..streaming_config import StreamingStateConfig
 from ..subtask_partitioning import partition_by_subtask
 from ..vectorized import VectorizedFunction
+from .batch_time import (
+    batch_context,
+    check_event_time_column,
+    next_watermark,
+    time_properties,
+    wall_clock_ms,
+)
 from .columns import (
     HANDLE_COLUMN,
     KEY_COLUMN,
     KEY_GROUP_COLUMN,
+    MARKER_COLUMN,
     METRICS_COLUMN,
     PARTITION_COLUMN,
     RESULT_SCHEMA,
     SUBTASK_COLUMN,
 )
 from .events import BatchEvent, BatchListener, TaskListener
-from .task import StatefulFunction, SubtaskTask, TaskCommit
+from .key_state import BatchContext, EventTime
+from .task import StatefulFunction, SubtaskTask, TaskCommit, TaskTime, TimerFunction
 from .worker_resources import WorkerResources, subtask_transactional_id
 
 logger = logging.getLogger(__name__)
@@ -85,6 +94,17 @@ class StatefulProcessor:
     instead, with all of the subtask's rows (sorted by key, then ``order_by``) and a
     :class:`~spark_integration.vectorized.BatchState` that reads and writes the state of
     many keys per call (see :mod:`spark_integration.vectorized`).
+
+    Time: ``state.context`` is the batch's :class:`BatchContext` (its processing time is
+    fixed for the batch and recorded with its checkpoint: TTL'd state and processing-time
+    timers follow it, and a re-run sees the same instant). ``state.timers`` registers the
+    key's timers; after the batch's rows, ``on_timer(key, timer, state)`` is called for
+    each due timer (processing time, then event time) and returns output rows like
+    ``fn``. ``event_time`` (:class:`EventTime`) declares the event-time column and the
+    watermark delay: event-time timers fire once the watermark (from the batches before)
+    reaches them, and rows before the watermark follow ``EventTime.late_rows``.
+    ``clock`` gives new batches their processing time (default: the wall clock; a test
+    may drive time by hand).
     """
 
     def __init__(
@@ -98,10 +118,20 @@ class StatefulProcessor:
         listener: BatchListener | None = None,
         task_listener: TaskListener | None = None,
         vectorized: bool = False,
+        on_timer: TimerFunction | None = None,
+        event_time: EventTime | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.config = config
+        #: Where new batches take their processing time from (ms since the epoch).
+        self.clock = clock
         self.fn = fn
         self.vectorized = vectorized
+        self.on_timer = on_timer
+        self.event_time = event_time
+        if vectorized and on_timer is not None:
+            raise ValueError("on_timer is for the per-key function; a vectorised function "
+                             "gets its due timers through its BatchState")
         self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
         if not self.key_columns:
             raise ValueError("key_column must name at least one column")
@@ -144,6 +174,8 @@ class StatefulProcessor:
         kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
         query_id = _query_id(batch_df)
         columns, types = key_columns_of(batch_df.schema, self.key_columns)
+        if self.event_time is not None:
+            check_event_time_column(batch_df.schema, self.event_time)
         plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id,
                           config.operator_id, types)
         if plan.kind is BatchKind.NEW_QUERY:
@@ -166,6 +198,8 @@ class StatefulProcessor:
             # Before the first checkpoint: keep other applications' GC off what the tasks
             # are about to write (see CheckpointCoordinator.guard_first_writes).
             coordinator.guard_first_writes()
+        context = batch_context(coordinator.checkpoints, config.application, plan, batch_id,
+                                reused.values(), self.clock)
         p, max_p = config.parallelism, config.max_parallelism
         keyed = (
             batch_df
@@ -183,16 +217,25 @@ class StatefulProcessor:
             TaskCommit(kafka_sink, output_struct, floor, query_id,
                         {s: c.to_bytes() for s, c in reused.items()})
             if kafka_sink is not None else None,
-            outputs_to_driver, self.task_listener, vectorized=self.vectorized)
+            outputs_to_driver, self.task_listener, vectorized=self.vectorized,
+            time=TaskTime(context, self.event_time, self.on_timer, tuple(types)))
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
 
-        result = partition_by_subtask(
+        # One marker row per subtask, so that every subtask's partition exists and its task
+        # runs even when the batch has no rows (Spark drops the tasks of an empty input):
+        # its checkpoint, its due timers and its expired state. The markers are filtered
+        # out after the shuffle, by a condition the optimizer cannot push below it.
+        markers = batch_df.sparkSession.range(p).select(
+            F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN))
+        partitioned = partition_by_subtask(
             # A null key hashes like any value (Spark's hash(null) is its seed); the task
             # that gets it refuses it, naming the column.
-            keyed, SUBTASK_COLUMN, p,
-        ).mapInPandas(run_partition, f"{self.output_schema}, {RESULT_SCHEMA}"
+            keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p,
+        )
+        result = partitioned.where(F.col(MARKER_COLUMN).isNull() | (F.spark_partition_id() < 0)).drop(
+            MARKER_COLUMN).mapInPandas(run_partition, f"{self.output_schema}, {RESULT_SCHEMA}"
                       if outputs_to_driver else RESULT_SCHEMA)
         tasks_started = time.monotonic()
         if outputs_to_driver:
@@ -204,15 +247,17 @@ class StatefulProcessor:
         task_s = time.monotonic() - tasks_started
         try:
             self._finish(batch_df, batch_id, plan, query_id, coordinator, config, handles,
-                         result, started, task_s)
+                         result, started, task_s, context)
         finally:
             if outputs_to_driver:
                 result.unpersist()
 
     def _finish(self, batch_df: Any, batch_id: int, plan: BatchPlan, query_id: str,
                 coordinator: CheckpointCoordinator, config: StreamingStateConfig,
-                handles: pd.DataFrame, result: Any, started: float, task_s: float) -> None:
-        """Commit the checkpoint of the subtasks' ``handles``, then call a sink function."""
+                handles: pd.DataFrame, result: Any, started: float, task_s: float,
+                context: BatchContext) -> None:
+        """Commit the checkpoint of the subtasks' ``handles`` (with the batch's processing
+        time and the next watermark), then call a sink function."""
         from pyspark.sql import functions as F
 
         p = config.parallelism
@@ -230,11 +275,13 @@ class StatefulProcessor:
             s.subtask_index: (s.keyed.materialization_id
                               if s.keyed is not None and s.keyed.snapshot is not None else 0)
             for s in subtasks}
+        watermark = next_watermark(context, self.event_time, metrics.values())
         self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
         commit_started = time.monotonic()
         if plan.commit:
             coordinator.complete(plan.checkpoint_id, subtasks,
-                                 properties=plan.properties(query_id, batch_id))
+                                 properties={**plan.properties(query_id, batch_id),
+                                             **time_properties(context, watermark)})
         commit_s = time.monotonic() - commit_started
         self._emit(BatchEvent.AFTER_COMMIT, batch_id)
         sink_started = time.monotonic()
@@ -248,7 +295,8 @@ class StatefulProcessor:
             sum(m.rows_out for m in metrics.values()), time.monotonic() - started, task_s,
             commit_s, time.monotonic() - sink_started, partitions, restores,
             materializations, plan.kind, query_id, metrics,
-            sorted(s for s, m in metrics.items() if m.reused)))
+            sorted(s for s, m in metrics.items() if m.reused), context.processing_time_ms,
+            context.watermark_ms, watermark))
 
     def _report(self, report: BatchReport) -> None:
         self.reports.append(report)
@@ -353,6 +401,9 @@ def stateful_foreach_batch(
     listener: BatchListener | None = None,
     task_listener: TaskListener | None = None,
     vectorized: bool = False,
+    on_timer: TimerFunction | None = None,
+    event_time: EventTime | None = None,
+    clock: Callable[[], int] = wall_clock_ms,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
@@ -363,7 +414,7 @@ def stateful_foreach_batch(
     a cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
-                             task_listener, vectorized)
+                             task_listener, vectorized, on_timer, event_time, clock)
 
 
 __all__ = ["StatefulProcessor", "stateful_foreach_batch"]

@@ -12,6 +12,7 @@ its metrics) plus, when the outputs go to a sink function, its output rows.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
 import math
 import time
@@ -24,16 +25,16 @@ import pandas as pd
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.task_commit import SubtaskCommitter
 from kafka_changelog.kafka.transactional_commit import OutputRecord
-from kafka_changelog.keys import NullKeyError
+from kafka_changelog.keys import NullKeyError, decode_key
 from kafka_changelog.state import host_store
 from kafka_changelog.state.acquire import AcquiredBackend, acquire, discard, keep
 from kafka_changelog.state.backend_config import ROCKSDB
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
-from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.subtask_backend import StateSource, SubtaskPlacement
 from kafka_changelog.state.subtask_commit import SubtaskCommit, subtask_commit_key
+from kafka_changelog.state.timers import TimeDomain
 
 from ..kafka_sink import KafkaOutputSink
 from ..key_rows import KeyRows
@@ -53,26 +54,27 @@ from .columns import (
     SUBTASK_COLUMN,
 )
 from .events import TaskEvent, TaskListener
+from .key_state import BatchContext, EventTime, KeyState, LateRows, TimerInfo
 from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)
-
-
-class KeyState:
-    """What the user's function gets: state objects scoped to the current key."""
-
-    def __init__(self, backend: ChangelogKeyedStateBackend) -> None:
-        self._backend = backend
-
-    def __call__(self, descriptor: StateDescriptor) -> Any:
-        """The state object (ValueState, ListState, MapState, ...) for ``descriptor``."""
-        return self._backend.state(descriptor)
 
 
 #: ``fn(key, rows, state) -> output rows`` (a DataFrame, a dict for one row, an iterable
 #: of dicts, or None). ``key`` is the key column's value (str, int, float, Decimal, date,
 #: Timestamp, bool or bytes), or a tuple of the values of several key columns.
 StatefulFunction = Callable[[Any, pd.DataFrame, KeyState], Any]
+
+#: ``on_timer(key, timer, state) -> output rows``: called for each of a key's timers when
+#: it is due (after the batch's rows), with the key as the stateful function gets it.
+TimerFunction = Callable[[Any, TimerInfo, KeyState], Any]
+
+
+def key_value_of(key: bytes, key_types: Sequence[str]) -> Any:
+    """A key as the stateful function gets it, from its bytes and its columns' types."""
+    values = [natural_key_value(pd.Timestamp(v) if isinstance(v, dt.datetime) else v)
+              for v in decode_key(key, key_types)]
+    return values[0] if len(values) == 1 else tuple(values)
 
 
 def natural_key_value(value: Any) -> Any:
@@ -111,6 +113,17 @@ def host_store_settings(config: StreamingStateConfig) -> host_store.HostStoreSet
 
 
 @dataclass(frozen=True)
+class TaskTime:
+    """The batch's time as its tasks see it, and what they do with it."""
+
+    context: BatchContext
+    event_time: EventTime | None = None
+    on_timer: TimerFunction | None = None
+    #: The key columns' Spark types (``on_timer`` gets keys decoded with them).
+    key_types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TaskCommit:
     """How the tasks of a batch commit their outputs to a ``KafkaOutputSink``."""
 
@@ -139,8 +152,11 @@ class SubtaskTask:
                  output_columns: Sequence[str], batch_id: int,
                  commit: TaskCommit | None = None,
                  outputs_to_driver: bool = True, listener: TaskListener | None = None,
-                 vectorized: bool = False) -> None:
+                 vectorized: bool = False, time: TaskTime | None = None) -> None:
         self.config = config
+        # Without a batch time (a task run outside a query): the wall clock, fixed now.
+        self.time = time or TaskTime(BatchContext(batch_id, checkpoint_id,
+                                                  int(dt.datetime.now().timestamp() * 1000)))
         self.fn = fn
         self.vectorized = vectorized
         self.key_columns = key_columns
@@ -329,8 +345,10 @@ class SubtaskTask:
                      subtask: int) -> tuple[list[dict[str, Any]], SubtaskMetrics,
                                             KeyedStateHandle]:
         """Call the user's function per key (vectorised: once) on the acquired backend,
-        then snapshot: outputs, metrics, handle."""
+        fire the due timers, expire TTL'd state, then snapshot: outputs, metrics, handle."""
         backend = acquired.backend
+        time = self.time
+        backend.set_processing_time(time.context.processing_time_ms)
         materialized_before = backend.materialization_stats
         # A due materialization runs to its end before the batch, so that this batch's
         # checkpoint refers to it: the backend may not outlive this task.
@@ -339,9 +357,15 @@ class SubtaskTask:
         # batch's end, and what a restore or reattach logged (registrations) is persisted
         # by this batch's checkpoint.
         outputs: list[dict[str, Any]] = []
-        keys = 0
+        keys = late = 0
+        max_event_ms: int | None = None
+        state = KeyState(backend, time.context, time.event_time)
+        rows_in = 0 if rows is None else len(rows)
         if rows is not None and len(rows):
             self._check_keys(rows)
+            if time.event_time is not None:
+                rows, late, max_event_ms = self._event_times(rows, time.event_time)
+        if rows is not None and len(rows):
             data = rows.sort_values([KEY_COLUMN, *self.order_by], kind="stable")
             user_columns = [c for c in data.columns if c not in INPUT_COLUMNS]
             if self.vectorized:
@@ -351,14 +375,16 @@ class SubtaskTask:
                     natural_key_value, self._output_column_set)
                 outputs.extend(produced)
             else:
-                keys = self._call_per_key(backend, data, user_columns, outputs)
+                keys = self._call_per_key(backend, data, user_columns, outputs, state)
+        fired = self._fire_timers(backend, state, outputs)
+        expired = backend.expire_due()
         handle = backend.snapshot(self.checkpoint_id).result()
         # Everything logged since the previous checkpoint of this backend (for a restored
         # one: since the restore, whose re-logged registrations this checkpoint persists).
         changes, change_bytes = backend.take_logged()
         materialized = backend.materialization_stats
         metrics = SubtaskMetrics(
-            subtask=subtask, rows_in=0 if rows is None else len(rows), keys=keys,
+            subtask=subtask, rows_in=rows_in, keys=keys,
             state_rows=backend.state_rows(), checkpoint_bytes=handle.state_size,
             changes=changes, change_bytes=change_bytes,
             materializations_started=materialized.started - materialized_before.started,
@@ -366,11 +392,65 @@ class SubtaskTask:
             materialized_bytes=materialized.bytes_written - materialized_before.bytes_written,
             state_source=acquired.source,
             restore_s=acquired.seconds if acquired.source is StateSource.RESTORED else 0.0,
-            attach_s=acquired.seconds)
+            attach_s=acquired.seconds, processing_time_ms=time.context.processing_time_ms,
+            late_rows=late, max_event_time_ms=max_event_ms, timers_fired=fired,
+            expiry_checks=expired)
         return outputs, metrics, handle
 
+    def _event_times(self, rows: pd.DataFrame, event_time: EventTime
+                     ) -> tuple[pd.DataFrame, int, int | None]:
+        """The rows the function gets (late ones dropped by the default policy), how many
+        were late (event time before the batch's watermark), and the largest event time."""
+        column = rows[event_time.column]
+        times = pd.to_datetime(column, utc=True)
+        if times.isna().any():
+            raise ChangelogError(
+                f"batch {self.batch_id}: {int(times.isna().sum())} rows have a null in "
+                f"event-time column {event_time.column!r}: an event without a time has no "
+                "place in event time; filter or fill them first")
+        ms = (times.astype("int64") // 1_000_000).to_numpy()
+        watermark = self.time.context.watermark_ms
+        late_mask = ms < watermark if watermark is not None else None
+        late = int(late_mask.sum()) if late_mask is not None else 0
+        max_event = int(ms.max()) if len(ms) else None
+        if late and event_time.late_rows is LateRows.DROP:
+            assert late_mask is not None
+            rows = rows[~late_mask]
+        return rows, late, max_event
+
+    def _fire_timers(self, backend: ChangelogKeyedStateBackend, state: KeyState,
+                     outputs: list[dict[str, Any]]) -> int:
+        """Call ``on_timer`` for each due timer (processing time, then event time), with
+        the timer's key current; returns how many fired. Timers registered while firing
+        at a time already passed fire in the next batch."""
+        time = self.time
+        context = time.context
+        due = backend.due_timers(TimeDomain.PROCESSING_TIME, context.processing_time_ms)
+        if time.event_time is not None and context.watermark_ms is not None:
+            due += backend.due_timers(TimeDomain.EVENT_TIME, context.watermark_ms)
+        if not due:
+            return 0
+        on_timer = time.on_timer
+        if on_timer is None:
+            logger.warning("batch %d: %d timers fired but no on_timer function was given: "
+                           "they are dropped", self.batch_id, len(due))
+            return len(due)
+        columns = self._output_column_set
+        for timer in due:
+            backend.set_current_key(timer.key, timer.key_group)
+            key = key_value_of(timer.key, time.key_types) if time.key_types else timer.key
+            state.calling(True)
+            try:
+                produced = on_timer(key, TimerInfo(timer.time_ms, timer.domain), state)
+            finally:
+                state.calling(False)
+            if produced is not None:
+                outputs.extend(output_records(produced, columns, key))
+        return len(due)
+
     def _call_per_key(self, backend: ChangelogKeyedStateBackend, data: pd.DataFrame,
-                      user_columns: list[str], outputs: list[dict[str, Any]]) -> int:
+                      user_columns: list[str], outputs: list[dict[str, Any]],
+                      state: KeyState) -> int:
         """Call the user's function once per key with the key's rows (``data`` sorted by
         key); returns the number of keys. Each key's rows are a slice of the rows (a copy:
         the function may change it), found from where the key bytes change, which costs
@@ -382,16 +462,19 @@ class SubtaskTask:
         key_groups = data[KEY_GROUP_COLUMN].to_numpy()[starts].tolist()
         rows = data[user_columns]
         fn: StatefulFunction = self.fn  # type: ignore[assignment]
-        state = KeyState(backend)
         set_current_key, rows_of = backend.set_current_key, KeyRows.copy_of_rows
         columns = self._output_column_set
-        for i, start in enumerate(starts.tolist()):
-            key_bytes = encoded[start]
-            set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
-                            key_groups[i])
-            produced = fn(keys[i], rows_of(rows, start, ends[i]), state)
-            if produced is not None:
-                outputs.extend(output_records(produced, columns, keys[i]))
+        state.calling(True)
+        try:
+            for i, start in enumerate(starts.tolist()):
+                key_bytes = encoded[start]
+                set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
+                                key_groups[i])
+                produced = fn(keys[i], rows_of(rows, start, ends[i]), state)
+                if produced is not None:
+                    outputs.extend(output_records(produced, columns, keys[i]))
+        finally:
+            state.calling(False)
         return len(keys)
 
     def _check_keys(self, rows: pd.DataFrame) -> None:
@@ -418,5 +501,6 @@ def _worker_outlives_task() -> bool:
     return TaskContext.get() is None or bool(os.environ.get("SPARK_REUSE_WORKER"))
 
 
-__all__ = ["KeyState", "StatefulFunction", "SubtaskTask", "TaskCommit", "host_store_settings",
-           "materialization_of", "natural_key_value", "placement_of"]
+__all__ = ["StatefulFunction", "SubtaskTask", "TaskCommit", "TaskTime", "TimerFunction",
+           "host_store_settings", "key_value_of", "materialization_of", "natural_key_value",
+           "placement_of"]

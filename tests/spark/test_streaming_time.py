@@ -1,0 +1,249 @@
+"""Time in stateful streaming, against a real broker and Spark: the batch context, TTL'd
+state, processing- and event-time timers, watermarks and late rows, a re-run batch, and a
+rescale between runs. Batches are given to the processor as ``foreachBatch`` gives them,
+with a clock driven by the test, so every instant is exact."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.state.descriptors import list_state, value_state
+from kafka_changelog.state.serializers import INT64, UTF8
+from spark_integration.streaming import (
+    EventTime,
+    EventTimeColumnError,
+    StreamingStateConfig,
+    TimerInfo,
+    stateful_foreach_batch,
+)
+from spark_integration.streaming.worker_resources import WorkerResources
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+MINUTE = 60_000
+T0 = 1_800_000_000_000  # ms since the epoch
+GAP = 30 * MINUTE
+SESSION_START = value_state("session_start", INT64)
+SESSION_LAST = value_state("session_last", INT64)
+SESSION_EVENTS = value_state("session_events", INT64)
+LAST_SEEN = value_state("last_seen", INT64, ttl=dt.timedelta(minutes=10))
+PAGES = list_state("pages", UTF8, ttl=dt.timedelta(minutes=10))
+OUTPUT = "user string, kind string, events long, start long, end long"
+
+
+def app_config(cluster: Any, prefix: str, parallelism: int = 2) -> StreamingStateConfig:
+    return StreamingStateConfig(
+        application=prefix, operator_id="op", bootstrap_servers=cluster.bootstrap_servers,
+        parallelism=parallelism, changelog_topic=f"{prefix}-changelog",
+        snapshot_topic=f"{prefix}-snapshots", checkpoint_topic=f"{prefix}-checkpoints",
+        partitions=4, materialization_interval_s=None)
+
+
+def sessionize(user: str, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+    """Event-time sessions: a session ends ``GAP`` after its last event."""
+    start, last, events = state(SESSION_START), state(SESSION_LAST), state(SESSION_EVENTS)
+    times = [int(t.timestamp() * 1000) for t in rows["ts"]]
+    if last.value() is not None:
+        state.timers.delete_event_time(last.value() + GAP)
+    if start.value() is None:
+        start.update(min(times))
+    last.update(max([*times, last.value() or 0]))
+    events.update((events.value() or 0) + len(times))
+    state.timers.register_event_time(last.value() + GAP)
+    return []
+
+
+def close_session(user: str, timer: TimerInfo, state: Any) -> list[dict[str, Any]]:
+    start, last, events = state(SESSION_START), state(SESSION_LAST), state(SESSION_EVENTS)
+    summary = {"user": user, "kind": "session", "events": events.value(),
+               "start": start.value(), "end": last.value()}
+    for s in (start, last, events):
+        s.clear()
+    assert timer.time_ms == summary["end"] + GAP
+    return [summary]
+
+
+def events_frame(spark: Any, events: list[tuple[str, int]]) -> Any:
+    rows = [(user, dt.datetime.fromtimestamp((T0 + ms) / 1000, dt.timezone.utc))
+            for user, ms in events]
+    return spark.createDataFrame(rows, "user string, ts timestamp")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    yield f"time-{uuid.uuid4().hex[:8]}"
+
+
+def run(processor: Any, frames: list[Any], first_batch: int = 0) -> dict[int, list[dict[str,
+                                                                                         Any]]]:
+    outputs: dict[int, list[dict[str, Any]]] = {}
+    processor.sink = lambda out, batch_id: outputs.__setitem__(
+        batch_id, sorted(out.toPandas().to_dict("records"), key=lambda r: r["user"]))
+    for offset, frame in enumerate(frames):
+        processor(frame, first_batch + offset)
+    return outputs
+
+
+def test_event_time_sessions_close_when_the_watermark_passes_and_late_rows_are_counted(
+    spark: Any, kafka_cluster: Any, prefix: str
+) -> None:
+    config = app_config(kafka_cluster, prefix)
+    clock = Clock()
+    processor = stateful_foreach_batch(config, sessionize, "user", OUTPUT,
+                                       on_timer=close_session,
+                                       event_time=EventTime.of("ts", dt.timedelta(minutes=5)),
+                                       clock=clock)
+    try:
+        frames = [
+            events_frame(spark, [("a", 0), ("a", 10 * MINUTE), ("b", 5 * MINUTE)]),
+            events_frame(spark, [("a", 20 * MINUTE)]),
+            # Watermark after this batch: 100 - 5 = 95 min; a's session ends at 50, b's at 35.
+            events_frame(spark, [("c", 100 * MINUTE)]),
+            # Runs with watermark 95 min: d's event at 6 min is late (dropped, counted).
+            events_frame(spark, [("c", 101 * MINUTE), ("d", 6 * MINUTE)]),
+        ]
+        outputs = run(processor, frames)
+        assert outputs[0] == outputs[1] == outputs[2] == []
+        assert outputs[3] == [
+            {"user": "a", "kind": "session", "events": 3, "start": T0, "end": T0 + 20 * MINUTE},
+            {"user": "b", "kind": "session", "events": 1, "start": T0 + 5 * MINUTE,
+             "end": T0 + 5 * MINUTE},
+        ]
+        reports = processor.reports
+        assert [r.watermark_ms for r in reports] == [None, T0 + 5 * MINUTE,
+                                                      T0 + 15 * MINUTE, T0 + 95 * MINUTE]
+        assert reports[-1].next_watermark_ms == T0 + 96 * MINUTE
+        assert sum(m.late_rows for m in reports[3].subtask_metrics.values()) == 1
+        assert sum(m.timers_fired for m in reports[3].subtask_metrics.values()) == 2
+        # Nothing else fires before the watermark passes c's session (101 + 30 min).
+        clock.now += 60 * MINUTE
+        quiet = run(processor, [events_frame(spark, [("c", 120 * MINUTE)])], 4)
+        assert quiet[4] == []
+    finally:
+        processor.close()
+
+
+def remember(user: str, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+    """Processing time: a TTL'd last-seen time and pages, and a reminder timer."""
+    now = state.context.processing_time_ms
+    state(LAST_SEEN).update(now)
+    state(PAGES).add_all(list(rows["page"]))
+    state.timers.register_processing_time(now + 15 * MINUTE)
+    return [{"user": user, "kind": "seen", "events": len(state(PAGES).get()), "start": now,
+             "end": now}]
+
+
+def remind(user: str, timer: TimerInfo, state: Any) -> list[dict[str, Any]]:
+    seen = state(LAST_SEEN).value()
+    return [{"user": user, "kind": "reminder", "events": len(state(PAGES).get()),
+             "start": timer.time_ms, "end": -1 if seen is None else seen}]
+
+
+def pages_frame(spark: Any, rows: list[tuple[str, str]]) -> Any:
+    return spark.createDataFrame(rows or [], "user string, page string")
+
+
+def live_state(config: StreamingStateConfig, users: list[str], at_ms: int
+               ) -> dict[str, tuple[int | None, list[str]]]:
+    coordinator = WorkerResources.coordinator(config)
+    backend = coordinator.restore_keyed(
+        config.operator_id, key_group_range_for_operator(config.max_parallelism, 1, 0),
+        coordinator.checkpoint(), config.changelog())
+    try:
+        backend.set_processing_time(at_ms)
+        found = {}
+        for user in users:
+            backend.set_current_key(user.encode())
+            found[user] = (backend.state(LAST_SEEN).value(), backend.state(PAGES).get())
+        return found
+    finally:
+        backend.close()
+
+
+def test_ttl_and_processing_time_timers_follow_the_batch_clock_across_a_rescale(
+    spark: Any, kafka_cluster: Any, prefix: str
+) -> None:
+    clock = Clock()
+    config = app_config(kafka_cluster, prefix, parallelism=2)
+    with stateful_foreach_batch(config, remember, "user", OUTPUT, on_timer=remind,
+                                clock=clock) as processor:
+        out = run(processor, [pages_frame(spark, [("a", "/1"), ("b", "/1")])])
+        assert [r["events"] for r in out[0]] == [1, 1]
+        clock.now = T0 + 8 * MINUTE
+        out = run(processor, [pages_frame(spark, [("a", "/2")])], 1)
+        assert out[1] == [{"user": "a", "kind": "seen", "events": 2, "start": clock.now,
+                           "end": clock.now}]
+    # A new run at parallelism 3: state and timers follow their key groups.
+    rescaled = app_config(kafka_cluster, prefix, parallelism=3)
+    with stateful_foreach_batch(rescaled, remember, "user", OUTPUT, on_timer=remind,
+                                clock=clock) as processor:
+        # 12 min: b's entries (written at 0) expired, a's first page too; no timer due.
+        clock.now = T0 + 12 * MINUTE
+        out = run(processor, [pages_frame(spark, [])], 2)
+        assert out[2] == []
+        assert live_state(rescaled, ["a", "b"], clock.now) == {
+            "a": (T0 + 8 * MINUTE, ["/2"]), "b": (None, [])}
+        # 16 min, a batch without rows: the reminders due at 15 fire (a's second, at 23,
+        # not yet); b's state expired at 10, a's last page lives until 18.
+        clock.now = T0 + 16 * MINUTE
+        out = run(processor, [pages_frame(spark, [])], 3)
+        assert out[3] == [
+            {"user": "a", "kind": "reminder", "events": 1, "start": T0 + 15 * MINUTE,
+             "end": T0 + 8 * MINUTE},
+            {"user": "b", "kind": "reminder", "events": 0, "start": T0 + 15 * MINUTE,
+             "end": -1}]
+        clock.now = T0 + 30 * MINUTE
+        out = run(processor, [pages_frame(spark, [])], 4)
+        assert [(r["user"], r["start"]) for r in out[4]] == [("a", T0 + 23 * MINUTE)]
+        # Everything expired and nothing read it: the expiry timers removed it.
+        state_rows = sum(m.state_rows for m in processor.reports[-1].subtask_metrics.values())
+        assert state_rows == 0
+        # A re-run of the last batch (the query restarted before Spark recorded it) sees
+        # the processing time its checkpoint recorded, and fires nothing twice.
+        clock.now = T0 + 90 * MINUTE
+        again = run(processor, [pages_frame(spark, [])], 4)
+        assert again[4] == out[4]
+        assert processor.reports[-1].processing_time_ms == T0 + 30 * MINUTE
+        assert not processor.reports[-1].committed
+
+
+def test_an_event_time_column_that_is_missing_or_not_a_timestamp_is_refused(
+    spark: Any, kafka_cluster: Any, prefix: str
+) -> None:
+    config = app_config(kafka_cluster, prefix)
+    for column, frame, message in [
+        ("when", events_frame(spark, [("a", 0)]), "'when' is not a column of the batch"),
+        ("user", events_frame(spark, [("a", 0)]), "'user' is string, expected a timestamp"),
+    ]:
+        with stateful_foreach_batch(config, sessionize, "user", OUTPUT,
+                                    on_timer=close_session,
+                                    event_time=EventTime.of(column, 0)) as processor:
+            with pytest.raises(EventTimeColumnError, match=message):
+                processor(frame, 0)
+            assert processor.reports == []
+
+
+def test_an_event_time_timer_without_an_event_time_column_fails_the_batch(
+    spark: Any, kafka_cluster: Any, prefix: str
+) -> None:
+    config = app_config(kafka_cluster, prefix)
+    with stateful_foreach_batch(config, sessionize, "user", OUTPUT,
+                                on_timer=close_session) as processor:
+        with pytest.raises(Exception, match="no event-time column is declared"):
+            processor(events_frame(spark, [("a", 0)]), 0)
+        assert WorkerResources.coordinator(config).checkpoint() is None
