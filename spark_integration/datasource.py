@@ -31,6 +31,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from .planning import (
@@ -57,6 +58,8 @@ def _spark_type(arrow: pa.DataType) -> DataType:
         return BinaryType()
     if pa.types.is_list(arrow):
         return ArrayType(_spark_type(arrow.value_type))
+    if pa.types.is_timestamp(arrow) and arrow.tz is not None:
+        return TimestampType()
     raise TypeError(f"no Spark type for Arrow type {arrow}")
 
 

@@ -24,6 +24,7 @@ from kafka_changelog.keys import recorded_key_types
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 from kafka_changelog.state.errors import CheckpointNotFoundError, CheckpointStoreError
+from kafka_changelog.state.ttl import PROCESSING_TIME_PROPERTY
 
 from .scan import OffsetSlice
 
@@ -303,6 +304,9 @@ class StateTask:
     handle: KeyedStateHandle
     #: The key column types the checkpoint records (None: not recorded): ``key_decoded``.
     key_types: tuple[str, ...] | None = None
+    #: The checkpoint's processing time (ms since the epoch; None: not recorded): TTL'd
+    #: entries expired then are not shown.
+    at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -382,6 +386,8 @@ def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                slice_key_groups: int) -> list[StateTask]:
     """One task per key-group slice (at most ``slice_key_groups``) of every subtask."""
     key_types = _key_types(checkpoint)
+    recorded_time = checkpoint.properties.get(PROCESSING_TIME_PROPERTY)
+    at_ms = int(recorded_time) if recorded_time is not None else None
     tasks = []
     for operator in operators:
         for subtask in checkpoint.subtasks_of(operator):
@@ -393,7 +399,7 @@ def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                 narrowed = keyed.intersection(key_groups)
                 if narrowed is not None:
                     tasks.append(StateTask(operator, subtask.subtask_index, key_groups,
-                                           narrowed, key_types))
+                                           narrowed, key_types, at_ms))
     return tasks
 
 

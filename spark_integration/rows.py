@@ -20,7 +20,8 @@ from kafka_changelog.keys import key_text
 from kafka_changelog.state.ops import StateMeta
 from kafka_changelog.state.restore import load_keyed_state
 from kafka_changelog.state.table import StateTable
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.table_protocol import Entry, KeyedStateTable
+from kafka_changelog.state.ttl import live_entry, split_serializer_name
 
 from .planning import ChangesTask, ReaderOptions, StateTask
 from .scan import ChunkReader, OffsetSlice, ScannedChange, SliceReader, decode_state_op
@@ -64,6 +65,7 @@ STATE_SCHEMA = pa.schema([
     pa.field("list_index", pa.int32()),
     pa.field("value", pa.binary()),
     pa.field("value_decoded", pa.string()),
+    pa.field("expires_at", pa.timestamp("us", tz="UTC")),
     pa.field("key_decoded", pa.string()),
 ])
 
@@ -235,30 +237,49 @@ def render_value(serializer: str, data: bytes) -> str | None:
     return None
 
 
-#: (operator, key group, state, kind, key, map key, list index, value, value decoded)
-StateRow = tuple[str, int, str, str, bytes, bytes | None, int | None, bytes, str | None]
+#: (operator, key group, state, kind, key, map key, list index, value, value decoded,
+#: expires at in microseconds since the epoch)
+StateRow = tuple[str, int, str, str, bytes, bytes | None, int | None, bytes, str | None,
+                 int | None]
 
 
-def state_rows(table: KeyedStateTable, operator: str) -> Iterator[StateRow]:
-    """Every entry of ``table`` as rows, ordered by key group, state, key, map key/index."""
+def state_rows(table: KeyedStateTable, operator: str, at_ms: int | None = None
+               ) -> Iterator[StateRow]:
+    """Every entry of ``table`` as rows, ordered by key group, state, key, map key/index.
+
+    A TTL'd state's values are shown without their expiry, with it in ``expires_at``;
+    those expired at ``at_ms`` (the checkpoint's processing time) are left out, as the
+    stateful function would not see them."""
     metas = table.metas
     for key_group in table.key_groups():
-        for name, key, entry in table.entries(key_group):
+        for name, key, stored in table.entries(key_group):
             meta = metas[name]
             kind = meta.kind.value
-            serializer = meta.value_serializer
+            serializer, with_ttl = split_serializer_name(meta.value_serializer)
+            entry: Entry | None = stored
+            expiries: Any = None
+            if with_ttl:
+                entry, expiries = live_entry(stored, at_ms)
+                if entry is None:
+                    continue
             if isinstance(entry, bytes):
                 yield (operator, key_group, name, kind, key, None, None, entry,
-                       render_value(serializer, entry))
+                       render_value(serializer, entry), _micros(expiries))
             elif isinstance(entry, list):
                 for index, item in enumerate(entry):
                     yield (operator, key_group, name, kind, key, None, index, item,
-                           render_value(serializer, item))
-            else:
+                           render_value(serializer, item),
+                           _micros(expiries[index] if expiries is not None else None))
+            elif entry is not None:
                 for map_key in sorted(entry):
                     item = entry[map_key]
                     yield (operator, key_group, name, kind, key, map_key, None, item,
-                           render_value(serializer, item))
+                           render_value(serializer, item),
+                           _micros(expiries[map_key] if expiries is not None else None))
+
+
+def _micros(ms: int | None) -> int | None:
+    return None if ms is None else ms * 1000
 
 
 def rows_to_batch(rows: list[StateRow], key_types: Sequence[str] | None = None
@@ -274,10 +295,11 @@ def rows_to_batch(rows: list[StateRow], key_types: Sequence[str] | None = None
 
 
 def state_batches(table: KeyedStateTable, operator: str, batch_rows: int = BATCH_ROWS,
-                  key_types: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+                  key_types: Sequence[str] | None = None, at_ms: int | None = None
+                  ) -> Iterator[pa.RecordBatch]:
     """Record batches of at most ``batch_rows`` rows of :func:`state_rows`."""
     rows: list[StateRow] = []
-    for row in state_rows(table, operator):
+    for row in state_rows(table, operator, at_ms):
         rows.append(row)
         if len(rows) >= batch_rows:
             yield rows_to_batch(rows, key_types)
@@ -306,4 +328,4 @@ def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
     chunks = ChunkReader(options.snapshot_config())
     with SliceReader(options.changelog_config()) as reader:
         load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
-    yield from state_batches(table, task.operator, batch_rows, task.key_types)
+    yield from state_batches(table, task.operator, batch_rows, task.key_types, task.at_ms)

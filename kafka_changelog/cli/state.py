@@ -12,6 +12,7 @@ from typing import Any
 
 from ..keygroups import KeyGroupRange, key_group_for_key
 from ..keys import key_json
+from ..state.ttl import PROCESSING_TIME_PROPERTY, live_entry, split_serializer_name
 from .keyarg import describe_key, encode_cli_key, key_types_to_use
 from .options import CliError, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, table, when
@@ -50,9 +51,16 @@ def _run(args: argparse.Namespace) -> int:
         state = loader.load(args.operator, KeyGroupRange(key_group, key_group))
     states: list[dict[str, Any]] = []
     shown: list[list[Any]] = []
+    # TTL'd entries expired at the checkpoint's processing time are not shown, as the
+    # stateful function did not see them.
+    recorded_time = checkpoint.properties.get(PROCESSING_TIME_PROPERTY)
+    at_ms = int(recorded_time) if recorded_time is not None else None
     for name in sorted(state.metas):
         meta = state.metas[name]
         entry = state.get(key_group, name, key)
+        expiries: Any = None
+        if entry is not None and split_serializer_name(meta.value_serializer)[1]:
+            entry, expiries = live_entry(entry, at_ms)
         decoded = decode_entry(meta, entry) if entry is not None else None
         states.append({
             "state": name, "kind": meta.kind.value.lower(),
@@ -60,6 +68,7 @@ def _run(args: argparse.Namespace) -> int:
             "map_key_serializer": meta.map_key_serializer,
             "value": to_json(decoded) if entry is not None else None,
             "raw_base64": raw_json(entry) if entry is not None else None,
+            "expires_at_ms": _expiries_json(expiries) if entry is not None else None,
         })
         serializers = (f"{meta.map_key_serializer} -> {meta.value_serializer}"
                        if meta.map_key_serializer else meta.value_serializer)
@@ -93,6 +102,20 @@ def _run(args: argparse.Namespace) -> int:
                  f"{checkpoint.checkpoint_id} of application {checkpoint.application!r}")
         return 1
     return 0
+
+
+def _expiries_json(expiries: Any) -> Any:
+    """A TTL'd entry's expiries (ms since the epoch) as JSON: map keys as text (hex when
+    they are not UTF-8)."""
+    if isinstance(expiries, dict):
+        shown = {}
+        for map_key, ms in sorted(expiries.items()):
+            try:
+                shown[map_key.decode()] = ms
+            except UnicodeDecodeError:
+                shown[map_key.hex()] = ms
+        return shown
+    return expiries
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -15,6 +15,7 @@ from typing import Any
 from ..state.ops import StateMeta
 from ..state.serializers import FLOAT64, INT64, JSON, UTF8, Serializer
 from ..state.table_protocol import Entry
+from ..state.ttl import split_serializer_name
 
 _KNOWN: dict[str, Serializer[Any]] = {s.name: s for s in (UTF8, INT64, FLOAT64, JSON)}
 
@@ -48,12 +49,14 @@ def decode_value(serializer: str | None, data: bytes) -> Any:
 
 def decode_entry(meta: StateMeta, entry: Entry) -> Any:
     """A state's entry for one key: a value, a list of values, or a dict of map entries
-    (keys decoded with the map key serializer)."""
+    (keys decoded with the map key serializer). A TTL'd state's entry is given without
+    its expiries (see :func:`~kafka_changelog.state.ttl.live_entry`)."""
+    serializer, _ = split_serializer_name(meta.value_serializer)
     if isinstance(entry, bytes):
-        return decode_value(meta.value_serializer, entry)
+        return decode_value(serializer, entry)
     if isinstance(entry, list):
-        return [decode_value(meta.value_serializer, item) for item in entry]
-    return {decode_value(meta.map_key_serializer, k): decode_value(meta.value_serializer, v)
+        return [decode_value(serializer, item) for item in entry]
+    return {decode_value(meta.map_key_serializer, k): decode_value(serializer, v)
             for k, v in sorted(entry.items())}
 
 

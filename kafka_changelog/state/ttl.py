@@ -21,6 +21,17 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # table_protocol imports descriptors, which import this module
+    from .table_protocol import Entry
+
+#: A TTL'd entry's expiries, in its shape: one (value), per element (list), per map key.
+Expiries = int | list[int] | dict[bytes, int]
+
+#: The checkpoint property holding its batch's processing time (ms since the epoch): what
+#: readers take "now" to be when they hide expired entries.
+PROCESSING_TIME_PROPERTY = "time.processing_ms"
 
 #: The prefix of a TTL'd state's value serializer name.
 TTL_SERIALIZER_PREFIX = "ttl:"
@@ -97,5 +108,22 @@ def value_of(stored: bytes) -> bytes:
     return stored[EXPIRY_BYTES:]
 
 
-__all__ = ["EXPIRY_BYTES", "TTL_SERIALIZER_PREFIX", "StateTtl", "expiry_of",
-           "split_serializer_name", "stamp", "ttl_serializer_name", "value_of"]
+def live_entry(entry: Entry, at_ms: int | None) -> tuple[Entry | None, Expiries]:
+    """A TTL'd state's entry as readers show it at ``at_ms`` (None: everything): its
+    values without their expiries, the expired ones left out (None when nothing is left),
+    and the expiries of what is left, in the entry's shape."""
+    live = (lambda expires: True) if at_ms is None else (lambda expires: expires > at_ms)
+    if isinstance(entry, bytes):
+        expires = expiry_of(entry)
+        return (value_of(entry) if live(expires) else None), expires
+    if isinstance(entry, list):
+        kept = [item for item in entry if live(expiry_of(item))]
+        return ([value_of(i) for i in kept] or None), [expiry_of(i) for i in kept]
+    kept_map = {k: v for k, v in entry.items() if live(expiry_of(v))}
+    return ({k: value_of(v) for k, v in kept_map.items()} or None,
+            {k: expiry_of(v) for k, v in kept_map.items()})
+
+
+__all__ = ["EXPIRY_BYTES", "PROCESSING_TIME_PROPERTY", "TTL_SERIALIZER_PREFIX", "Expiries",
+           "StateTtl", "expiry_of", "live_entry", "split_serializer_name", "stamp",
+           "ttl_serializer_name", "value_of"]

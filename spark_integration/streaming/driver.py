@@ -234,8 +234,10 @@ class StatefulProcessor:
             # that gets it refuses it, naming the column.
             keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p,
         )
-        result = partitioned.where(F.col(MARKER_COLUMN).isNull() | (F.spark_partition_id() < 0)).drop(
-            MARKER_COLUMN).mapInPandas(run_partition, f"{self.output_schema}, {RESULT_SCHEMA}"
+        # (spark_partition_id() is not deterministic: the filter stays where it is.)
+        unmarked = partitioned.where(
+            F.col(MARKER_COLUMN).isNull() | (F.spark_partition_id() < 0)).drop(MARKER_COLUMN)
+        result = unmarked.mapInPandas(run_partition, f"{self.output_schema}, {RESULT_SCHEMA}"
                       if outputs_to_driver else RESULT_SCHEMA)
         tasks_started = time.monotonic()
         if outputs_to_driver:

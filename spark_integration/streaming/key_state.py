@@ -17,10 +17,11 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.timers import TimeDomain
+from kafka_changelog.state.ttl import PROCESSING_TIME_PROPERTY
 
-#: Checkpoint properties: the batch's processing time, and the event-time watermark after
-#: the batch (what the next batch fires event-time timers against), ms since the epoch.
-PROCESSING_TIME_PROPERTY = "time.processing_ms"
+#: Checkpoint property: the event-time watermark after the batch (what the next batch
+#: fires event-time timers against), ms since the epoch. The batch's processing time is
+#: ``kafka_changelog.state.ttl.PROCESSING_TIME_PROPERTY``.
 WATERMARK_PROPERTY = "time.watermark_ms"
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -6,6 +6,7 @@ Pure Python: no Spark, no broker.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import io
 import itertools
 import pickle
@@ -445,17 +446,45 @@ def test_state_rows_expand_lists_and_maps_in_order() -> None:
     assert all(b.schema.equals(STATE_SCHEMA) for b in batches)
     rows = [tuple(r.values()) for b in batches for r in b.to_pylist()]
     assert rows == [
-        ("op", 3, "raw", "REDUCING", b"v", None, None, b"\x00", None, None),
-        ("op", 9, "count", "VALUE", b"u", None, None, struct.pack(">q", 7), "7", None),
-        ("op", 9, "events", "LIST", b"u", None, 0, b"x", "x", None),
-        ("op", 9, "events", "LIST", b"u", None, 1, b"y", "y", None),
-        ("op", 9, "pages", "MAP", b"u", b"a", None, b"{}", "{}", None),
-        ("op", 9, "pages", "MAP", b"u", b"b", None, b"[1]", "[1]", None),
+        ("op", 3, "raw", "REDUCING", b"v", None, None, b"\x00", None, None, None),
+        ("op", 9, "count", "VALUE", b"u", None, None, struct.pack(">q", 7), "7", None, None),
+        ("op", 9, "events", "LIST", b"u", None, 0, b"x", "x", None, None),
+        ("op", 9, "events", "LIST", b"u", None, 1, b"y", "y", None, None),
+        ("op", 9, "pages", "MAP", b"u", b"a", None, b"{}", "{}", None, None),
+        ("op", 9, "pages", "MAP", b"u", b"b", None, b"[1]", "[1]", None, None),
     ]
     typed = [r["key_decoded"] for b in state_batches(table, "op", key_types=("string",))
              for r in b.to_pylist()]
     assert typed == ["v", "u", "u", "u", "u", "u"]
     assert list(state_batches(StateTable(), "op")) == []
+
+
+def test_state_rows_of_ttl_states_hide_what_expired_at_the_checkpoint_and_show_expiry() -> None:
+    from kafka_changelog.state.ttl import stamp
+
+    table = StateTable()
+    table.register(StateMeta("seen", StateKind.VALUE, "ttl:int64"))
+    table.register(StateMeta("pages", StateKind.LIST, "ttl:utf8"))
+    table.register(StateMeta("kinds", StateKind.MAP, "ttl:int64", "utf8"))
+    one = struct.pack(">q", 1)
+    table.apply(1, StateOp("seen", OpKind.SET, b"old", value=stamp(1_000, one)))
+    table.apply(1, StateOp("seen", OpKind.SET, b"new", value=stamp(5_000, one)))
+    table.apply(1, StateOp("pages", OpKind.LIST_ADD, b"new",
+                           values=(stamp(1_000, b"/a"), stamp(9_000, b"/b"))))
+    table.apply(1, StateOp("kinds", OpKind.MAP_PUT, b"new", b"buy", stamp(2_000, one)))
+    table.apply(1, StateOp("kinds", OpKind.MAP_PUT, b"new", b"view", stamp(3_000, one)))
+    rows = [(r["state"], r["key"], r["map_key"], r["list_index"], r["value"],
+             r["value_decoded"], r["expires_at"])
+            for b in state_batches(table, "op", at_ms=2_000) for r in b.to_pylist()]
+    at = dt.datetime.fromtimestamp
+    utc = dt.timezone.utc
+    assert rows == [
+        ("kinds", b"new", b"view", None, one, "1", at(3, utc)),
+        ("pages", b"new", None, 0, b"/b", "/b", at(9, utc)),
+        ("seen", b"new", None, None, one, "1", at(5, utc)),
+    ]
+    everything = [r["expires_at"] for b in state_batches(table, "op") for r in b.to_pylist()]
+    assert len(everything) == 6  # without a time: every entry, expired or not
 
 
 def test_the_reader_modules_do_not_import_pyspark() -> None:

@@ -188,6 +188,17 @@ def test_ttl_and_processing_time_timers_follow_the_batch_clock_across_a_rescale(
         out = run(processor, [pages_frame(spark, [("a", "/2")])], 1)
         assert out[1] == [{"user": "a", "kind": "seen", "events": 2, "start": clock.now,
                            "end": clock.now}]
+    # The reader and the CLI show the state as the function saw it, with each expiry.
+    assert reader_view(spark, config) == {
+        ("a", "last_seen", None): (str(T0 + 8 * MINUTE), T0 + 18 * MINUTE),
+        ("a", "pages", 0): ("/1", T0 + 10 * MINUTE),
+        ("a", "pages", 1): ("/2", T0 + 18 * MINUTE),
+        ("b", "last_seen", None): (str(T0), T0 + 10 * MINUTE),
+        ("b", "pages", 0): ("/1", T0 + 10 * MINUTE),
+    }
+    shown = cli_state(config, "a")
+    assert shown == {"last_seen": (T0 + 8 * MINUTE, T0 + 18 * MINUTE),
+                     "pages": (["/1", "/2"], [T0 + 10 * MINUTE, T0 + 18 * MINUTE])}
     # A new run at parallelism 3: state and timers follow their key groups.
     rescaled = app_config(kafka_cluster, prefix, parallelism=3)
     with stateful_foreach_batch(rescaled, remember, "user", OUTPUT, on_timer=remind,
@@ -220,6 +231,37 @@ def test_ttl_and_processing_time_timers_follow_the_batch_clock_across_a_rescale(
         assert again[4] == out[4]
         assert processor.reports[-1].processing_time_ms == T0 + 30 * MINUTE
         assert not processor.reports[-1].committed
+
+
+def reader_view(spark: Any, config: StreamingStateConfig
+                ) -> dict[tuple[str, str, int | None], tuple[str, int]]:
+    """The TTL'd states' rows of the latest checkpoint, read with the Spark reader."""
+    rows = (spark.read.format("kafka-changelog")
+            .option("kafka.bootstrap.servers", config.bootstrap_servers)
+            .option("application", config.application).option("mode", "state")
+            .option("changelog.topic", config.changelog_topic)
+            .option("snapshot.topic", config.snapshot_topic)
+            .option("checkpoint.topic", config.checkpoint_topic).load()
+            .where("state in ('last_seen', 'pages')").collect())
+    return {(r.key_decoded, r.state, r.list_index): (
+        r.value_decoded, int(r.expires_at.timestamp() * 1000)) for r in rows}
+
+
+def cli_state(config: StreamingStateConfig, key: str) -> dict[str, tuple[Any, Any]]:
+    """``kafka-changelog state APP --key KEY --json``: TTL'd states' values and expiries."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kafka_changelog.cli", "state", config.application,
+         "--operator", config.operator_id, "--key", key, "-b", config.bootstrap_servers,
+         "--changelog-topic", config.changelog_topic, "--snapshot-topic",
+         config.snapshot_topic, "--checkpoint-topic", config.checkpoint_topic, "--json"],
+        capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr
+    return {s["state"]: (s["value"], s["expires_at_ms"]) for s in json.loads(done.stdout)["states"]
+            if s["state"] in ("last_seen", "pages")}
 
 
 def test_an_event_time_column_that_is_missing_or_not_a_timestamp_is_refused(
