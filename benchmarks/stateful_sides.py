@@ -51,7 +51,7 @@ from benchmarks.bench_streaming_overhead import stateless_bucket as overhead_buc
 from benchmarks.stateful_workload import LAST_PAGES, UserState, sample_sql, user_state
 from spark_integration.clickstream import EVENTS, OUTPUT_SCHEMA, update_user, update_users
 from spark_integration.streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
-from spark_integration.vectorized import BatchState
+from spark_integration.streaming.vectorized import BatchState
 
 BASELINE, OURS, SPARK = "baseline", "ours", "spark"
 #: What a side's outputs hold per user: its totals over all batches, or of the batch.

@@ -37,7 +37,7 @@ from .streaming import (
     TaskListener,
     stateful_foreach_batch,
 )
-from .vectorized import BatchState, VectorizedFunction
+from .streaming.vectorized import BatchState, VectorizedFunction
 
 EVENTS = value_state("events", INT64)
 SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any, ClassVar
 
 from ..keygroups import key_group_for_key
+from .bulk_ttl import BulkTtlState
 from .descriptors import (
     AggregatingStateDescriptor,
     ReducingStateDescriptor,
@@ -98,7 +99,7 @@ class BulkState:
             raise ValueError(f"bulk state: key {twice!r} is given twice (keys must be "
                              "distinct)")
         backend.prepare_keys(self._key_groups)
-        self._states: dict[str, _BulkKeyed] = {}
+        self._states: dict[str, _BulkKeyed | BulkTtlState] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -123,35 +124,38 @@ class BulkState:
 
     def value(self, descriptor: StateDescriptor) -> BulkValueState:
         """The value state of ``descriptor`` (a ``value_state``) for many keys."""
-        return self._state(descriptor, BulkValueState)  # type: ignore[return-value]
+        return self._state(descriptor, BulkValueState)  # type: ignore[no-any-return]
 
     def list(self, descriptor: StateDescriptor) -> BulkListState:
         """The list state of ``descriptor`` (a ``list_state``) for many keys."""
-        return self._state(descriptor, BulkListState)  # type: ignore[return-value]
+        return self._state(descriptor, BulkListState)  # type: ignore[no-any-return]
 
     def map(self, descriptor: StateDescriptor) -> BulkMapState:
         """The map state of ``descriptor`` (a ``map_state``) for many keys."""
-        return self._state(descriptor, BulkMapState)  # type: ignore[return-value]
+        return self._state(descriptor, BulkMapState)  # type: ignore[no-any-return]
 
     def reducing(self, descriptor: StateDescriptor) -> BulkReducingState:
         """The reducing state of ``descriptor`` (a ``reducing_state``) for many keys."""
-        return self._state(descriptor, BulkReducingState)  # type: ignore[return-value]
+        return self._state(descriptor, BulkReducingState)  # type: ignore[no-any-return]
 
     def aggregating(self, descriptor: StateDescriptor) -> BulkAggregatingState:
         """The aggregating state of ``descriptor`` (an ``aggregating_state``) for many
         keys."""
-        return self._state(descriptor, BulkAggregatingState)  # type: ignore[return-value]
+        return self._state(descriptor, BulkAggregatingState)  # type: ignore[no-any-return]
 
     def __call__(self, descriptor: StateDescriptor) -> Any:
         """The bulk state object of ``descriptor``'s kind (like ``KeyState``'s call)."""
         return self._state(descriptor, _BY_KIND[descriptor.kind])
 
-    def _state(self, descriptor: StateDescriptor, cls: type[_BulkKeyed]) -> _BulkKeyed:
-        found = self._states.get(descriptor.name)
+    def _state(self, descriptor: StateDescriptor, cls: type[_BulkKeyed]) -> Any:
+        found: Any = self._states.get(descriptor.name)
         if found is None:
             known = self.backend.register(descriptor)
-            found = self._states[descriptor.name] = _BY_KIND[known.kind](self, known)
-        if type(found) is not cls:
+            # A TTL'd state goes key by key through the per-key TTL objects (bulk_ttl).
+            found = self._states[descriptor.name] = (
+                BulkTtlState(self, known) if known.ttl is not None
+                else _BY_KIND[known.kind](self, known))
+        if found.kind is not cls.kind:
             raise StateMismatchError(
                 f"state {descriptor.name!r} is a {found.kind.value} state, not "
                 f"{cls.kind.value}: use state.{_ACCESSOR[found.kind]}(...)")

@@ -45,7 +45,6 @@ from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch
 from ..streaming_config import StreamingStateConfig
 from ..subtask_partitioning import partition_by_subtask
-from ..vectorized import VectorizedFunction
 from .batch_time import (
     batch_context,
     check_event_time_column,
@@ -66,6 +65,7 @@ from .columns import (
 from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
 from .task import StatefulFunction, SubtaskTask, TaskCommit, TaskTime, TimerFunction
+from .vectorized import VectorizedFunction, VectorizedTimerFunction
 from .worker_resources import WorkerResources, subtask_transactional_id
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ class StatefulProcessor:
 
     With ``vectorized=True``, ``fn(rows, state)`` is called once per subtask per batch
     instead, with all of the subtask's rows (sorted by key, then ``order_by``) and a
-    :class:`~spark_integration.vectorized.BatchState` that reads and writes the state of
-    many keys per call (see :mod:`spark_integration.vectorized`).
+    :class:`~spark_integration.streaming.vectorized.BatchState` that reads and writes the
+    state of many keys per call (see :mod:`spark_integration.streaming.vectorized`).
 
     Time: ``state.context`` is the batch's :class:`BatchContext` (its processing time is
     fixed for the batch and recorded with its checkpoint: TTL'd state and processing-time
@@ -118,7 +118,7 @@ class StatefulProcessor:
         listener: BatchListener | None = None,
         task_listener: TaskListener | None = None,
         vectorized: bool = False,
-        on_timer: TimerFunction | None = None,
+        on_timer: TimerFunction | VectorizedTimerFunction | None = None,
         event_time: EventTime | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
@@ -129,9 +129,6 @@ class StatefulProcessor:
         self.vectorized = vectorized
         self.on_timer = on_timer
         self.event_time = event_time
-        if vectorized and on_timer is not None:
-            raise ValueError("on_timer is for the per-key function; a vectorised function "
-                             "gets its due timers through its BatchState")
         self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
         if not self.key_columns:
             raise ValueError("key_column must name at least one column")
@@ -403,17 +400,17 @@ def stateful_foreach_batch(
     listener: BatchListener | None = None,
     task_listener: TaskListener | None = None,
     vectorized: bool = False,
-    on_timer: TimerFunction | None = None,
+    on_timer: TimerFunction | VectorizedTimerFunction | None = None,
     event_time: EventTime | None = None,
     clock: Callable[[], int] = wall_clock_ms,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
     See :class:`StatefulProcessor` (``vectorized=True``: ``fn(rows, state)`` once per
-    subtask per batch, see :mod:`spark_integration.vectorized`). Spark's Python workers
-    must run an interpreter with this library installed:
-    :func:`spark_integration.session.local_session` sets that up for local sessions; on
-    a cluster, set ``spark.pyspark.python``.
+    subtask per batch, see :mod:`spark_integration.streaming.vectorized`). Spark's Python
+    workers must run an interpreter with this library installed:
+    :func:`spark_integration.session.local_session` sets that up for local sessions; on a
+    cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
                              task_listener, vectorized, on_timer, event_time, clock)

@@ -42,7 +42,6 @@ from ..key_runs import keys_at, run_starts
 from ..metrics import SubtaskMetrics
 from ..output_rows import output_records
 from ..streaming_config import StreamingStateConfig
-from ..vectorized import VectorizedFunction, call_vectorized
 from .columns import (
     HANDLE_COLUMN,
     INPUT_COLUMNS,
@@ -55,6 +54,12 @@ from .columns import (
 )
 from .events import TaskEvent, TaskListener
 from .key_state import BatchContext, EventTime, KeyState, LateRows, TimerInfo
+from .vectorized import (
+    VectorizedFunction,
+    VectorizedTimerFunction,
+    call_vectorized,
+    call_vectorized_timers,
+)
 from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)
@@ -118,7 +123,7 @@ class TaskTime:
 
     context: BatchContext
     event_time: EventTime | None = None
-    on_timer: TimerFunction | None = None
+    on_timer: TimerFunction | VectorizedTimerFunction | None = None
     #: The key columns' Spark types (``on_timer`` gets keys decoded with them).
     key_types: tuple[str, ...] = ()
 
@@ -372,7 +377,7 @@ class SubtaskTask:
                 produced, keys = call_vectorized(
                     self.fn, backend, data[user_columns],  # type: ignore[arg-type]
                     data[KEY_COLUMN], data[KEY_GROUP_COLUMN], self.key_columns,
-                    natural_key_value, self._output_column_set)
+                    natural_key_value, self._output_column_set, state)
                 outputs.extend(produced)
             else:
                 keys = self._call_per_key(backend, data, user_columns, outputs, state)
@@ -436,12 +441,21 @@ class SubtaskTask:
                            "they are dropped", self.batch_id, len(due))
             return len(due)
         columns = self._output_column_set
+
+        def key_value(key: bytes) -> Any:
+            return key_value_of(key, time.key_types) if time.key_types else key
+
+        if self.vectorized:
+            outputs.extend(call_vectorized_timers(
+                on_timer, backend, due, key_value, state, columns))  # type: ignore[arg-type]
+            return len(due)
+        per_key: TimerFunction = on_timer  # type: ignore[assignment]
         for timer in due:
             backend.set_current_key(timer.key, timer.key_group)
-            key = key_value_of(timer.key, time.key_types) if time.key_types else timer.key
+            key = key_value(timer.key)
             state.calling(True)
             try:
-                produced = on_timer(key, TimerInfo(timer.time_ms, timer.domain), state)
+                produced = per_key(key, TimerInfo(timer.time_ms, timer.domain), state)
             finally:
                 state.calling(False)
             if produced is not None:

@@ -138,6 +138,62 @@ def test_event_time_sessions_close_when_the_watermark_passes_and_late_rows_are_c
         processor.close()
 
 
+def sessionize_vectorized(rows: pd.DataFrame, state: Any) -> None:
+    """``sessionize`` for every key of the batch at once."""
+    times = pd.to_datetime(rows["ts"], utc=True).astype("int64") // 1_000_000
+    grouped = times.groupby(state.key_index)
+    firsts, lasts, counts = grouped.min().tolist(), grouped.max().tolist(), grouped.count()
+    keys = state.keys
+    start, last = state.value(SESSION_START), state.value(SESSION_LAST)
+    events = state.value(SESSION_EVENTS)
+    old_last = last.get(keys)
+    open_keys = [k for k, t in zip(keys, old_last, strict=True) if t is not None]
+    state.timers.delete_event_time(open_keys, [t + GAP for t in old_last if t is not None])
+    start.set(keys, [s if s is not None else f
+                     for s, f in zip(start.get(keys), firsts, strict=True)])
+    new_last = [max(m, t or 0) for m, t in zip(lasts, old_last, strict=True)]
+    last.set(keys, new_last)
+    events.set(keys, [(e or 0) + int(c) for e, c in zip(events.get(keys), counts, strict=True)])
+    state.timers.register_event_time(keys, [t + GAP for t in new_last])
+
+
+def close_sessions_vectorized(timers: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+    keys = [state.keys[i] for i in timers["key_index"]]
+    start, last = state.value(SESSION_START), state.value(SESSION_LAST)
+    events = state.value(SESSION_EVENTS)
+    out = [{"user": k, "kind": "session", "events": e, "start": s, "end": t}
+           for k, e, s, t in zip(keys, events.get(keys), start.get(keys), last.get(keys),
+                                 strict=True)]
+    for s in (start, last, events):
+        s.clear(keys)
+    return out
+
+
+def test_vectorized_sessions_give_exactly_the_per_key_outputs(
+    spark: Any, kafka_cluster: Any, prefix: str
+) -> None:
+    frames = [
+        events_frame(spark, [("a", 0), ("a", 10 * MINUTE), ("b", 5 * MINUTE)]),
+        events_frame(spark, [("a", 20 * MINUTE)]),
+        events_frame(spark, [("c", 100 * MINUTE)]),
+        events_frame(spark, [("c", 101 * MINUTE), ("d", 6 * MINUTE)]),
+        events_frame(spark, [("c", 140 * MINUTE)]),
+    ]
+    results = []
+    for name, fn, on_timer, vectorized in [
+        ("per-key", sessionize, close_session, False),
+        ("vectorized", sessionize_vectorized, close_sessions_vectorized, True),
+    ]:
+        config = app_config(kafka_cluster, f"{prefix}-{name}")
+        with stateful_foreach_batch(config, fn, "user", OUTPUT, on_timer=on_timer,
+                                    event_time=EventTime.of("ts", dt.timedelta(minutes=5)),
+                                    vectorized=vectorized, clock=Clock()) as processor:
+            results.append(run(processor, frames))
+    assert results[0] == results[1]
+    assert [r["user"] for r in results[0][3]] == ["a", "b"]
+    assert results[0][4] == []  # batch 4 runs with watermark 96 min; c's session ends at 131
+
+
 def remember(user: str, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
     """Processing time: a TTL'd last-seen time and pages, and a reminder timer."""
     now = state.context.processing_time_ms

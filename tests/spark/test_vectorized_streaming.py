@@ -37,8 +37,8 @@ from spark_integration.clickstream import (
 )
 from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.vectorized import BatchState, call_vectorized
 from spark_integration.streaming.worker_resources import WorkerResources
-from spark_integration.vectorized import BatchState, call_vectorized
 
 pytestmark = [pytest.mark.spark]
 

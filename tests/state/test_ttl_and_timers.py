@@ -216,3 +216,44 @@ def test_the_timers_state_name_is_reserved() -> None:
         with pytest.raises(StateMismatchError, match="reserved for timers"):
             backend.state(value_state(TIMERS_STATE))
         backend.close()
+
+
+def test_bulk_access_to_ttl_states_sees_and_logs_what_per_key_access_does(
+    backends: Backends,
+) -> None:
+    from kafka_changelog.state.bulk_state import BulkState
+
+    users = ["a", "b", "c"]
+    per_key, bulk = backends.new(), backends.new()
+    for backend in (per_key, bulk):
+        backend.set_processing_time(T0)
+    for user, n in zip(users, [1, 2, 3], strict=True):
+        per_key.set_current_key(user.encode())
+        per_key.state(SEEN).update(n)
+        per_key.state(KINDS).put("view", n)
+        per_key.state(PAGES).add(f"/{n}")
+    view = BulkState(bulk, users, [u.encode() for u in users])
+    view.value(SEEN).set(users, [1, 2, 3])
+    view.map(KINDS).put(users, "view", [1, 2, 3])
+    view.list(PAGES).add(users, ["/1", "/2", "/3"])
+    for backend in (per_key, bulk):
+        backend.set_processing_time(T0 + 5_000)
+    per_key.set_current_key(b"b")
+    per_key.state(SEEN).update(20)
+    BulkState(bulk, ["b"], [b"b"]).value(SEEN).set(["b"], [20])
+    for backend in (per_key, bulk):
+        backend.set_processing_time(T0 + 12_000)
+    again = BulkState(bulk, users, [u.encode() for u in users])
+    assert again.value(SEEN).get(users) == [None, 20, None]
+    assert again.map(KINDS).get(users, "view") == [None, None, None]
+    assert again.list(PAGES).get(users) == [[], [], []]
+    per_key.set_current_key(b"b")
+    assert per_key.state(SEEN).value() == 20
+    per_key.expire_due()
+    bulk.expire_due()
+    rows = [sorted((n, k) for kg in b.table.key_groups() for n, k, _ in b.table.entries(kg))
+            for b in (per_key, bulk)]
+    assert rows[0] == rows[1]
+    assert [n for n, _ in rows[0] if n != TIMERS_STATE] == ["seen"]
+    per_key.close()
+    bulk.close()
