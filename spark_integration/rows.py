@@ -65,8 +65,9 @@ STATE_SCHEMA = pa.schema([
     pa.field("list_index", pa.int32()),
     pa.field("value", pa.binary()),
     pa.field("value_decoded", pa.string()),
-    pa.field("expires_at", pa.timestamp("us", tz="UTC")),
     pa.field("key_decoded", pa.string()),
+    # TTL'd states: when the entry expires (null for states without a TTL).
+    pa.field("expires_at", pa.timestamp("us", tz="UTC")),
 ])
 
 
@@ -288,7 +289,8 @@ def rows_to_batch(rows: list[StateRow], key_types: Sequence[str] | None = None
     key column and ``key_types``)."""
     columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)] if rows else [
         [] for _ in STATE_SCHEMA[:-1]]
-    columns.append(decoded_keys(columns[4], key_types))
+    # The rows end with expires_at; key_decoded comes before it.
+    columns.insert(len(columns) - 1, decoded_keys(columns[4], key_types))
     return pa.RecordBatch.from_arrays(
         [pa.array(column, f.type) for column, f in zip(columns, STATE_SCHEMA, strict=True)],
         schema=STATE_SCHEMA)

@@ -59,17 +59,21 @@ def _run(args: argparse.Namespace) -> int:
         meta = state.metas[name]
         entry = state.get(key_group, name, key)
         expiries: Any = None
-        if entry is not None and split_serializer_name(meta.value_serializer)[1]:
+        with_ttl = split_serializer_name(meta.value_serializer)[1]
+        if entry is not None and with_ttl:
             entry, expiries = live_entry(entry, at_ms)
         decoded = decode_entry(meta, entry) if entry is not None else None
-        states.append({
+        shown_state: dict[str, Any] = {
             "state": name, "kind": meta.kind.value.lower(),
             "value_serializer": meta.value_serializer,
             "map_key_serializer": meta.map_key_serializer,
             "value": to_json(decoded) if entry is not None else None,
             "raw_base64": raw_json(entry) if entry is not None else None,
-            "expires_at_ms": _expiries_json(expiries) if entry is not None else None,
-        })
+        }
+        if with_ttl:  # TTL'd states only: each value's expiry, ms since the epoch
+            shown_state["expires_at_ms"] = (_expiries_json(expiries) if entry is not None
+                                            else None)
+        states.append(shown_state)
         serializers = (f"{meta.map_key_serializer} -> {meta.value_serializer}"
                        if meta.map_key_serializer else meta.value_serializer)
         shown.append([name, meta.kind.value.lower(), serializers,

@@ -30,9 +30,34 @@ from .key_state import (
     TimerOutsideCallError,
 )
 from .task import StatefulFunction, TimerFunction
+from .tester import StatefulTester
+from .vectorized import BatchState, BulkTimers, VectorizedFunction, VectorizedTimerFunction
 
-__all__ = ["BATCH_EVENTS", "TASK_EVENTS", "BatchContext", "BatchEvent", "BatchListener",
-           "BatchReport", "EventTime", "EventTimeColumnError", "EventTimeNotDeclaredError",
-           "KeyState", "KeyTimers", "LateRows", "StatefulFunction", "StatefulProcessor",
-           "StreamingStateConfig", "TaskEvent", "TaskListener", "TimerFunction", "TimerInfo",
-           "TimerOutsideCallError", "stateful_foreach_batch"]
+__all__ = [
+    "BATCH_EVENTS",
+    "TASK_EVENTS",
+    "BatchContext",
+    "BatchEvent",
+    "BatchListener",
+    "BatchReport",
+    "BatchState",
+    "BulkTimers",
+    "EventTime",
+    "EventTimeColumnError",
+    "EventTimeNotDeclaredError",
+    "KeyState",
+    "KeyTimers",
+    "LateRows",
+    "StatefulFunction",
+    "StatefulProcessor",
+    "StatefulTester",
+    "StreamingStateConfig",
+    "TaskEvent",
+    "TaskListener",
+    "TimerFunction",
+    "TimerInfo",
+    "TimerOutsideCallError",
+    "VectorizedFunction",
+    "VectorizedTimerFunction",
+    "stateful_foreach_batch",
+]

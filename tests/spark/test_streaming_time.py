@@ -19,6 +19,7 @@ from kafka_changelog.state.serializers import INT64, UTF8
 from spark_integration.streaming import (
     EventTime,
     EventTimeColumnError,
+    StatefulTester,
     StreamingStateConfig,
     TimerInfo,
     stateful_foreach_batch,
@@ -192,6 +193,28 @@ def test_vectorized_sessions_give_exactly_the_per_key_outputs(
     assert results[0] == results[1]
     assert [r["user"] for r in results[0][3]] == ["a", "b"]
     assert results[0][4] == []  # batch 4 runs with watermark 96 min; c's session ends at 131
+
+
+def test_the_tester_gives_what_a_streaming_run_gives(spark: Any, kafka_cluster: Any,
+                                                      prefix: str) -> None:
+    batches = [[("a", 0), ("a", 10 * MINUTE), ("b", 5 * MINUTE)], [("a", 20 * MINUTE)],
+               [("c", 100 * MINUTE)], [("c", 101 * MINUTE), ("d", 6 * MINUTE)], []]
+    event_time = EventTime.of("ts", dt.timedelta(minutes=5))
+    config = app_config(kafka_cluster, prefix)
+    with stateful_foreach_batch(config, sessionize, "user", OUTPUT, on_timer=close_session,
+                                event_time=event_time, clock=Clock()) as processor:
+        streamed = run(processor, [events_frame(spark, b) for b in batches])
+    columns = ["user", "kind", "events", "start", "end"]
+    with StatefulTester(sessionize, "user", columns, on_timer=close_session,
+                        event_time=event_time, start=T0) as tester:
+        tested = {}
+        for batch_id, events in enumerate(batches):
+            frame = events_frame(spark, events).toPandas()
+            tested[batch_id] = sorted(tester.run(frame), key=lambda r: r["user"])
+        assert tester.state("c", SESSION_EVENTS).value() == 2
+        assert [t.time_ms for t in tester.timers("c")] == [T0 + 131 * MINUTE]
+        assert sum(m.late_rows for m in tester.metrics) == 1
+    assert tested == streamed
 
 
 def remember(user: str, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
