@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..gc_types import LogFloor
 from ..serialization import decode, encode
@@ -453,21 +453,3 @@ class InMemoryCheckpointStore(CheckpointStore):
     def _persist_guard(self, application: str, guard_id: str,
                        floors: tuple[LogFloor, ...]) -> None:
         pass
-
-
-#: Kafka names this module held before 0.2 (they live in the kafka layer now).
-_MOVED = frozenset({"CheckpointStoreConfig", "KafkaCheckpointStore", "validate_checkpoint_topic"})
-
-
-def __getattr__(name: str) -> Any:
-    """Names that moved to the kafka layer in 0.2, importable from here (deprecated)."""
-    if name in _MOVED:
-        import warnings
-
-        from ..kafka import checkpoint_store as moved  # deprecated alias: see _MOVED
-
-        warnings.warn(
-            f"{__name__}.{name} moved to kafka_changelog.kafka.checkpoint_store.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(moved, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

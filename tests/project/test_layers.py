@@ -39,20 +39,20 @@ def layer_of(module: str) -> str:
     return "core"  # kafka_changelog.<module> and kafka_changelog.memory
 
 
-def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
-    """(line, imported module) of a file: absolute names, relative ones resolved.
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module or package of the project."""
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
-    Imports inside a module ``__getattr__`` are left out: they are the deprecated aliases
-    of names that moved up a layer in 0.2 (listed in that module's ``_MOVED``), loaded
-    only when an old import path is used.
-    """
+
+def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
+    """(line, imported module) of a file: absolute names, relative ones resolved; a module
+    imported from its package (``from . import handles``) is that module."""
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    shims = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
-             for n in ast.walk(f)}
-    nodes = [n for n in (tree.body if top_level_only else ast.walk(tree)) if id(n) not in shims]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: list[tuple[int, str]] = []
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -63,7 +63,8 @@ def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
+            found += [(node.lineno, f"{target}.{alias.name}" if is_module(f"{target}.{alias.name}")
+                       else target) for alias in node.names]
     return found
 
 
@@ -104,9 +105,6 @@ def test_no_import_cycles() -> None:
     def visit(name: str, path: list[str]) -> None:
         state[name] = 1
         for target in sorted(graph[name]):
-            # A package's __init__ importing its own modules is how it hands names on.
-            if target.startswith(name + ".") or name.startswith(target + "."):
-                continue
             if state.get(target) == 1:
                 cycles.append(" -> ".join([*path[path.index(target):], target]))
             elif target not in state:
@@ -118,29 +116,3 @@ def test_no_import_cycles() -> None:
             visit(name, [name])
     assert cycles == []
 
-
-def test_the_library_uses_no_deprecated_alias() -> None:
-    """Old import paths of names that moved up a layer are for users' code only."""
-    moved = {}
-    for path in (ROOT / "kafka_changelog" / "state").glob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets)):
-                moved[module_name(path)] = {c.value for c in ast.walk(node.value)
-                                            if isinstance(c, ast.Constant)}
-    wrong = []
-    for path in library_files():
-        package = module_name(path).split(".")
-        if path.name != "__init__.py":
-            package = package[:-1]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            target = node.module or ""
-            if node.level:
-                target = ".".join([*package[: len(package) - node.level + 1], target])
-            used = {alias.name for alias in node.names} & moved.get(target, set())
-            if used:
-                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {target} {sorted(used)}")
-    assert moved and wrong == []
