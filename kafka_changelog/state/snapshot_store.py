@@ -19,14 +19,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..keygroups import KeyGroupRange, partition_for_key_group
-from ..serialization import decode, encode
+from ..serialization import HEADER_SCHEMA, decode, encode
 from .errors import SnapshotCorruptError, SnapshotMissingError
 from .records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from .snapshot import ChunkRef, SnapshotHandle, chunk_key
 
 CHUNK_SCHEMA = "snapshot_chunk"
 CHUNK_SCHEMA_VERSION = 1
-HEADER_SCHEMA = "kc.schema"
 HEADER_CRC32 = "kc.crc32"
 SCHEMA_HEADER_VALUE = f"{CHUNK_SCHEMA}/{CHUNK_SCHEMA_VERSION}"
 
