@@ -151,7 +151,7 @@ def own_pids(broker: Broker) -> list[int]:
 
 def run(broker: Broker, batches: int) -> dict[str, Any]:
     from spark_integration.session import spark_session
-    from spark_integration.testing.standalone import LocalSparkCluster
+    from tests.spark.standalone import LocalSparkCluster
 
     users = int(scaled(USERS, minimum=200))
     per_batch = int(scaled(EVENTS, minimum=200))

@@ -2,9 +2,11 @@
 imports another that imports it back (docs/ARCHITECTURE.md draws the layers).
 
 core (``kafka_changelog/*.py``, ``memory/``) < state (``kafka_changelog/state/``) <
-kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The command line,
-the demo and the test harness are applications of the library beside spark: they may
-use every layer below, never spark (whose demo may use them to start a local broker).
+kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The tools, the
+command line (``kafka_changelog/cli/``) and the local Kafka it runs
+(``kafka_changelog/local_kafka/``), are applications of the library beside spark: they
+may use every layer below, never spark. The test kit (``kafka_changelog/testing/``)
+may use the library and the local Kafka; nothing the library runs imports it.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"core": 0, "state": 1, "kafka": 2, "tools": 3, "spark": 3}
-# Sideways reaches that are refused (the harness and the command line never import spark).
-FORBIDDEN = {("tools", "spark")}
+LAYERS = {"core": 0, "state": 1, "kafka": 2, "tools": 3, "spark": 3, "test kit": 3}
+# Sideways reaches that are refused: the tools never import spark, and neither they nor
+# spark import the test kit.
+FORBIDDEN = {("tools", "spark"), ("test kit", "spark"), ("tools", "test kit"),
+             ("spark", "test kit")}
 
 
 def module_name(path: Path) -> str:
@@ -34,8 +38,10 @@ def layer_of(module: str) -> str:
     second = parts[1]
     if second in ("state", "kafka"):
         return second
-    if second in ("testing", "cli", "demo"):
+    if second in ("cli", "local_kafka", "demo"):
         return "tools"
+    if second == "testing":
+        return "test kit"
     return "core"  # kafka_changelog.<module> and kafka_changelog.memory
 
 

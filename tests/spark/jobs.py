@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.testing.process import die_with_parent
+from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
 from spark_integration.streaming import StreamingStateConfig, _Process
 
@@ -48,7 +48,7 @@ LOCAL = Engine("local", None, FAST_DRIVER)
 
 
 def cluster_engine(cluster: Any) -> Engine:
-    """The engine of a :class:`~spark_integration.testing.standalone.LocalSparkCluster`."""
+    """The engine of a :class:`~tests.spark.standalone.LocalSparkCluster`."""
     return Engine("cluster", cluster.master_url, {**cluster.session_config(), **FAST_DRIVER})
 
 

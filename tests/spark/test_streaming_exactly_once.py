@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog.testing.process import die_with_parent
+from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.clickstream import (
     events,
     expected_state,

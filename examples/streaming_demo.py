@@ -62,7 +62,7 @@ def spark_engine(master: str | None, cluster: str | None,
     if cluster is None:
         yield Spark(master, config)
         return
-    from .testing.standalone import LocalSparkCluster
+    from tests.spark.standalone import LocalSparkCluster
 
     say("starting a local Spark standalone cluster (master + 2 workers, 1 core each) ...")
     started = time.monotonic()

@@ -54,7 +54,7 @@ def broker(keep: bool = False) -> Iterator[dict[str, Any]]:
         progress(f"using the broker at {servers} (KAFKA_BOOTSTRAP_SERVERS)")
         yield {"bootstrap.servers": servers}
         return
-    from .testing.broker import LocalKafkaCluster
+    from .local_kafka.broker import LocalKafkaCluster
 
     progress("starting a local Apache Kafka broker (KRaft, jars from Maven Central) ...")
     started = time.monotonic()
