@@ -9,7 +9,7 @@ run on this host, as executors of one host do). The processor's reports say whic
 happened, per subtask and batch (``BatchReport.subtask_metrics[s].state_source``:
 ``reattached``, ``reattached-local``, ``restored``, ``fresh``).
 
-Workload: the clickstream function (:func:`spark_integration.clickstream.update_user`:
+Workload: the clickstream function (:func:`examples.clickstream.update_user`:
 per user a count, a total, a count per kind and the last five pages), ``--users``
 (default 20,000) users, ``--events`` (default 20,000) events per batch, ``--batches``
 (default 50) batches, each a static DataFrame handed to the processor as
@@ -58,7 +58,8 @@ from benchmarks.common import (
     verdict,
     write_json,
 )
-from spark_integration.clickstream import OUTPUT_SCHEMA, events, update_user
+from examples.clickstream import OUTPUT_SCHEMA, update_user
+from examples.events import events
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 
 DEFAULT_JSON = RESULTS_DIR / "cluster_state.json"

@@ -1,7 +1,7 @@
 """The vectorised stateful entry point against the per-key path, in process (no Spark).
 
 The clickstream workload of issue #12 at 200,000 users: micro-batches of 100,000 events
-(``spark_integration.clickstream.events``; per user: event count (value), total spent
+(``examples.events.events``; per user: event count (value), total spent
 (reducing), count per kind (map), last five pages (list); output user, events, spent).
 Each batch is a pandas DataFrame with the columns Spark's driver adds (state key bytes,
 key group, subtask), one subtask holding all 128 key groups, so a batch here is the
@@ -70,11 +70,12 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
+from examples.clickstream import OUTPUT_COLUMNS, update_user, update_users
+from examples.events import events
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
 from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from spark_integration.clickstream import OUTPUT_COLUMNS, events, update_user, update_users
 from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import (
     KEY_COLUMN,

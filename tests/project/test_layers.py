@@ -38,7 +38,7 @@ def layer_of(module: str) -> str:
     second = parts[1]
     if second in ("state", "kafka"):
         return second
-    if second in ("cli", "local_kafka", "demo"):
+    if second in ("cli", "local_kafka"):
         return "tools"
     if second == "testing":
         return "test kit"
@@ -122,3 +122,14 @@ def test_no_import_cycles() -> None:
             visit(name, [name])
     assert cycles == []
 
+
+
+def test_the_library_imports_nothing_outside_the_package() -> None:
+    """The wheel holds kafka_changelog and spark_integration only: examples, benchmarks
+    and tests run from the repository root, and the library never imports them."""
+    outside = ("examples", "benchmarks", "tests")
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for path in library_files()
+             for line, target in imports_of(path, top_level_only=False)
+             if target.split(".")[0] in outside]
+    assert wrong == []

@@ -18,7 +18,6 @@ SHIPPED = [p for package in ("kafka_changelog", "spark_integration")
 
 
 def test_no_module_of_the_library_signals_its_own_process() -> None:
-    # (The demo kills the child process running its query: that is what it shows.)
     offenders = [str(p.relative_to(ROOT)) for p in SHIPPED
                  if re.search(r"os\.kill\(os\.getpid\(\)|signal\.raise_signal|os\.abort\(|"
                               r"CRASH_AT", p.read_text())]

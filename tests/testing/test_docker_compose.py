@@ -41,4 +41,5 @@ def test_compose_runs_the_demo_against_its_broker() -> None:
     assert "dockerfile: docker/Dockerfile" in text
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
     assert 'pip install --no-cache-dir ".[spark]"' in dockerfile
-    assert "spark_integration.demo" in dockerfile
+    assert "COPY examples ./examples" in dockerfile
+    assert "examples.streaming_demo" in dockerfile
