@@ -55,9 +55,6 @@ from typing import Any
 
 import pandas as pd
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.bench_streaming_overhead import fold_user
 from benchmarks.common import (
     RESULTS_DIR,
