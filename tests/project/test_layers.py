@@ -2,11 +2,11 @@
 imports another that imports it back (docs/ARCHITECTURE.md draws the layers).
 
 core (``kafka_changelog/*.py``, ``memory/``) < state (``kafka_changelog/state/``) <
-kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The tools, the
-command line (``kafka_changelog/cli/``) and the local Kafka it runs
-(``kafka_changelog/local_kafka/``), are applications of the library beside spark: they
-may use every layer below, never spark. The test kit (``kafka_changelog/testing/``)
-may use the library and the local Kafka; nothing the library runs imports it.
+kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The tools (the
+command line, ``kafka_changelog/cli/``, and the local Kafka it runs,
+``kafka_changelog/local_kafka/``) are applications of the library beside spark: they
+may use every layer below, never spark. So may the test kit
+(``kafka_changelog/testing/``), which the library, spark and the tools never import.
 """
 
 from __future__ import annotations
