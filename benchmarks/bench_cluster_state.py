@@ -9,7 +9,7 @@ run on this host, as executors of one host do). The processor's reports say whic
 happened, per subtask and batch (``BatchReport.subtask_metrics[s].state_source``:
 ``reattached``, ``reattached-local``, ``restored``, ``fresh``).
 
-Workload: the clickstream function (:func:`spark_integration.clickstream.update_user`:
+Workload: the clickstream function (:func:`examples.clickstream.update_user`:
 per user a count, a total, a count per kind and the last five pages), ``--users``
 (default 20,000) users, ``--events`` (default 20,000) events per batch, ``--batches``
 (default 50) batches, each a static DataFrame handed to the processor as
@@ -41,9 +41,6 @@ from typing import Any
 
 import pandas as pd
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.common import (
     RESULTS_DIR,
     Broker,
@@ -58,7 +55,8 @@ from benchmarks.common import (
     verdict,
     write_json,
 )
-from spark_integration.clickstream import OUTPUT_SCHEMA, events, update_user
+from examples.clickstream import OUTPUT_SCHEMA, update_user
+from examples.events import events
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 
 DEFAULT_JSON = RESULTS_DIR / "cluster_state.json"
@@ -151,7 +149,7 @@ def own_pids(broker: Broker) -> list[int]:
 
 def run(broker: Broker, batches: int) -> dict[str, Any]:
     from spark_integration.session import spark_session
-    from spark_integration.testing.standalone import LocalSparkCluster
+    from tests.spark.standalone import LocalSparkCluster
 
     users = int(scaled(USERS, minimum=200))
     per_batch = int(scaled(EVENTS, minimum=200))

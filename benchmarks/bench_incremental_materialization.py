@@ -41,9 +41,6 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.common import (
     MB,
     RESULTS_DIR,

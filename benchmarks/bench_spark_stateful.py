@@ -87,9 +87,6 @@ from typing import Any
 
 import psutil
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.common import (
     REPO_ROOT,
     RESULTS_DIR,

@@ -37,9 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.common import (
     MAX_PARALLELISM,
     RESULTS_DIR,

@@ -1,12 +1,12 @@
 """Streaming overhead: the stateful ``foreachBatch`` path against the same work without state.
 
-The clickstream job's function (:func:`spark_integration.clickstream.update_user`:
+The clickstream job's function (:func:`examples.clickstream.update_user`:
 per user, the number of events, the total spent, a count per event kind and the
 last five pages) runs on micro-batches of 1,000 and 100,000 events from 2,000 users
 (``BENCH_SCALE`` scales the events and the users, so events per user stay the same;
 at least 100 users) in a ``local[2]`` session. No streaming query runs: each
 micro-batch is a static DataFrame (``spark.createDataFrame`` of
-``clickstream.events``; columns user, seq, kind, page, amount; built before any
+``examples.events.events``; columns user, seq, kind, page, amount; built before any
 timing, new events every batch, ``seq`` increasing across batches) handed to the
 function the way ``foreachBatch`` does, ``f(df, batch_id)`` for batch ids 0, 1, 2...
 
@@ -71,9 +71,6 @@ from typing import Any
 import pandas as pd
 import psutil
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.common import (
     RESULTS_DIR,
     Broker,
@@ -86,7 +83,8 @@ from benchmarks.common import (
     unique_topic,
     write_json,
 )
-from spark_integration.clickstream import OUTPUT_SCHEMA, events, expected_state, update_user
+from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
+from examples.events import events
 from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import (
     StatefulProcessor,

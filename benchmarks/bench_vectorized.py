@@ -1,7 +1,7 @@
 """The vectorised stateful entry point against the per-key path, in process (no Spark).
 
 The clickstream workload of issue #12 at 200,000 users: micro-batches of 100,000 events
-(``spark_integration.clickstream.events``; per user: event count (value), total spent
+(``examples.events.events``; per user: event count (value), total spent
 (reducing), count per kind (map), last five pages (list); output user, events, spent).
 Each batch is a pandas DataFrame with the columns Spark's driver adds (state key bytes,
 key group, subtask), one subtask holding all 128 key groups, so a batch here is the
@@ -55,9 +55,6 @@ from typing import Any
 
 import pandas as pd
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.bench_streaming_overhead import fold_user
 from benchmarks.common import (
     RESULTS_DIR,
@@ -70,13 +67,14 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
+from examples.clickstream import OUTPUT_COLUMNS, update_user, update_users
+from examples.events import events
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
 from kafka_changelog.state.acquire import AcquiredBackend
 from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
 from kafka_changelog.state.subtask_backend import StateSource
-from spark_integration.clickstream import OUTPUT_COLUMNS, events, update_user, update_users
 from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN

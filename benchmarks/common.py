@@ -25,8 +25,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_changelog.kafka import KafkaChangelogConfig
-from kafka_changelog.testing.broker import LocalKafkaCluster
-from kafka_changelog.testing.jars import KAFKA_VERSION
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
+from kafka_changelog.local_kafka.jars import KAFKA_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"

@@ -20,9 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.bench_restore import write_handle
 from benchmarks.common import MB, kafka_broker, machine_info, scaled
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogHandle, KafkaChangelogReader

@@ -28,9 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.stateful_sides import SIDES, RunContext, Side
 from benchmarks.stateful_workload import CHECKSUM_SQL, INPUT_SCHEMA, Checksum
 

@@ -49,7 +49,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from benchmarks.bench_streaming_overhead import BUCKET_COLUMN, BUCKET_EXPR
 from benchmarks.bench_streaming_overhead import stateless_bucket as overhead_bucket
 from benchmarks.stateful_workload import LAST_PAGES, UserState, sample_sql, user_state
-from spark_integration.clickstream import EVENTS, OUTPUT_SCHEMA, update_user, update_users
+from examples.clickstream import EVENTS, OUTPUT_SCHEMA, update_user, update_users
 from spark_integration.streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.vectorized import BatchState
 
@@ -63,7 +63,7 @@ CUMULATIVE, BATCH_ONLY = "cumulative", "batch"
 APPLY_STATE_SCHEMA = "events long, spent double, kinds string, pages string"
 
 #: The vectorised clickstream function (``fn(rows, state) -> DataFrame``).
-VECTORIZED_FN = "spark_integration.clickstream:update_users"
+VECTORIZED_FN = "examples.clickstream:update_users"
 
 SinkFn = Callable[[Any, int], None]
 

@@ -2,10 +2,10 @@
 
 Every side of the benchmark reads the same pre-generated micro-batches: one Parquet
 file per batch (columns ``user, seq, kind, page, amount``, the schema of
-:mod:`spark_integration.clickstream`), read by a streaming file source with
+:mod:`examples.clickstream`), read by a streaming file source with
 ``maxFilesPerTrigger=1``, so micro-batch *i* of every side is exactly file *i*.
 
-Events follow ``clickstream.events``'s distribution (kinds view/click/purchase at
+Events follow ``examples.events.events``'s distribution (kinds view/click/purchase at
 70/25/5 %, five pages, a purchase spends 1.00-100.00, anything else 0.0), drawn
 with numpy so that millions of events take seconds. Amounts are whole cents
 divided by 100, so every running total is exact in cents: the expected results are
@@ -33,12 +33,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from examples import events as clicks
+
 #: The input columns and their Spark schema (the file source needs it given).
 COLUMNS = ["user", "seq", "kind", "page", "amount"]
 INPUT_SCHEMA = "user string, seq long, kind string, page string, amount double"
-KINDS = np.array(["view", "click", "purchase"])
-KIND_WEIGHTS = [0.70, 0.25, 0.05]
-PAGES = np.array(["home", "search", "item", "cart", "help"])
+KINDS = np.array(clicks.KINDS)
+KIND_WEIGHTS = [weight / sum(clicks.KIND_WEIGHTS) for weight in clicks.KIND_WEIGHTS]
+PAGES = np.array(clicks.PAGES)
 PURCHASE = "purchase"
 LAST_PAGES = 5
 

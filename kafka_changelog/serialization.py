@@ -11,6 +11,10 @@ from typing import Any
 
 import fastavro
 
+HEADER_SCHEMA = "kc.schema"
+"""The record header naming the Avro schema of a record's value, ``<schema>/<version>``
+(e.g. ``change_batch/1``): every record the library writes with a value carries it."""
+
 
 def schemas_dir() -> Path:
     """Where the ``*.avsc`` files are: inside an installed wheel, else the source tree."""

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-exec .venv/bin/python -m spark_integration.demo "$@"
+exec .venv/bin/python -m examples.streaming_demo "$@"

@@ -39,7 +39,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 log "resolving the Kafka broker jars (Maven Central, cached)"
-.venv/bin/python -m kafka_changelog.testing.jars
+.venv/bin/python -m kafka_changelog.local_kafka.jars
 log "resolving Spark's Kafka connector jars (Maven Central, cached)"
 .venv/bin/python -m spark_integration.connector >/dev/null
 log "ready"

@@ -5,49 +5,60 @@ The names a streaming application needs: exactly-once keyed state through
 with Spark's Kafka connector, and per-batch state metrics.
 """
 
+import ast
 from importlib import import_module
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
-    from .batch_identity import BatchOrderError, OperatorMismatchError
-    from .datasource import KafkaChangelogDataSource, register
-    from .kafka_sink import KafkaOutputSink
-    from .key_rows import KeyRows
-    from .metrics import StateMetricsListener, SubtaskMetrics
-    from .output_rows import OutputColumnsError
-    from .session import local_session, spark_session
-    from .streaming import (
-        BATCH_EVENTS,
-        BatchListener,
-        BatchReport,
-        KeyState,
-        StatefulProcessor,
-        StreamingStateConfig,
-        stateful_foreach_batch,
-    )
+# The public names, listed once: type checkers read these imports; at run time
+# _homes() reads them from this file and __getattr__ imports each name's module on first
+# use, because the reader's worker-side modules (planning, scan, rows) import this
+# package without pyspark, and must stay that way.
+if TYPE_CHECKING:
+    from .batch_identity import BatchOrderError as BatchOrderError
+    from .batch_identity import OperatorMismatchError as OperatorMismatchError
+    from .datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
+    from .datasource import register as register
+    from .kafka_sink import KafkaOutputSink as KafkaOutputSink
+    from .key_rows import KeyRows as KeyRows
+    from .metrics import StateMetricsListener as StateMetricsListener
+    from .metrics import SubtaskMetrics as SubtaskMetrics
+    from .output_rows import OutputColumnsError as OutputColumnsError
+    from .session import local_session as local_session
+    from .session import spark_session as spark_session
+    from .streaming import BATCH_EVENTS as BATCH_EVENTS
+    from .streaming import BatchContext as BatchContext
+    from .streaming import BatchListener as BatchListener
+    from .streaming import BatchReport as BatchReport
+    from .streaming import EventTime as EventTime
+    from .streaming import KeyState as KeyState
+    from .streaming import LateRows as LateRows
+    from .streaming import StatefulProcessor as StatefulProcessor
+    from .streaming import StatefulTester as StatefulTester
+    from .streaming import StreamingStateConfig as StreamingStateConfig
+    from .streaming import TimerInfo as TimerInfo
+    from .streaming import stateful_foreach_batch as stateful_foreach_batch
 
-# Where each public name lives. Loaded on first use: the reader's worker-side modules
-# (planning, scan, rows) import this package without pyspark, and must stay that way.
-_HOMES = {
-    "BatchOrderError": "batch_identity",
-    "OperatorMismatchError": "batch_identity",
-    "KafkaChangelogDataSource": "datasource",
-    "register": "datasource",
-    "KafkaOutputSink": "kafka_sink",
-    "KeyRows": "key_rows",
-    "StateMetricsListener": "metrics",
-    "SubtaskMetrics": "metrics",
-    "OutputColumnsError": "output_rows",
-    "local_session": "session",
-    "spark_session": "session",
-    "BATCH_EVENTS": "streaming",
-    "BatchListener": "streaming",
-    "BatchReport": "streaming",
-    "KeyState": "streaming",
-    "StatefulProcessor": "streaming",
-    "StreamingStateConfig": "streaming",
-    "stateful_foreach_batch": "streaming",
-}
+
+def _homes() -> dict[str, str]:
+    """Each public name's module: the ``if TYPE_CHECKING:`` imports of this file."""
+    # The loader gives the source also when the package is imported from a zip (Spark's
+    # --py-files), where __file__ is no file.
+    loader = globals().get("__loader__")
+    get_source = getattr(loader, "get_source", None)
+    source = get_source(__name__) if get_source is not None else None
+    if source is None:
+        source = Path(__file__).read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    return {alias.name: node.module for node in block.body
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names}
+
+
+_HOMES = _homes()
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
@@ -56,25 +67,3 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(f".{home}", __name__), name)
-
-
-__all__ = [
-    "BATCH_EVENTS",
-    "BatchListener",
-    "BatchOrderError",
-    "BatchReport",
-    "KafkaChangelogDataSource",
-    "KafkaOutputSink",
-    "KeyRows",
-    "KeyState",
-    "OperatorMismatchError",
-    "OutputColumnsError",
-    "StateMetricsListener",
-    "StatefulProcessor",
-    "StreamingStateConfig",
-    "SubtaskMetrics",
-    "local_session",
-    "register",
-    "spark_session",
-    "stateful_foreach_batch",
-]

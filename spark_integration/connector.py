@@ -21,8 +21,8 @@ import re
 import sys
 from pathlib import Path
 
-from kafka_changelog.testing.errors import JarsUnavailableError, ToolMissingError
-from kafka_changelog.testing.maven import cache_root, ensure_jars, has_marker
+from kafka_changelog.local_kafka.errors import JarsUnavailableError, ToolMissingError
+from kafka_changelog.local_kafka.maven import cache_root, ensure_jars, has_marker
 
 JARS_DIR_ENV = "KAFKA_CHANGELOG_SPARK_JARS_DIR"
 """Environment variable naming the connector's jar directory, replacing the default cache."""

@@ -204,10 +204,6 @@ def parse_options(options: Mapping[str, str]) -> ReaderOptions:
 # -- the checkpoint ------------------------------------------------------------------------------
 
 
-#: The read-only view of a checkpoint topic the reader plans from (its former name here).
-CheckpointTopicReader = KafkaCheckpointView
-
-
 def existing_topics(options: ReaderOptions) -> set[str]:
     """Names of the topics the brokers show (``KafkaAccessError`` if they refuse or are away)."""
     admin, metadata = connect_admin(options.client_settings(), options.request_timeout_s)

@@ -1,6 +1,6 @@
 """``kafka-changelog broker``: the project's local Apache Kafka, in the foreground.
 
-The same harness the tests use (:class:`~kafka_changelog.testing.broker.LocalKafkaCluster`:
+The local Kafka the tests use too (:class:`~kafka_changelog.local_kafka.broker.LocalKafkaCluster`:
 KRaft, combined broker/controller JVMs from Maven jars), on a fixed port, until
 Ctrl-C (SIGINT) or SIGTERM stops it gracefully. Data lives in a temporary
 directory deleted at exit, or in ``--data-dir``, kept across restarts.
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from .options import CliError
 from .output import progress
 
-if TYPE_CHECKING:  # the harness is imported only when the command runs
-    from ..testing.broker import LocalKafkaCluster
+if TYPE_CHECKING:  # the local Kafka is imported only when the command runs
+    from ..local_kafka.broker import LocalKafkaCluster
 
 DEFAULT_PORT = 9092
 #: The name clients are told: what the README's snippets connect to.
@@ -48,8 +48,8 @@ def _broker_config(items: list[str] | None) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..testing.broker import LocalKafkaCluster
-    from ..testing.errors import KafkaHarnessError
+    from ..local_kafka.broker import LocalKafkaCluster
+    from ..local_kafka.errors import KafkaHarnessError
 
     data_dir: Path | None = args.data_dir
     # A broker to try things on creates the topics a snippet produces to (the test

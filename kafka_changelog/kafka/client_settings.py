@@ -107,7 +107,3 @@ class KafkaConnection:
             **defaults,
             **self.consumer_config,
         }
-
-
-#: The former name of :class:`KafkaConnection` (the configs' shared part).
-KafkaClientSettings = KafkaConnection

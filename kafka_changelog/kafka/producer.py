@@ -47,7 +47,6 @@ class SharedProducer:
         self._in_flight_bytes = 0
         self._outstanding: set[int] = set()
         self._ids = itertools.count()
-        self._client_errors: list[KafkaError] = []
         # A fatal error (e.g. no permission to get an idempotent producer id) makes a
         # librdkafka producer unusable: the next produce replaces it.
         self._fatal: KafkaError | None = None
@@ -116,12 +115,6 @@ class SharedProducer:
         self._completions.submit(lambda: None).result(timeout=max(0.0, deadline - time.monotonic()))
         return True
 
-    def take_client_errors(self) -> list[KafkaError]:
-        """Errors librdkafka reported outside deliveries (e.g. authentication) since last call."""
-        with self._cond:
-            errors, self._client_errors = self._client_errors, []
-        return errors
-
     def close(self, timeout: float = 30.0) -> None:
         """Wait up to ``timeout`` for outstanding deliveries, then stop the threads."""
         if self._closed.is_set():
@@ -169,9 +162,10 @@ class SharedProducer:
         old.flush(self._config.request_timeout_s)
 
     def _on_client_error(self, error: KafkaError) -> None:
-        with self._cond:
-            self._client_errors.append(error)
-            if error.fatal():
+        # Only a fatal error matters here (the next produce replaces the producer); the
+        # others librdkafka retries by itself, and failed deliveries report their outcome.
+        if error.fatal():
+            with self._cond:
                 self._fatal = self._last_fatal = error
 
     def _poll_loop(self) -> None:
@@ -181,11 +175,7 @@ class SharedProducer:
             except KafkaException as exc:
                 # confluent-kafka raises fatal errors from poll; record and keep serving
                 # delivery reports so that waiting persists fail instead of hanging.
-                error = exc.args[0]
-                with self._cond:
-                    self._client_errors.append(error)
-                    if error.fatal():
-                        self._fatal = self._last_fatal = error
+                self._on_client_error(exc.args[0])
 
     def __repr__(self) -> str:
         return f"SharedProducer(in_flight_bytes={self.in_flight_bytes})"

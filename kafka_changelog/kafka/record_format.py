@@ -17,7 +17,7 @@ import fastavro
 
 from ..avro_binary import SMALL_LIMIT, SMALL_VARINTS, varint, zigzag_varint
 from ..change import META_KEY_GROUP
-from ..serialization import load_schema
+from ..serialization import HEADER_SCHEMA, load_schema
 
 SCHEMA_NAME = "change_batch"
 SCHEMA_VERSION = 1
@@ -26,7 +26,6 @@ SCHEMA_HEADER_VALUE = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
 HEADER_LOG_ID = "kc.log_id"
 HEADER_KEY_GROUPS = "kc.key_groups"
 HEADER_SEQUENCE_NUMBERS = "kc.sequence_numbers"
-HEADER_SCHEMA = "kc.schema"
 
 #: Bytes an encoded change may take beyond its payload (varints, conservatively).
 CHANGE_OVERHEAD_BYTES = 30

@@ -34,10 +34,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ..errors import KafkaAccessError
-from ..state.checkpoint_store import PARTITION
+from ..state.checkpoint_store import PARTITION, CheckpointStore
 from ..state.errors import CheckpointStoreError
-from ..state.records import OutRecord
-from ..state.subtask_commit import SUBTASK_COMMIT_SCHEMA_HEADER, SubtaskCommit
+from ..state.subtask_commit import SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import describe, is_access_error
@@ -195,9 +194,7 @@ class SubtaskCommitter:
         self.start()
         producer = self._producer
         assert producer is not None
-        records: list[OutRecord] = [OutRecord(
-            PARTITION, commit.key.encode(), commit.to_bytes(),
-            [("kc.schema", SUBTASK_COMMIT_SCHEMA_HEADER.encode())])]
+        records = CheckpointStore.subtask_commit_records(commit)
         what = (f"subtask {commit.subtask_index} of checkpoint {commit.checkpoint_id} "
                 f"(application {commit.application!r}, operator {commit.operator_id!r}) with "
                 f"{len(outputs)} output records")

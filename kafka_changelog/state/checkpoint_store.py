@@ -22,10 +22,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..gc_types import LogFloor
-from ..serialization import decode, encode
+from ..serialization import HEADER_SCHEMA, decode, encode
 from .checkpoint import CompletedCheckpoint
 from .errors import (
     CheckpointFormatError,
@@ -52,7 +52,6 @@ DEFAULT_RETAIN = 3
 CHECKPOINT_SCHEMA_HEADER = "checkpoint/1"
 POINTER_SCHEMA = "checkpoint_pointer"
 POINTER_SCHEMA_HEADER = f"{POINTER_SCHEMA}/1"
-HEADER_SCHEMA = "kc.schema"
 
 #: Largest checkpoint record the store writes (topic ``max.message.bytes`` when created).
 MAX_CHECKPOINT_RECORD_BYTES = 8 * 1024 * 1024
@@ -343,7 +342,8 @@ class CheckpointStore(ABC):
         return [OutRecord(PARTITION, guard_key(application, guard_id).encode(), value,
                           [(HEADER_SCHEMA, GUARD_SCHEMA_HEADER.encode())])]
 
-    def subtask_commit_records(self, commit: SubtaskCommit) -> list[OutRecord]:
+    @staticmethod
+    def subtask_commit_records(commit: SubtaskCommit) -> list[OutRecord]:
         """The record of a subtask's commit (written in the task's own transaction)."""
         return [OutRecord(PARTITION, commit.key.encode(), commit.to_bytes(),
                           [(HEADER_SCHEMA, SUBTASK_COMMIT_SCHEMA_HEADER.encode())])]
@@ -453,21 +453,3 @@ class InMemoryCheckpointStore(CheckpointStore):
     def _persist_guard(self, application: str, guard_id: str,
                        floors: tuple[LogFloor, ...]) -> None:
         pass
-
-
-#: Kafka names this module held before 0.2 (they live in the kafka layer now).
-_MOVED = frozenset({"CheckpointStoreConfig", "KafkaCheckpointStore", "validate_checkpoint_topic"})
-
-
-def __getattr__(name: str) -> Any:
-    """Names that moved to the kafka layer in 0.2, importable from here (deprecated)."""
-    if name in _MOVED:
-        import warnings
-
-        from ..kafka import checkpoint_store as moved  # deprecated alias: see _MOVED
-
-        warnings.warn(
-            f"{__name__}.{name} moved to kafka_changelog.kafka.checkpoint_store.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(moved, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,14 +19,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..keygroups import KeyGroupRange, partition_for_key_group
-from ..serialization import decode, encode
+from ..serialization import HEADER_SCHEMA, decode, encode
 from .errors import SnapshotCorruptError, SnapshotMissingError
 from .records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from .snapshot import ChunkRef, SnapshotHandle, chunk_key
 
 CHUNK_SCHEMA = "snapshot_chunk"
 CHUNK_SCHEMA_VERSION = 1
-HEADER_SCHEMA = "kc.schema"
 HEADER_CRC32 = "kc.crc32"
 SCHEMA_HEADER_VALUE = f"{CHUNK_SCHEMA}/{CHUNK_SCHEMA_VERSION}"
 
@@ -479,21 +478,3 @@ class _MemorySource(RecordSource):
 
     def close(self) -> None:
         pass
-
-
-#: Kafka names this module held before 0.2 (they live in the kafka layer now).
-_MOVED = frozenset({"KafkaSnapshotStore", "SnapshotStoreConfig", "validate_snapshot_topic"})
-
-
-def __getattr__(name: str) -> Any:
-    """Names that moved to the kafka layer in 0.2, importable from here (deprecated)."""
-    if name in _MOVED:
-        import warnings
-
-        from ..kafka import snapshot_store as moved  # deprecated alias: see _MOVED
-
-        warnings.warn(
-            f"{__name__}.{name} moved to kafka_changelog.kafka.snapshot_store.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(moved, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """The official ``apache/kafka`` image as a single-node test cluster, via testcontainers.
 
 For machines with a Docker engine; the local-JVM cluster in
-:mod:`kafka_changelog.testing.broker` needs none. The broker settings are the
-same (:func:`~kafka_changelog.testing.config.broker_properties`), handed to the
+:mod:`kafka_changelog.local_kafka.broker` needs none. The broker settings are the
+same (:func:`~kafka_changelog.local_kafka.config.broker_properties`), handed to the
 image as ``KAFKA_*`` environment variables.
 """
 
@@ -14,22 +14,27 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from kafka_changelog.testing.config import (
+from kafka_changelog.local_kafka.config import (
     ClusterSpec,
     NodeSpec,
     broker_properties,
     docker_environment,
 )
-from kafka_changelog.testing.errors import (
+from kafka_changelog.local_kafka.errors import (
     BrokerStartError,
     DockerUnavailableError,
     KafkaHarnessError,
     ToolMissingError,
 )
-from kafka_changelog.testing.jars import KAFKA_VERSION
-from kafka_changelog.testing.jvm import new_cluster_id
-from kafka_changelog.testing.net import LOOPBACK, free_ports
-from kafka_changelog.testing.probe import ProbeTimeout, produce_round_trip, quiet, wait_for_brokers
+from kafka_changelog.local_kafka.jars import KAFKA_VERSION
+from kafka_changelog.local_kafka.jvm import new_cluster_id
+from kafka_changelog.local_kafka.net import LOOPBACK, free_ports
+from kafka_changelog.local_kafka.probe import (
+    ProbeTimeout,
+    produce_round_trip,
+    quiet,
+    wait_for_brokers,
+)
 
 DEFAULT_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
 _CLIENT_PORT = 9092  # inside the container

@@ -11,8 +11,8 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from kafka_changelog.testing.errors import BrokerStartError, KafkaHarnessError
-from kafka_changelog.testing.probe import quiet
+from kafka_changelog.local_kafka.errors import BrokerStartError, KafkaHarnessError
+from kafka_changelog.local_kafka.probe import quiet
 
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 """Environment variable with the ``bootstrap.servers`` of an external cluster."""

@@ -12,7 +12,7 @@ request:
     or an already running cluster if ``KAFKA_BOOTSTRAP_SERVERS`` is set (extra
     client settings as JSON in ``KAFKA_CHANGELOG_CLIENT_CONFIG``).
 ``kafka_cluster_3`` (module)
-    A local three-node :class:`~kafka_changelog.testing.broker.LocalKafkaCluster`
+    A local three-node :class:`~kafka_changelog.local_kafka.broker.LocalKafkaCluster`
     (replication factor 3, ``min.insync.replicas=2``) with fault control.
 ``secure_kafka_cluster`` (module)
     A local single node with SASL/SCRAM-SHA-256 and ACLs; users are
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from kafka_changelog.testing.broker import LocalKafkaCluster
+    from kafka_changelog.local_kafka.broker import LocalKafkaCluster
     from kafka_changelog.testing.cluster import KafkaCluster
 
 SECURE_USERS: Mapping[str, str] = {
@@ -102,7 +102,7 @@ def _session_cluster(config: pytest.Config) -> KafkaCluster:
         from kafka_changelog.testing.container import ContainerKafkaCluster
 
         return ContainerKafkaCluster()
-    from kafka_changelog.testing.broker import LocalKafkaCluster
+    from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
     return LocalKafkaCluster(nodes=1)
 
@@ -121,7 +121,7 @@ def kafka_cluster(pytestconfig: pytest.Config) -> Iterator[KafkaCluster]:
 @pytest.fixture(scope="module")
 def kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
     """A started local three-node cluster shared by the test module (always local JVMs)."""
-    from kafka_changelog.testing.broker import LocalKafkaCluster
+    from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
     with LocalKafkaCluster(nodes=3) as cluster:
         yield cluster
@@ -130,8 +130,8 @@ def kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
 @pytest.fixture(scope="module")
 def secure_kafka_cluster() -> Iterator[LocalKafkaCluster]:
     """A started local single node with SASL/SCRAM-SHA-256 and ACLs (users: SECURE_USERS)."""
-    from kafka_changelog.testing.broker import LocalKafkaCluster
-    from kafka_changelog.testing.security import SecurityConfig
+    from kafka_changelog.local_kafka.broker import LocalKafkaCluster
+    from kafka_changelog.local_kafka.security import SecurityConfig
 
     security = SecurityConfig(mechanism="SCRAM-SHA-256", users=dict(SECURE_USERS), admin="admin")
     with LocalKafkaCluster(nodes=1, security=security) as cluster:
@@ -155,7 +155,7 @@ class TopicFactory:
         prefix: str | None = None,
     ) -> str:
         """Create a topic and return its name. ``cluster`` defaults to ``kafka_cluster``."""
-        from kafka_changelog.testing.topics import create_topic, unique_topic_name
+        from kafka_changelog.local_kafka.topics import create_topic, unique_topic_name
 
         target: KafkaCluster = cluster or self._request.getfixturevalue("kafka_cluster")
         name = unique_topic_name(prefix or f"test-{self._request.node.name}")
@@ -171,8 +171,8 @@ class TopicFactory:
 
     def cleanup(self) -> None:
         """Delete every topic created; a failure (e.g. the test broke the cluster) only warns."""
-        from kafka_changelog.testing.errors import KafkaHarnessError
-        from kafka_changelog.testing.topics import delete_topics
+        from kafka_changelog.local_kafka.errors import KafkaHarnessError
+        from kafka_changelog.local_kafka.topics import delete_topics
 
         created, self._created = self._created, []
         for cluster, name in created:

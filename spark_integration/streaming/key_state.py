@@ -1,7 +1,7 @@
 """What a stateful function sees besides its rows: the state of its key, the batch's
 context (ids, processing time, watermark) and its key's timers.
 
-No Spark here: the tester (:mod:`spark_integration.testing.stateful`) gives functions
+No Spark here: the tester (:mod:`spark_integration.streaming.tester`) gives functions
 exactly these objects.
 """
 

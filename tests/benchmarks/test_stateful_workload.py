@@ -23,7 +23,7 @@ from benchmarks.stateful_workload import (
     state_problems,
     user_state,
 )
-from spark_integration.clickstream import expected_state as reference_state
+from examples.clickstream import expected_state as reference_state
 
 
 def test_batches_prefill_every_user_then_draw_from_the_active_sample() -> None:

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_changelog.testing.net import consecutive_free_ports, port_open
+from kafka_changelog.local_kafka.net import consecutive_free_ports, port_open
 
 pytestmark = pytest.mark.broker
 

@@ -14,6 +14,8 @@ from kafka_changelog.errors import TopicConfigError
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keygroups import KeyGroupRange
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
+from kafka_changelog.local_kafka.topics import create_topic
 from kafka_changelog.state.checkpoint import (
     CompletedCheckpoint,
     KeyedStateHandle,
@@ -27,8 +29,6 @@ from kafka_changelog.state.errors import (
     CheckpointOrderError,
 )
 from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
-from kafka_changelog.testing.broker import LocalKafkaCluster
-from kafka_changelog.testing.topics import create_topic
 
 pytestmark = pytest.mark.broker
 

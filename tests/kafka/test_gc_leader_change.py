@@ -14,7 +14,7 @@ import pytest
 from kafka_changelog import KeyGroupRange, SequenceNumber, StateChange
 from kafka_changelog.gc_types import GarbageCollectionResult
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage
-from kafka_changelog.testing.broker import LocalKafkaCluster
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
 from .kafka_helpers import changes_of, storage_config
 

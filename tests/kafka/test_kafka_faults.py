@@ -9,7 +9,7 @@ import pytest
 
 from kafka_changelog import BackpressureTimeoutError, KeyGroupRange, PersistError
 from kafka_changelog.kafka import KafkaChangelogStorage
-from kafka_changelog.testing.broker import LocalKafkaCluster
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
 from .kafka_helpers import changes_of, storage_config
 

@@ -19,8 +19,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.testing.broker import LocalKafkaCluster
 from tests.state.model_machine import CheckpointMachine, Environment, FailingSnapshots, fresh_totals
 
 pytestmark = pytest.mark.broker

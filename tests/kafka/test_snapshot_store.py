@@ -17,11 +17,11 @@ from confluent_kafka.admin import AdminClient
 from kafka_changelog.errors import TopicConfigError
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.keygroups import KeyGroupRange
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
+from kafka_changelog.local_kafka.topics import create_topic
 from kafka_changelog.serialization import encode
 from kafka_changelog.state.errors import SnapshotCorruptError, SnapshotMissingError
 from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
-from kafka_changelog.testing.broker import LocalKafkaCluster
-from kafka_changelog.testing.topics import create_topic
 
 pytestmark = pytest.mark.broker
 

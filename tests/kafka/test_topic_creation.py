@@ -15,7 +15,7 @@ import pytest
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.testing.broker import LocalKafkaCluster
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
 from .kafka_helpers import storage_config
 

@@ -8,7 +8,7 @@ import pytest
 
 from kafka_changelog.errors import TopicConfigError
 from kafka_changelog.kafka import KafkaChangelogStorage
-from kafka_changelog.testing.topics import create_topic
+from kafka_changelog.local_kafka.topics import create_topic
 
 from .kafka_helpers import storage_config
 

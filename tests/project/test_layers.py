@@ -2,9 +2,11 @@
 imports another that imports it back (docs/ARCHITECTURE.md draws the layers).
 
 core (``kafka_changelog/*.py``, ``memory/``) < state (``kafka_changelog/state/``) <
-kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The command line,
-the demo and the test harness are applications of the library beside spark: they may
-use every layer below, never spark (whose demo may use them to start a local broker).
+kafka (``kafka_changelog/kafka/``) < spark (``spark_integration/``). The tools (the
+command line, ``kafka_changelog/cli/``, and the local Kafka it runs,
+``kafka_changelog/local_kafka/``) are applications of the library beside spark: they
+may use every layer below, never spark. So may the test kit
+(``kafka_changelog/testing/``), which the library, spark and the tools never import.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"core": 0, "state": 1, "kafka": 2, "tools": 3, "spark": 3}
-# Sideways reaches that are refused (the harness and the command line never import spark).
-FORBIDDEN = {("tools", "spark")}
+LAYERS = {"core": 0, "state": 1, "kafka": 2, "tools": 3, "spark": 3, "test kit": 3}
+# Sideways reaches that are refused: the tools never import spark, and neither they nor
+# spark import the test kit.
+FORBIDDEN = {("tools", "spark"), ("test kit", "spark"), ("tools", "test kit"),
+             ("spark", "test kit")}
 
 
 def module_name(path: Path) -> str:
@@ -34,25 +38,27 @@ def layer_of(module: str) -> str:
     second = parts[1]
     if second in ("state", "kafka"):
         return second
-    if second in ("testing", "cli", "demo"):
+    if second in ("cli", "local_kafka"):
         return "tools"
+    if second == "testing":
+        return "test kit"
     return "core"  # kafka_changelog.<module> and kafka_changelog.memory
 
 
-def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
-    """(line, imported module) of a file: absolute names, relative ones resolved.
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module or package of the project."""
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
-    Imports inside a module ``__getattr__`` are left out: they are the deprecated aliases
-    of names that moved up a layer in 0.2 (listed in that module's ``_MOVED``), loaded
-    only when an old import path is used.
-    """
+
+def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
+    """(line, imported module) of a file: absolute names, relative ones resolved; a module
+    imported from its package (``from . import handles``) is that module."""
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    shims = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
-             for n in ast.walk(f)}
-    nodes = [n for n in (tree.body if top_level_only else ast.walk(tree)) if id(n) not in shims]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found: list[tuple[int, str]] = []
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -63,7 +69,8 @@ def imports_of(path: Path, top_level_only: bool) -> list[tuple[int, str]]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            found.append((node.lineno, target))
+            found += [(node.lineno, f"{target}.{alias.name}" if is_module(f"{target}.{alias.name}")
+                       else target) for alias in node.names]
     return found
 
 
@@ -104,9 +111,6 @@ def test_no_import_cycles() -> None:
     def visit(name: str, path: list[str]) -> None:
         state[name] = 1
         for target in sorted(graph[name]):
-            # A package's __init__ importing its own modules is how it hands names on.
-            if target.startswith(name + ".") or name.startswith(target + "."):
-                continue
             if state.get(target) == 1:
                 cycles.append(" -> ".join([*path[path.index(target):], target]))
             elif target not in state:
@@ -119,28 +123,13 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-def test_the_library_uses_no_deprecated_alias() -> None:
-    """Old import paths of names that moved up a layer are for users' code only."""
-    moved = {}
-    for path in (ROOT / "kafka_changelog" / "state").glob("*.py"):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in tree.body:
-            if (isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets)):
-                moved[module_name(path)] = {c.value for c in ast.walk(node.value)
-                                            if isinstance(c, ast.Constant)}
-    wrong = []
-    for path in library_files():
-        package = module_name(path).split(".")
-        if path.name != "__init__.py":
-            package = package[:-1]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ImportFrom):
-                continue
-            target = node.module or ""
-            if node.level:
-                target = ".".join([*package[: len(package) - node.level + 1], target])
-            used = {alias.name for alias in node.names} & moved.get(target, set())
-            if used:
-                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {target} {sorted(used)}")
-    assert moved and wrong == []
+
+def test_the_library_imports_nothing_outside_the_package() -> None:
+    """The wheel holds kafka_changelog and spark_integration only: examples, benchmarks
+    and tests run from the repository root, and the library never imports them."""
+    outside = ("examples", "benchmarks", "tests")
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {target}"
+             for path in library_files()
+             for line, target in imports_of(path, top_level_only=False)
+             if target.split(".")[0] in outside]
+    assert wrong == []

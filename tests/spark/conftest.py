@@ -33,7 +33,7 @@ def spark() -> Iterator[Any]:
 def spark_cluster() -> Iterator[Any]:
     """A Spark standalone cluster (master + 2 workers of 1 core each, local JVMs) shared
     by the whole session; tests that kill a worker restart it before they end."""
-    from spark_integration.testing.standalone import LocalSparkCluster
+    from tests.spark.standalone import LocalSparkCluster
 
     with LocalSparkCluster(workers=2, cores_per_worker=1) as cluster:
         yield cluster

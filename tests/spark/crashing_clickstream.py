@@ -1,7 +1,7 @@
 """The clickstream job with a fault injected (crash tests).
 
 ``python -m tests.spark.crashing_clickstream [--kill-at EVENT:BATCH] [--stall-dir DIR]
--- <clickstream args...>`` runs ``spark_integration.clickstream``:
+-- <clickstream args...>`` runs ``examples.clickstream``:
 
 - ``--kill-at``: with a batch listener that kills the driver process (SIGKILL) when
   it reaches ``EVENT`` (``batch_start``, ``before_commit``, ``in_transaction``,
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spark_integration.clickstream import main, update_user
+from examples.clickstream import main, update_user
 from spark_integration.streaming import (
     BATCH_EVENTS,
     TASK_EVENTS,

@@ -15,9 +15,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from examples.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
 from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.testing.process import die_with_parent
-from spark_integration.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
+from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources
 
@@ -49,7 +49,7 @@ LOCAL = Engine("local", None, FAST_DRIVER)
 
 
 def cluster_engine(cluster: Any) -> Engine:
-    """The engine of a :class:`~spark_integration.testing.standalone.LocalSparkCluster`."""
+    """The engine of a :class:`~tests.spark.standalone.LocalSparkCluster`."""
     return Engine("cluster", cluster.master_url, {**cluster.session_config(), **FAST_DRIVER})
 
 
@@ -92,7 +92,7 @@ class Job:
         if fault_dir:
             faults += ["--fault-dir", str(fault_dir)]
         module = (["-m", "tests.spark.crashing_clickstream", *faults, "--"] if faults
-                  else ["-m", "spark_integration.clickstream"])
+                  else ["-m", "examples.clickstream"])
         return [
             sys.executable, *module,
             "--bootstrap-servers", self.bootstrap_servers, "--application", self.prefix,
@@ -135,7 +135,7 @@ class Job:
                                     preexec_fn=die_with_parent())
 
     def config(self) -> StreamingStateConfig:
-        """The job's state configuration (as ``spark_integration.clickstream.main``)."""
+        """The job's state configuration (as ``examples.clickstream.main``)."""
         return StreamingStateConfig(
             application=self.prefix, operator_id=OPERATOR,
             bootstrap_servers=self.bootstrap_servers,

@@ -12,21 +12,21 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.keys import KeyTypeError
-from kafka_changelog.state import MaxParallelismMismatchError
-from spark_integration.clickstream import (
+from examples.clickstream import (
     EVENT_SCHEMA,
     EVENTS,
     OUTPUT_SCHEMA,
     SPENT,
     ensure_topic,
-    events,
     expected_state,
     output_problems,
     read_outputs,
     update_user,
 )
+from examples.events import events
+from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.keys import KeyTypeError
+from kafka_changelog.state import MaxParallelismMismatchError
 from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import (
     BatchReport,

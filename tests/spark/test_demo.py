@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog.testing.process import die_with_parent
+from kafka_changelog.local_kafka.process import die_with_parent
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 def run_demo(kafka_cluster: Any, *extra: str) -> str:
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_cluster.bootstrap_servers}
     done = subprocess.run(
-        [sys.executable, "-m", "spark_integration.demo", "--events", "1500", "--users", "40",
+        [sys.executable, "-m", "examples.streaming_demo", "--events", "1500", "--users", "40",
          "--per-batch", "300", *extra],
         env=env, capture_output=True, text=True, timeout=900, preexec_fn=die_with_parent(),
     )
@@ -36,7 +36,7 @@ def test_demo_kills_restarts_rescales_and_checks_state(kafka_cluster: Any) -> No
 def test_the_demo_hands_its_spark_to_both_query_runs() -> None:
     # The query runs with --master on the standalone cluster in the crash test; the demo
     # only passes its master and settings on (a full demo on the cluster costs ~3 minutes).
-    from spark_integration.demo import Spark, job_command
+    from examples.streaming_demo import Spark, job_command
 
     command = job_command("127.0.0.1:9092", "run", "/tmp/chk", 3, 100, 10,
                           Spark("spark://127.0.0.1:7077", {"spark.cores.max": "2"}))

@@ -18,16 +18,16 @@ import pandas as pd
 import pytest
 from confluent_kafka import Producer
 
-from spark_integration.clickstream import (
+from examples.clickstream import (
     OUTPUT_SCHEMA,
     ensure_topic,
-    events,
     expected_state,
     output_problems,
     outputs_with_spark,
     read_outputs,
     update_user,
 )
+from examples.events import events
 from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from spark_integration.clickstream import (
+from examples.clickstream import (
     OUTPUT_SCHEMA,
     _processed_offsets,
     ensure_topic,
-    events,
     expected_state,
     kafka_input,
     output_problems,
@@ -26,6 +25,7 @@ from spark_integration.clickstream import (
     read_outputs,
     update_user,
 )
+from examples.events import events
 from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.worker_resources import WorkerResources

@@ -35,11 +35,11 @@ from kafka_changelog import (
 from kafka_changelog.kafka import KafkaChangelogConfig
 from kafka_changelog.kafka.record_format import EncodedRecord, encode_record
 from kafka_changelog.keygroups import partition_for_key_group
+from kafka_changelog.local_kafka.process import die_with_parent
 from kafka_changelog.state.checkpoint import SubtaskState
 from kafka_changelog.state.ops import OpKind, StateOp
 from kafka_changelog.state.serializers import INT64, JSON
 from kafka_changelog.state.table_protocol import KeyedStateTable
-from kafka_changelog.testing.process import die_with_parent
 from spark_integration.datasource import (
     CHANGES_STRUCT,
     STATE_STRUCT,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_integration.testing.standalone import TAG_PROPERTY, LocalSparkCluster, SparkClusterError
+from tests.spark.standalone import TAG_PROPERTY, LocalSparkCluster, SparkClusterError
 
 
 def tagged_processes(root: str) -> list[int]:

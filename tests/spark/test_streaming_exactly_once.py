@@ -32,15 +32,15 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog.testing.process import die_with_parent
-from spark_integration.clickstream import (
-    events,
+from examples.clickstream import (
     expected_state,
     output_problems,
     outputs_with_spark,
     produce_events,
     read_outputs,
 )
+from examples.events import events
+from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .jobs import LOCAL, REPO, Engine, Job, cluster_engine, record_count, state_of

@@ -8,7 +8,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from spark_integration.clickstream import OUTPUT_SCHEMA, events, expected_state, update_user
+from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
+from examples.events import events
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 from spark_integration.subtask_partitioning import partition_by_subtask
 

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import ConfigResource
 
-from spark_integration.clickstream import (
-    events,
+from examples.clickstream import (
     expected_state,
     output_problems,
     outputs_with_spark,
     produce_events,
     read_outputs,
 )
+from examples.events import events
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .jobs import Job, record_count, state_of, watermarks

@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 from pyspark.errors import StreamingQueryException
 
+from examples.events import events
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.state import INT64, value_state
 from spark_integration.batch_identity import OperatorMismatchError
-from spark_integration.clickstream import events
 from spark_integration.streaming import (
     KeyState,
     StatefulProcessor,

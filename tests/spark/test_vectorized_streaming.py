@@ -20,21 +20,21 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from kafka_changelog import key_group_range_for_operator
-from spark_integration.clickstream import (
+from examples.clickstream import (
     EVENTS,
     KINDS,
     LAST_PAGES,
     OUTPUT_SCHEMA,
     SPENT,
     ensure_topic,
-    events,
     expected_state,
     output_problems,
     read_outputs,
     update_user,
     update_users,
 )
+from examples.events import events
+from kafka_changelog import key_group_range_for_operator
 from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.vectorized import BatchState, call_vectorized

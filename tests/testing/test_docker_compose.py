@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kafka_changelog.testing.config import COMMON_BROKER_SETTINGS
+from kafka_changelog.local_kafka.config import COMMON_BROKER_SETTINGS
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker" / "docker-compose.yml"
 
@@ -28,7 +28,7 @@ def test_compose_matches_the_common_broker_settings() -> None:
 
 
 def test_compose_runs_the_same_kafka_version() -> None:
-    from kafka_changelog.testing.jars import KAFKA_VERSION
+    from kafka_changelog.local_kafka.jars import KAFKA_VERSION
 
     assert f"image: apache/kafka:{KAFKA_VERSION}" in COMPOSE.read_text()
     assert '- "9092:9092"' in COMPOSE.read_text()
@@ -41,4 +41,5 @@ def test_compose_runs_the_demo_against_its_broker() -> None:
     assert "dockerfile: docker/Dockerfile" in text
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
     assert 'pip install --no-cache-dir ".[spark]"' in dockerfile
-    assert "spark_integration.demo" in dockerfile
+    assert "COPY examples ./examples" in dockerfile
+    assert "examples.streaming_demo" in dockerfile

@@ -26,12 +26,12 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from kafka_changelog.testing import process
-from kafka_changelog.testing.broker import BrokerStartError, LocalKafkaCluster
+from kafka_changelog.local_kafka import process
+from kafka_changelog.local_kafka.broker import BrokerStartError, LocalKafkaCluster
+from kafka_changelog.local_kafka.workdir import sweep_stale_roots
 from kafka_changelog.testing.cluster import KafkaCluster
 from kafka_changelog.testing.external import BOOTSTRAP_ENV
 from kafka_changelog.testing.pytest_plugin import SECURE_USERS, TopicFactory
-from kafka_changelog.testing.workdir import sweep_stale_roots
 
 pytestmark = pytest.mark.broker
 
@@ -99,7 +99,7 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalKafkaCluster]
 @pytest.fixture(scope="module")
 def failover_topic(kafka_cluster_3: LocalKafkaCluster) -> str:
     """A replication-factor-3 topic shared by the fail-over and rejoin tests."""
-    from kafka_changelog.testing.topics import create_topic, unique_topic_name
+    from kafka_changelog.local_kafka.topics import create_topic, unique_topic_name
 
     name = unique_topic_name("failover")
     create_topic(
@@ -425,7 +425,7 @@ def test_brokers_die_with_a_sigkilled_python_parent(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import json, sys, time
-        from kafka_changelog.testing.broker import LocalKafkaCluster
+        from kafka_changelog.local_kafka.broker import LocalKafkaCluster
         cluster = LocalKafkaCluster(nodes=1).start()
         print(json.dumps({"pids": cluster.pids(), "root": str(cluster.root_dir)}), flush=True)
         time.sleep(600)

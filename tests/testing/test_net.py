@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from kafka_changelog.testing import net
+from kafka_changelog.local_kafka import net
 
 
 def test_consecutive_ports_are_free_and_below_the_ephemeral_range() -> None:

@@ -1,6 +1,6 @@
-"""Broker settings of the test clusters: the single place they are decided.
+"""Broker settings of the local clusters: the single place they are decided.
 
-:data:`COMMON_BROKER_SETTINGS` holds what every node of every test cluster
+:data:`COMMON_BROKER_SETTINGS` holds what every node of every local cluster
 shares (a docker-compose file for the same setup should match it);
 :func:`broker_properties` adds the per-node, per-cluster-size and security parts.
 """
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from kafka_changelog.testing.security import CLIENT_LISTENER, SecurityConfig
+from kafka_changelog.local_kafka.security import CLIENT_LISTENER, SecurityConfig
 
 CONTROLLER_LISTENER = "CONTROLLER"
 PLAIN_LISTENER = "PLAINTEXT"

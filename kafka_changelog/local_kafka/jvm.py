@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from kafka_changelog.testing.errors import ToolMissingError
+from kafka_changelog.local_kafka.errors import ToolMissingError
 
 # Measured on a 2-core box: the C1-only JIT and the serial collector bring a
 # single node from "started" to "answers a produce" in ~3.0 s instead of ~3.8 s.
@@ -37,7 +37,7 @@ def find_java() -> str:
     if java is None:
         raise ToolMissingError(
             "Java ('java') is not on PATH and JAVA_HOME does not point at a JDK; the local "
-            "Kafka test cluster needs Java 17 or newer to run the broker."
+            "Kafka cluster needs Java 17 or newer to run the broker."
         )
     return java
 

@@ -1,7 +1,7 @@
 """Jars from Maven Central in a per-user cache, fetched once with ``mvn``.
 
-Two sets of jars use this: the Kafka broker the local test clusters run
-(:mod:`kafka_changelog.testing.jars`) and Spark's Kafka connector
+Two sets of jars use this: the Kafka broker the local clusters run
+(:mod:`kafka_changelog.local_kafka.jars`) and Spark's Kafka connector
 (:mod:`spark_integration.connector`). Each set is resolved by
 ``mvn dependency:copy-dependencies -DincludeScope=runtime`` on a small pom into a
 temporary directory that is renamed into place only when complete, under a file
@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from kafka_changelog.testing.errors import JarsUnavailableError, ToolMissingError
-from kafka_changelog.testing.jvm import find_java
-from kafka_changelog.testing.process import die_with_parent
+from kafka_changelog.local_kafka.errors import JarsUnavailableError, ToolMissingError
+from kafka_changelog.local_kafka.jvm import find_java
+from kafka_changelog.local_kafka.process import die_with_parent
 
 MARKER_NAME = ".complete"
 """File written last into a fully downloaded jar directory."""

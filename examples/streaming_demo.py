@@ -2,7 +2,7 @@
 
 1. Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` or starts a local Apache Kafka.
 2. Writes a clickstream (JSON events keyed by user) to an input topic.
-3. Runs the streaming query (``spark_integration.clickstream``: input read with Spark's
+3. Runs the streaming query (``examples.clickstream``: input read with Spark's
    Kafka connector, ``format("kafka")``) at parallelism 2, keeping per-user state (event
    count, running total, count per kind, last pages) with kafka-changelog, and kills its
    driver with SIGKILL once two checkpoints are committed.
@@ -15,8 +15,8 @@ Spark runs in ``local[2]`` (``local[3]`` for the restart) unless ``--master
 spark://host:port`` names a cluster, or ``--cluster local`` starts a standalone
 cluster on this machine (a master and two workers of one core each) for the run.
 
-Run it with ``./scripts/demo.sh`` (installs everything first) or
-``python -m spark_integration.demo [--events N] [--master URL | --cluster local]``.
+Run it with ``./scripts/demo.sh`` (installs everything first) or, from the repository
+root, ``python -m examples.streaming_demo [--events N] [--master URL | --cluster local]``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kafka_changelog.demo import broker, progress
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 
-from .clickstream import events, expected_state, output_problems, produce_events, read_outputs
+from .changelog_demo import broker, progress
+from .clickstream import expected_state, output_problems, produce_events, read_outputs
+from .events import events
 
 say = progress
 
@@ -62,7 +63,7 @@ def spark_engine(master: str | None, cluster: str | None,
     if cluster is None:
         yield Spark(master, config)
         return
-    from .testing.standalone import LocalSparkCluster
+    from tests.spark.standalone import LocalSparkCluster
 
     say("starting a local Spark standalone cluster (master + 2 workers, 1 core each) ...")
     started = time.monotonic()
@@ -78,7 +79,7 @@ def job_command(servers: str, run: str, checkpoint_dir: str, parallelism: int, c
     engine = ["--master", spark.master] if spark.master else []
     for key, value in spark.config.items():
         engine += ["--spark-conf", f"{key}={value}"]
-    return [sys.executable, "-m", "spark_integration.clickstream",
+    return [sys.executable, "-m", "examples.clickstream",
             "--bootstrap-servers", servers, "--application", run,
             "--input-topic", f"{run}-clicks", "--output-topic", f"{run}-totals",
             "--topic-prefix", run, "--checkpoint-dir", checkpoint_dir,
@@ -182,8 +183,8 @@ def run(count: int, users: int, per_batch: int, spark: Spark | None = None,
 def read_state(settings: dict[str, Any], run_id: str, checkpoint_id: int,
                engine: Spark | None = None) -> dict[str, dict[str, Any]]:
     """Per-user state from the Spark reader, shaped like :func:`expected_state`."""
-    from .datasource import register
-    from .session import spark_session
+    from spark_integration.datasource import register
+    from spark_integration.session import spark_session
 
     engine = engine or Spark()
     spark = spark_session(engine.master or "local[2]", "kafka-changelog-demo-read", 2,

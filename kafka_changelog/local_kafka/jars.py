@@ -1,12 +1,12 @@
-"""Find or download the Apache Kafka broker jars the local test cluster runs.
+"""Find or download the Apache Kafka broker jars the local cluster runs.
 
 The jars come from Maven Central through ``mvn dependency:copy-dependencies`` on
 the ``pom.xml`` shipped next to this module, into a per-version cache outside
 the work tree (``~/.cache/kafka-changelog/kafka-<version>/libs``, or the
 directory named by ``KAFKA_CHANGELOG_JARS_DIR``); see
-:mod:`kafka_changelog.testing.maven` for how downloads stay safe.
+:mod:`kafka_changelog.local_kafka.maven` for how downloads stay safe.
 
-Run ``python -m kafka_changelog.testing.jars`` to fetch them ahead of time.
+Run ``python -m kafka_changelog.local_kafka.jars`` to fetch them ahead of time.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from kafka_changelog.testing.errors import JarsUnavailableError, ToolMissingError
-from kafka_changelog.testing.maven import MARKER_NAME, cache_root, ensure_jars
+from kafka_changelog.local_kafka.errors import JarsUnavailableError, ToolMissingError
+from kafka_changelog.local_kafka.maven import MARKER_NAME, cache_root, ensure_jars
 
 KAFKA_VERSION = "4.1.1"
-"""The Kafka release the harness runs (the default ``kafka.version`` of the pom)."""
+"""The Kafka release the local cluster runs (the default ``kafka.version`` of the pom)."""
 
 JARS_DIR_ENV = "KAFKA_CHANGELOG_JARS_DIR"
 """Environment variable naming the jar directory, replacing the default cache."""
@@ -66,7 +66,7 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION) -> Path:
 
     return ensure_jars(
         default_jars_dir(version),
-        resources.files("kafka_changelog.testing").joinpath("pom.xml").read_text("utf-8"),
+        resources.files(__package__).joinpath("pom.xml").read_text("utf-8"),
         {"kafka.version": version},
         what=f"Kafka {version}",
         check=check,

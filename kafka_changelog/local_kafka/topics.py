@@ -1,4 +1,4 @@
-"""Create and delete topics on a test cluster, waiting until they are really usable."""
+"""Create and delete topics on a cluster, waiting until they are really usable."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_changelog.testing.errors import KafkaHarnessError
+from kafka_changelog.local_kafka.errors import KafkaHarnessError
 
 _UNKNOWN_TOPIC = KafkaError.UNKNOWN_TOPIC_OR_PART
 

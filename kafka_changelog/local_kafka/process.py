@@ -1,4 +1,4 @@
-"""Start, signal and always clean up the JVM processes of the test clusters.
+"""Start, signal and always clean up the JVM processes of the local clusters.
 
 Every process runs in its own process group (so signals reach any children it
 forks) and is tracked in a module-level registry. The registry is emptied (all

@@ -1,14 +1,14 @@
-"""Exceptions raised by the Kafka test harness."""
+"""Exceptions of the local Kafka: its clusters, their jars and the tools they need."""
 
 from __future__ import annotations
 
 
 class KafkaHarnessError(RuntimeError):
-    """Base class for errors of the test harness (not of the code under test)."""
+    """Base class for errors of the local Kafka (not of the library it runs for)."""
 
 
 class ToolMissingError(KafkaHarnessError):
-    """A program the harness needs (``java``, ``mvn``, ``kcat``) is not installed."""
+    """A program the local Kafka needs (``java``, ``mvn``, ``kcat``) is not installed."""
 
 
 class JarsUnavailableError(KafkaHarnessError):

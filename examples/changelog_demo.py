@@ -1,12 +1,11 @@
-"""The main job (for now): a state changelog round trip through a real Kafka broker.
+"""A state changelog round trip through a real Kafka broker, without Spark.
 
 Runs a small clickstream through two writers (the in-memory reference storage
 and the Kafka storage), persists checkpoints, restores from Kafka and compares
 with the reference, then replays the Kafka records with kcat. Uses the broker
 in ``KAFKA_BOOTSTRAP_SERVERS`` or starts a local one itself.
 
-Run it with ``./scripts/demo.sh`` (which installs everything first) or
-``python -m kafka_changelog.demo``.
+Run it from the repository root with ``python -m examples.changelog_demo``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shlex
 import shutil
 import signal
@@ -26,13 +24,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from . import InMemoryChangelogStorage, KeyGroupRange, StateChange, key_group_for_key
-from .kafka import (
+from kafka_changelog import (
+    InMemoryChangelogStorage,
+    KeyGroupRange,
+    StateChange,
+    key_group_for_key,
+)
+from kafka_changelog.kafka import (
     KafkaChangelogConfig,
     KafkaChangelogHandle,
     KafkaChangelogReader,
     KafkaChangelogStorage,
 )
+
+from .events import events
 
 MAX_PARALLELISM = 128
 
@@ -54,7 +59,7 @@ def broker(keep: bool = False) -> Iterator[dict[str, Any]]:
         progress(f"using the broker at {servers} (KAFKA_BOOTSTRAP_SERVERS)")
         yield {"bootstrap.servers": servers}
         return
-    from .testing.broker import LocalKafkaCluster
+    from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
     progress("starting a local Apache Kafka broker (KRaft, jars from Maven Central) ...")
     started = time.monotonic()
@@ -81,18 +86,13 @@ def _wait_for_stop(servers: str) -> None:
             signal.signal(sig, handler)
 
 
-def clickstream(events: int, users: int, seed: int) -> Iterator[tuple[bytes, bytes]]:
-    """(user, event) pairs: a page view, click or purchase with an amount."""
-    rng = random.Random(seed)
-    kinds = ["view", "click", "purchase"]
-    for i in range(events):
-        user = f"user-{rng.randrange(users):04d}".encode()
-        kind = rng.choices(kinds, weights=[70, 25, 5])[0]
-        amount = round(rng.uniform(1, 200), 2) if kind == "purchase" else 0
-        yield user, json.dumps({"seq": i, "kind": kind, "amount": amount}).encode()
+def clickstream(count: int, users: int) -> Iterator[tuple[bytes, bytes]]:
+    """The click events as (user, JSON event) pairs."""
+    for event in events(count, users):
+        yield event["user"].encode(), json.dumps(event).encode()
 
 
-def run(events: int, users: int, checkpoints: int) -> int:
+def run(count: int, users: int, checkpoints: int) -> int:
     """Run the demo; returns a process exit code."""
     with broker() as settings:
         client = dict(settings)
@@ -101,7 +101,7 @@ def run(events: int, users: int, checkpoints: int) -> int:
             topic="kafka-changelog-demo", partitions=8, max_parallelism=MAX_PARALLELISM,
         )
         key_groups = KeyGroupRange.of(0, MAX_PARALLELISM - 1)
-        stream = list(clickstream(events, users, seed=1))
+        stream = list(clickstream(count, users))
         per_checkpoint = max(1, len(stream) // checkpoints)
         handles: list[KafkaChangelogHandle] = []
         with InMemoryChangelogStorage() as memory, KafkaChangelogStorage(config) as kafka, \
@@ -154,7 +154,7 @@ def run(events: int, users: int, checkpoints: int) -> int:
                  "changes, exact")
         if not replay_with_kcat(latest, config):
             return 1
-        summarise(events, users, checkpoints, elapsed, restore_s, latest, config, restored)
+        summarise(count, users, checkpoints, elapsed, restore_s, latest, config, restored)
     return 0
 
 
@@ -178,14 +178,14 @@ def replay_with_kcat(handle: KafkaChangelogHandle, config: KafkaChangelogConfig)
     return records > 0
 
 
-def summarise(events: int, users: int, checkpoints: int, elapsed: float, restore_s: float,
+def summarise(count: int, users: int, checkpoints: int, elapsed: float, restore_s: float,
               handle: KafkaChangelogHandle, config: KafkaChangelogConfig,
               restored: list[StateChange]) -> None:
     """The closing summary."""
     print()
     print("=== kafka-changelog demo ===")
-    print(f"events            {events} from {users} users")
-    print(f"checkpoints       {checkpoints} ({events / max(elapsed, 1e-9):,.0f} events/s "
+    print(f"events            {count} from {users} users")
+    print(f"checkpoints       {checkpoints} ({count / max(elapsed, 1e-9):,.0f} events/s "
           "appended and persisted)")
     print(f"restored changes  {len(restored)} in {restore_s:.2f} s")
     print(f"changelog         {handle.state_size:,} bytes in {len(handle.ranges)} partitions "
@@ -196,7 +196,7 @@ def summarise(events: int, users: int, checkpoints: int, elapsed: float, restore
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m kafka_changelog.demo [--events N]``."""
+    """Entry point: ``python -m examples.changelog_demo [--events N]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--users", type=int, default=500)

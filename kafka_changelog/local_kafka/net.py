@@ -1,4 +1,4 @@
-"""Loopback ports for the test clusters."""
+"""Loopback ports for the local clusters."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-cluster temporary directories, and removal of those left by killed test runs."""
+"""Per-cluster temporary directories, and removal of those left by killed runs."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ Example::
 Every daemon is started from the installed PySpark (``pyspark/bin/spark-class
 org.apache.spark.deploy.master.Master`` / ``...deploy.worker.Worker spark://HOST:PORT``)
 on free loopback ports, each worker with its own work directory, ``cores_per_worker``
-cores and ``worker_memory``. The processes get the guarantees of the Kafka test
-brokers (:mod:`kafka_changelog.testing.process`): own process group, a parent-death
+cores and ``worker_memory``. The processes get the guarantees of the local Kafka
+brokers (:mod:`kafka_changelog.local_kafka.process`): own process group, a parent-death
 signal, and a kill at interpreter exit or SIGTERM. Killing a worker (or stopping the
 cluster) SIGKILLs the process groups of everything below it too: executors share the
 worker's group, PySpark's Python daemons and workers have groups of their own.
@@ -39,11 +39,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kafka_changelog.testing import process
-from kafka_changelog.testing.errors import KafkaHarnessError
-from kafka_changelog.testing.jvm import find_java
-from kafka_changelog.testing.net import LOOPBACK, free_ports
-from kafka_changelog.testing.workdir import make_cluster_root, release_cluster_root
+from kafka_changelog.local_kafka import process
+from kafka_changelog.local_kafka.errors import KafkaHarnessError
+from kafka_changelog.local_kafka.jvm import find_java
+from kafka_changelog.local_kafka.net import LOOPBACK, free_ports
+from kafka_changelog.local_kafka.workdir import make_cluster_root, release_cluster_root
 
 KEEP_DIR_ENV = "KAFKA_CHANGELOG_KEEP_CLUSTER_DIR"
 """Set to 1 to keep the cluster's directory (logs, work dirs) after ``stop()``."""

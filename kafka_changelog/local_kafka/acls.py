@@ -1,4 +1,4 @@
-"""Grant and revoke ACLs on a secured test cluster through the AdminClient."""
+"""Grant and revoke ACLs on a secured local cluster through the AdminClient."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from kafka_changelog.testing.errors import KafkaHarnessError
+from kafka_changelog.local_kafka.errors import KafkaHarnessError
 
 Operations = Iterable[AclOperation | str] | AclOperation | str
 

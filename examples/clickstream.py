@@ -1,6 +1,6 @@
 """The clickstream job: per-user sessions and totals kept with kafka-changelog.
 
-Used by the main job (``python -m spark_integration.demo``) and the crash tests. The
+Used by the main job (``python -m examples.streaming_demo``) and the crash tests. The
 input is a Kafka topic of JSON events keyed by user; a Structured Streaming query
 reads it with Spark's Kafka connector (``format("kafka")``) and keeps, per user, the
 number of events, the running total spent, a count per event kind and the last five
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import sys
 import time
 from collections.abc import Iterator
@@ -27,9 +26,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
 from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
-
-from .kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
-from .streaming import (
+from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
+from spark_integration.streaming import (
     BatchListener,
     KeyState,
     StatefulFunction,
@@ -37,7 +35,9 @@ from .streaming import (
     TaskListener,
     stateful_foreach_batch,
 )
-from .streaming.vectorized import BatchState, VectorizedFunction
+from spark_integration.streaming.vectorized import BatchState, VectorizedFunction
+
+from .events import events
 
 EVENTS = value_state("events", INT64)
 SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
@@ -46,20 +46,6 @@ LAST_PAGES = list_state("last_pages", UTF8)
 OUTPUT_SCHEMA = "user string, events long, spent double"
 OUTPUT_COLUMNS = ("user", "events", "spent")
 EVENT_SCHEMA = "seq long, kind string, page string, amount double"
-
-
-def events(count: int, users: int, seed: int = 7) -> Iterator[dict[str, Any]]:
-    """A deterministic clickstream."""
-    rng = random.Random(seed)
-    for seq in range(count):
-        kind = rng.choices(["view", "click", "purchase"], weights=[70, 25, 5])[0]
-        yield {
-            "seq": seq,
-            "user": f"user-{rng.randrange(users):04d}",
-            "kind": kind,
-            "page": rng.choice(["home", "search", "item", "cart", "help"]),
-            "amount": round(rng.uniform(1, 100), 2) if kind == "purchase" else 0.0,
-        }
 
 
 def ensure_topic(settings: dict[str, Any], topic: str, partitions: int = 4) -> None:
@@ -266,7 +252,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     URL; ``spark_config``: extra session settings (e.g. a cluster's executor settings).
     ``vectorized``: ``fn`` is a vectorised function (e.g. :func:`update_users`).
     """
-    from .session import spark_session
+    from spark_integration.session import spark_session
 
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)

@@ -10,12 +10,12 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from kafka_changelog.testing.errors import KafkaHarnessError
-from kafka_changelog.testing.topics import create_topic, delete_topics, unique_topic_name
+from kafka_changelog.local_kafka.errors import KafkaHarnessError
+from kafka_changelog.local_kafka.topics import create_topic, delete_topics, unique_topic_name
 
 # librdkafka logs every refused connection while a broker boots; route that
 # noise to a logger (pytest captures it) instead of the test's stderr.
-PROBE_LOGGER = logging.getLogger("kafka_changelog.testing.probe")
+PROBE_LOGGER = logging.getLogger("kafka_changelog.local_kafka.probe")
 
 PROBE_TOPIC_PREFIX = "__kafka_changelog_probe"
 

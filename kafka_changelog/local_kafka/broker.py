@@ -29,26 +29,31 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AclBinding, AdminClient, ResourcePatternType, ResourceType
 
-from kafka_changelog.testing import acls, process
-from kafka_changelog.testing.config import (
+from kafka_changelog.local_kafka import acls, process
+from kafka_changelog.local_kafka.config import (
     ClusterSpec,
     NodeSpec,
     broker_properties,
     render_properties,
 )
-from kafka_changelog.testing.errors import BrokerStartError, KafkaHarnessError
-from kafka_changelog.testing.jars import KAFKA_VERSION, ensure_kafka_jars
-from kafka_changelog.testing.jvm import find_java, format_command, new_cluster_id, server_command
-from kafka_changelog.testing.net import LOOPBACK, free_ports, port_open
-from kafka_changelog.testing.probe import (
+from kafka_changelog.local_kafka.errors import BrokerStartError, KafkaHarnessError
+from kafka_changelog.local_kafka.jars import KAFKA_VERSION, ensure_kafka_jars
+from kafka_changelog.local_kafka.jvm import (
+    find_java,
+    format_command,
+    new_cluster_id,
+    server_command,
+)
+from kafka_changelog.local_kafka.net import LOOPBACK, free_ports, port_open
+from kafka_changelog.local_kafka.probe import (
     ProbeTimeout,
     produce_round_trip,
     quiet,
     wait_for_brokers,
     wait_for_isr,
 )
-from kafka_changelog.testing.security import SecurityConfig
-from kafka_changelog.testing.workdir import make_cluster_root, release_cluster_root
+from kafka_changelog.local_kafka.security import SecurityConfig
+from kafka_changelog.local_kafka.workdir import make_cluster_root, release_cluster_root
 
 __all__ = ["BrokerStartError", "LocalKafkaCluster", "SecurityConfig"]
 
@@ -452,7 +457,7 @@ class LocalKafkaCluster:
             process.track_directory(root)
         self._log_config = root / "log4j2.properties"
         self._log_config.write_text(
-            resources.files("kafka_changelog.testing").joinpath("log4j2.properties").read_text("utf-8"),
+            resources.files(__package__).joinpath("log4j2.properties").read_text("utf-8"),
             "utf-8",
         )
         client_ports, controller_ports = self._pick_ports()

@@ -1,4 +1,4 @@
-"""SASL authentication and ACL authorization settings for the local test cluster."""
+"""SASL authentication and ACL authorization settings for the local cluster."""
 
 from __future__ import annotations
 

@@ -1,1 +1,0 @@
-"""Real Spark for tests and demos: a local standalone cluster (:mod:`.standalone`)."""
