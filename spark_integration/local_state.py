@@ -248,7 +248,7 @@ def _attach(config: StreamingStateConfig, subtask: int, base: int | None,
             return _from_manifest(LocalAttachment(
                 backend, store, source, time.monotonic() - started, owner), manifest)
         store.reset()
-        table = RocksDBStateTable(store.db_path, track_changes=True)
+        table = RocksDBStateTable(store.db_path, track_changes=True, options=config.rocksdb_options)
         if handles:
             backend = restore_backend(storage, snapshots, config.operator_id, key_groups,
                                       config.max_parallelism, handles,
@@ -279,7 +279,7 @@ def _reattach(config: StreamingStateConfig, key_groups: KeyGroupRange,
     """A backend on the store as it is, continuing the manifest's backend: same backend
     id, its snapshot and changelog as base, its key groups still to materialize and its
     materialization schedule."""
-    table = RocksDBStateTable(store.db_path, track_changes=True)
+    table = RocksDBStateTable(store.db_path, track_changes=True, options=config.rocksdb_options)
     try:
         backend = ChangelogKeyedStateBackend(
             storage, snapshots, config.operator_id, key_groups, config.max_parallelism,

@@ -62,7 +62,7 @@ from kafka_changelog.kafka.task_commit import (
 )
 from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError
-from kafka_changelog.state.backend_config import ROCKSDB
+from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
@@ -257,7 +257,7 @@ class _Process:
         for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
                                                          config.application)]:
             cls.backends.pop(key).backend.close()
-        if config.state_backend == ROCKSDB:
+        if config.state_backend == BackendKind.ROCKSDB:
             remove_operator_stores(config.local_state_root(), config.application,
                                    config.operator_id)
         coordinator = cls.coordinators.pop(cls._resource_key(config), None)
@@ -635,7 +635,7 @@ class _SubtaskTask:
             if found is not None:
                 return self._handle_frame(subtask, found)
         attached: local_state.LocalAttachment | None = None
-        if self.config.state_backend == ROCKSDB:
+        if self.config.state_backend == BackendKind.ROCKSDB:
             storage, snapshots = _Process.stores(self.config)
             attached = local_state.attach(
                 self.config, subtask, self.base, self.handles.get(subtask, []),
