@@ -6,7 +6,11 @@ host-local store against restoring it from Kafka.
    state API through a backend over the in-memory changelog storage (what a streaming
    function does per key: ``count.update(count.value() + 1)`` and ``pages.put(page,
    pages.get(page) + 1)``). Ops/s of each, and the ratio RocksDB / memory (higher is
-   better for RocksDB). ``--rounds`` rounds, alternating the tables; the best round counts.
+   better for RocksDB). The batched paths too, each on a fresh table: ``apply_batch`` of
+   the same SETs, MAP_PUTs and LIST_ADDs interleaved, in batches of a restore's replay
+   (what restore and delta layers do), and ``apply_columns`` of N SETs, N MAP_PUTs and
+   N/4 LIST_REPLACEs in columns of 10,000 (what bulk state does). ``--rounds`` rounds,
+   alternating the tables; the best round counts.
 2. Restore of K keys (value state plus a 2-entry map state per key, materialized, then a
    tail of K/10 updates) from a local Kafka broker into each table
    (``restore_backend(table=...)``): seconds, and the ratio.
@@ -58,7 +62,7 @@ from kafka_changelog.state.descriptors import StateKind, map_state, value_state
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
-from kafka_changelog.state.restore import restore_backend
+from kafka_changelog.state.restore import REPLAY_BATCH, restore_backend
 from kafka_changelog.state.rocksdb_table import RocksDBStateTable
 from kafka_changelog.state.serializers import INT64, UTF8
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
@@ -72,6 +76,8 @@ ALL = KeyGroupRange.of(0, MAX_PARALLELISM - 1)
 COUNT = value_state("count", INT64)
 PAGES = map_state("pages", UTF8, INT64)
 PAGE_NAMES = ["home", "cart", "search", "item"]
+#: Ops per ``apply_columns`` call (a micro-batch's column).
+COLUMN = 10_000
 
 
 def _keys(count: int) -> list[tuple[int, bytes]]:
@@ -145,7 +151,61 @@ def operations_round(kind: str, tables: Tables, n: int) -> dict[str, float]:
     results["apply MAP_PUT"] = _timed(apply_all(puts))
     results["apply LIST_ADD"] = _timed(apply_all(adds))
     table.close()
+    results["apply_batch (replay)"] = _batch_round(kind, tables, metas, sets, puts, adds)
+    results.update(_columns_round(kind, tables, metas, keys, value))
     results["state API (per key)"] = _backend_round(kind, tables, keys[: n // 2])
+    return results
+
+
+def _batch_round(kind: str, tables: Tables, metas: list[StateMeta],
+                 *streams: list[tuple[int, StateOp]]) -> float:
+    """Ops/s of ``apply_batch`` of the streams interleaved, in replay-sized batches."""
+    ops = [op for ops in zip(*streams, strict=True) for op in ops]
+    table = tables.new(kind)
+    for meta in metas:
+        table.register(meta)
+
+    def work() -> int:
+        for start in range(0, len(ops), REPLAY_BATCH):
+            table.apply_batch(ops[start:start + REPLAY_BATCH])
+        return len(ops)
+
+    rate = _timed(work)
+    table.close()
+    return rate
+
+
+def _columns_round(kind: str, tables: Tables, metas: list[StateMeta],
+                   keys: list[tuple[int, bytes]], value: bytes) -> dict[str, float]:
+    """Ops/s of ``apply_columns`` of SETs, MAP_PUTs and LIST_REPLACEs on a fresh table."""
+    table = tables.new(kind)
+    for meta in metas:
+        table.register(meta)
+    groups = [kg for kg, _ in keys]
+    names = [k for _, k in keys]
+    pages = [PAGE_NAMES[i % 4].encode() for i in range(len(keys))]
+    values: list[bytes | None] = [value] * len(keys)
+    items: list[tuple[bytes, ...] | None] = [(b"page", b"cart")] * len(keys)
+
+    def columns(state: str, op: OpKind, count: int, **data: Any) -> Callable[[], int]:
+        def work() -> int:
+            for start in range(0, count, COLUMN):
+                end = min(count, start + COLUMN)
+                table.apply_columns(state, op, groups[start:end], names[start:end],
+                                    **{name: column[start:end] for name, column
+                                       in data.items()})
+            return count
+        return work
+
+    n = len(keys)
+    results = {
+        "apply_columns SET": _timed(columns("count", OpKind.SET, n, values=values)),
+        "apply_columns MAP_PUT": _timed(columns("pages", OpKind.MAP_PUT, n, map_keys=pages,
+                                                values=values)),
+        "apply_columns LIST_REPLACE": _timed(columns("events", OpKind.LIST_REPLACE,
+                                                     max(1, n // 4), items=items)),
+    }
+    table.close()
     return results
 
 

@@ -15,7 +15,8 @@ from kafka_changelog.kafka import KafkaChangelogConfig
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
-from kafka_changelog.state.backend_config import KINDS, ROCKSDB
+from kafka_changelog.state.backend_config import BackendKind
+from kafka_changelog.state.rocksdb_options import RocksDBOptions
 
 
 @dataclass(frozen=True)
@@ -53,17 +54,24 @@ class StreamingStateConfig:
     #: ``local_state_dir`` that any Python worker on the host reattaches; state may exceed
     #: the worker's memory; needs ``rocksdict``, in the ``spark`` extra) or "memory" (kept
     #: by the Python worker that ran the subtask last; a task in another worker restores
-    #: from Kafka). See docs/spark.md, "State backends".
-    state_backend: str = ROCKSDB
+    #: from Kafka). See docs/spark.md, "State backends". A :class:`BackendKind` or its
+    #: value; a :class:`BackendKind` after construction.
+    state_backend: BackendKind | str = BackendKind.ROCKSDB
     #: Where "rocksdb" keeps the host-local subtask stores (None:
     #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
     #: disk of every executor host.
     local_state_dir: str | None = None
+    #: RocksDB's settings for the "rocksdb" subtask stores (block cache, write buffers,
+    #: compression...; default: :class:`RocksDBOptions`'s defaults, a 64 MiB block cache
+    #: shared by the stores of a Python worker and 32 MiB write buffers).
+    rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
 
     def __post_init__(self) -> None:
-        if self.state_backend not in KINDS:
-            raise ValueError(f"state_backend must be one of {KINDS}, got "
-                             f"{self.state_backend!r}")
+        object.__setattr__(self, "state_backend",
+                           BackendKind.of(self.state_backend, "state_backend"))
+        if not isinstance(self.rocksdb_options, RocksDBOptions):
+            raise TypeError(f"rocksdb_options must be RocksDBOptions, got "
+                            f"{type(self.rocksdb_options).__name__}")
         if self.materialization_nice is not None and not 0 <= self.materialization_nice <= 19:
             raise ValueError(f"materialization_nice must be None or 0..19, got "
                              f"{self.materialization_nice!r}")

@@ -5,7 +5,7 @@ checkpoint stores live in :mod:`kafka_changelog.kafka`. The names an application
 needs are importable from this package.
 """
 
-from .backend_config import StateBackendConfig
+from .backend_config import BackendKind, StateBackendConfig
 from .bulk_state import BulkState
 from .checkpoint import CompletedCheckpoint, KeyedStateHandle, OperatorStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore, InMemoryCheckpointStore
@@ -39,6 +39,7 @@ from .materialization import MaterializationStats
 from .materializer import MaterializationConfig
 from .operator_state import OperatorStateBackend
 from .restore import load_keyed_state, restore_backend
+from .rocksdb_options import RocksDBOptions
 from .serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
 from .snapshot_store import InMemorySnapshotStore, SnapshotStore
 
@@ -49,6 +50,7 @@ __all__ = [
     "JSON",
     "UTF8",
     "AvroSerializer",
+    "BackendKind",
     "BulkState",
     "ChangelogKeyedStateBackend",
     "CheckpointCoordinator",
@@ -71,6 +73,7 @@ __all__ = [
     "NoCurrentKeyError",
     "OperatorStateBackend",
     "OperatorStateHandle",
+    "RocksDBOptions",
     "Serializer",
     "SnapshotCorruptError",
     "SnapshotMissingError",

@@ -11,15 +11,33 @@ from __future__ import annotations
 import re
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..enums import StrEnum
+from .rocksdb_options import RocksDBOptions
 from .table import StateTable
 from .table_protocol import KeyedStateTable
 
-MEMORY = "memory"
-ROCKSDB = "rocksdb"
-KINDS = (MEMORY, ROCKSDB)
+
+class BackendKind(StrEnum):
+    """The working copy's kind. A ``str``: ``BackendKind.ROCKSDB == "rocksdb"``, and the
+    configs take either."""
+
+    #: In the Python process (fastest for state that fits in memory).
+    MEMORY = "memory"
+    #: RocksDB on local disk (state larger than memory; needs ``rocksdict``).
+    ROCKSDB = "rocksdb"
+
+    @classmethod
+    def of(cls, value: BackendKind | str, setting: str) -> BackendKind:
+        """``value`` as a kind; anything else raises ValueError naming ``setting`` and the
+        allowed values."""
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(kind.value) for kind in cls)
+            raise ValueError(f"{setting} must be one of {allowed}, got {value!r}") from None
 
 
 def default_rocksdb_directory() -> Path:
@@ -32,28 +50,35 @@ def default_rocksdb_directory() -> Path:
 class StateBackendConfig:
     """The working copy of keyed backends.
 
-    ``kind`` is ``"memory"`` (the default: fastest for state that fits in memory) or
-    ``"rocksdb"`` (state larger than memory; needs the ``rocksdict`` package).
-    ``directory`` is where RocksDB working copies are created, one subdirectory per
-    backend, deleted when the backend closes (default: :func:`default_rocksdb_directory`).
+    ``kind`` is :attr:`BackendKind.MEMORY` (the default: fastest for state that fits in
+    memory) or :attr:`BackendKind.ROCKSDB` (state larger than memory; needs the
+    ``rocksdict`` package), or their values ``"memory"`` and ``"rocksdb"``: it is a
+    :class:`BackendKind` after construction. ``directory`` is where RocksDB working copies
+    are created, one subdirectory per backend, deleted when the backend closes (default:
+    :func:`default_rocksdb_directory`). ``rocksdb_options`` tunes RocksDB (default:
+    :class:`~kafka_changelog.state.rocksdb_options.RocksDBOptions`'s defaults).
     """
 
-    kind: str = MEMORY
+    kind: BackendKind | str = BackendKind.MEMORY
     directory: str | None = None
+    rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"state backend kind must be one of {KINDS}, got {self.kind!r}")
+        object.__setattr__(self, "kind", BackendKind.of(self.kind, "state backend kind"))
+        if not isinstance(self.rocksdb_options, RocksDBOptions):
+            raise TypeError(f"rocksdb_options must be RocksDBOptions, got "
+                            f"{type(self.rocksdb_options).__name__}")
 
     def create_table(self, label: str = "state") -> KeyedStateTable:
         """A new, empty table; ``label`` names its directory (RocksDB), e.g. the operator."""
-        if self.kind == MEMORY:
+        if self.kind is BackendKind.MEMORY:
             return StateTable()
         from .rocksdb_table import RocksDBStateTable  # rocksdict only when asked for
 
         root = Path(self.directory) if self.directory else default_rocksdb_directory()
         safe = re.sub(r"[^A-Za-z0-9_-]", "_", label)[:64]
-        return RocksDBStateTable(root / f"{safe}-{uuid.uuid4().hex[:12]}", remove_on_close=True)
+        return RocksDBStateTable(root / f"{safe}-{uuid.uuid4().hex[:12]}", remove_on_close=True,
+                                 options=self.rocksdb_options)
 
 
-__all__ = ["KINDS", "MEMORY", "ROCKSDB", "StateBackendConfig", "default_rocksdb_directory"]
+__all__ = ["BackendKind", "StateBackendConfig", "default_rocksdb_directory"]

@@ -48,6 +48,7 @@ from .local_store import StoreManifest, SubtaskStore
 from .materialization import materialized_at
 from .materializer import MaterializationConfig
 from .restore import restore_backend
+from .rocksdb_options import RocksDBOptions
 from .snapshot_store import SnapshotStore
 from .subtask_backend import CachedBackend, StateSource, SubtaskPlacement
 from .table_protocol import HostStoreTable
@@ -75,12 +76,14 @@ class HostStoreSettings:
 
     #: The host-local state directory (an absolute path on a local disk).
     root: Path
+    #: How the stores' RocksDB is tuned.
+    rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
 
     def open_table(self, path: Path) -> HostStoreTable:
         """The store's table at ``path`` (created empty when missing), marking changes."""
         from .rocksdb_table import RocksDBStateTable  # rocksdict only when asked for
 
-        return RocksDBStateTable(path, track_changes=True)
+        return RocksDBStateTable(path, track_changes=True, options=self.rocksdb_options)
 
 
 @dataclass

@@ -9,8 +9,7 @@ does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 from .descriptors import StateKind
 from .errors import StateMismatchError
@@ -205,12 +204,6 @@ class StateTable:
             for key in self.groups[key_group].get(state, {}):
                 yield key_group, key
 
-    def drop_outside(self, key_groups: Iterable[int]) -> None:
-        """Forget key groups not in ``key_groups``."""
-        keep = set(key_groups)
-        for key_group in [kg for kg in self.groups if kg not in keep]:
-            del self.groups[key_group]
-
     # -- snapshots of a key group -----------------------------------------------------------
 
     def serialize_group(self, key_group: int) -> bytes:
@@ -245,17 +238,6 @@ class StateTable:
 
         load_key_group(data, state)
         self.groups[key_group] = group
-
-    def snapshot_view(self) -> dict[str, dict[tuple[int, bytes], Any]]:
-        """Everything as plain data, for comparisons in tests and tools."""
-        view: dict[str, dict[tuple[int, bytes], Any]] = {}
-        for key_group, states in self.groups.items():
-            for name, entries in states.items():
-                for key, entry in entries.items():
-                    copied: Any = (dict(entry) if isinstance(entry, dict)
-                                   else list(entry) if isinstance(entry, list) else entry)
-                    view.setdefault(name, {})[(key_group, key)] = copied
-        return view
 
 
 def _same(values: list[bytes]) -> list[bytes]:

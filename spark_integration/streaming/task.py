@@ -28,7 +28,7 @@ from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError, decode_key
 from kafka_changelog.state import host_store
 from kafka_changelog.state.acquire import AcquiredBackend, acquire, discard, keep
-from kafka_changelog.state.backend_config import ROCKSDB
+from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
@@ -112,9 +112,9 @@ def materialization_of(config: StreamingStateConfig) -> MaterializationConfig:
 
 def host_store_settings(config: StreamingStateConfig) -> host_store.HostStoreSettings | None:
     """The host-local stores of ``state_backend="rocksdb"`` (None: in memory)."""
-    if config.state_backend != ROCKSDB:
+    if config.state_backend != BackendKind.ROCKSDB:
         return None
-    return host_store.HostStoreSettings(config.local_state_root())
+    return host_store.HostStoreSettings(config.local_state_root(), config.rocksdb_options)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.kafka.job_process import spawn_job
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.kafka.task_commit import SubtaskCommitter
-from kafka_changelog.state.backend_config import ROCKSDB
+from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.local_store import remove_operator_stores
 from kafka_changelog.state.store_materialization import StartedJob, run_job
@@ -46,7 +46,8 @@ def backend_key(config: StreamingStateConfig, subtask: int) -> tuple[Any, ...]:
     """Under which key a process caches ``subtask``'s backend (any setting that changes
     where its state lives is part of it)."""
     return (config.bootstrap_servers, config.application, config.operator_id,
-            config.parallelism, subtask, config.state_backend, config.local_state_dir)
+            config.parallelism, subtask, config.state_backend, config.local_state_dir,
+            config.rocksdb_options)
 
 
 def subtask_transactional_id(config: StreamingStateConfig, sink: KafkaOutputSink,
@@ -165,7 +166,7 @@ class WorkerResources:
         for key in [k for k in cls.backends if k[:2] == (config.bootstrap_servers,
                                                          config.application)]:
             cls.backends.pop(key).backend.close()
-        if config.state_backend == ROCKSDB:
+        if config.state_backend == BackendKind.ROCKSDB:
             remove_operator_stores(config.local_state_root(), config.application,
                                    config.operator_id)
         coordinator = cls.coordinators.pop(resources, None)

@@ -348,3 +348,76 @@ def test_map_ops_in_a_batch_give_what_one_by_one_gives(
         finally:
             one.close()
             batched.close()
+
+
+def _apply_as_columns(table: RocksDBStateTable, ops: list[tuple[int, StateOp]]) -> None:
+    """``apply_columns`` of each run of consecutive ops of one state and op kind."""
+    start = 0
+    while start < len(ops):
+        state, kind = ops[start][1].state, ops[start][1].op
+        end = start
+        while end < len(ops) and (ops[end][1].state, ops[end][1].op) == (state, kind):
+            end += 1
+        run = ops[start:end]
+        table.apply_columns(state, kind, [kg for kg, _ in run], [op.key for _, op in run],
+                            [op.map_key for _, op in run], [op.value for _, op in run],
+                            [op.values for _, op in run])
+        start = end
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(op_strategy(), max_size=25), st.lists(op_strategy(), max_size=80),
+       st.sampled_from([1, 3, 80]), st.booleans())
+def test_single_batched_and_columnar_paths_give_the_same_store(
+    before: list[tuple[int, StateOp]], ops: list[tuple[int, StateOp]], batch_size: int,
+    read_first: bool,
+) -> None:
+    """One plan per op, three ways to feed it: ``apply`` op by op, ``apply_batch`` and
+    ``apply_columns`` (runs of one state and op) end with the same entries, entry count,
+    snapshot bytes and changed-key marks, on top of committed state, after reads that
+    fill the table's memory of which keys exist (or not), and after reopening."""
+    with tempfile.TemporaryDirectory() as directory:
+        tables = [registered(RocksDBStateTable(Path(directory) / name, track_changes=True))
+                  for name in ("single", "batched", "columns")]
+        memory = registered(StateTable())
+        try:
+            for table in (*tables, memory):
+                _apply_one_by_one(table, before)
+                if read_first:
+                    for key_group, op in ops[::2]:
+                        table.get(key_group, op.state, op.key)
+            single, batched, columns = tables
+            _apply_one_by_one(single, ops)
+            _apply_one_by_one(memory, ops)
+            for start in range(0, len(ops), batch_size):
+                batched.apply_batch(ops[start:start + batch_size])
+            _apply_as_columns(columns, ops)
+            for table in (batched, columns):
+                assert_same(table, single)
+                assert list(table.changed_keys_by_group()) == list(
+                    single.changed_keys_by_group())
+            assert_same(single, memory)
+            for table in tables:
+                table.flush()
+                table.close()
+                table.reopen()
+                assert_same(table, memory)
+        finally:
+            for table in tables:
+                table.close()
+
+
+def test_a_refused_op_writes_nothing_and_leaves_the_ops_before_it(
+        rocks: RocksDBStateTable) -> None:
+    registered(rocks)
+    rocks.apply_batch([(1, StateOp("count", OpKind.SET, b"a", value=b"1"))])
+    with pytest.raises(StateMismatchError, match="LIST_ADD on VALUE state 'count'"):
+        rocks.apply_batch([(1, StateOp("count", OpKind.SET, b"b", value=b"2")),
+                           (1, StateOp("count", OpKind.LIST_ADD, b"c", values=(b"x",))),
+                           (1, StateOp("count", OpKind.SET, b"d", value=b"4"))])
+    with pytest.raises(StateMismatchError, match="MAP_PUT on VALUE state 'count'"):
+        rocks.apply_columns("count", OpKind.MAP_PUT, [1], [b"e"], [b"m"], [b"5"])
+    with pytest.raises(StateMismatchError, match="unregistered state 'nope'"):
+        rocks.apply_columns("nope", OpKind.SET, [1], [b"f"], values=[b"6"])
+    assert list(rocks.entries(1)) == [("count", b"a", b"1"), ("count", b"b", b"2")]
+    assert rocks.entry_count() == 2
