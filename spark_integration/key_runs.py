@@ -3,11 +3,15 @@ and the key each run is for (as the user's function gets it)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from kafka_changelog.keys import decode_key
 
 
 def run_starts(encoded: np.ndarray) -> np.ndarray:
@@ -30,4 +34,25 @@ def keys_at(rows: pd.DataFrame, starts: np.ndarray, key_columns: Sequence[str],
     return list(zip(*columns, strict=True))
 
 
-__all__ = ["keys_at", "run_starts"]
+def natural_key_value(value: Any) -> Any:
+    """A key column value as Python gives it: numpy scalars become ints, floats and
+    bools; a floating-point key is the one value its key stands for (``-0.0`` as
+    ``0.0``, any NaN as ``math.nan``)."""
+    if isinstance(value, str):
+        return value if type(value) is str else str(value)  # numpy's str_ as str
+    item = getattr(value, "item", None)
+    if item is not None and not isinstance(value, (bytes, pd.Timestamp)):
+        value = item()
+    if type(value) is float:
+        return math.nan if value != value else value + 0.0  # -0.0 + 0.0 is 0.0
+    return value
+
+
+def key_value_of(key: bytes, key_types: Sequence[str]) -> Any:
+    """A key as the stateful function gets it, from its bytes and its columns' types."""
+    values = [natural_key_value(pd.Timestamp(v) if isinstance(v, dt.datetime) else v)
+              for v in decode_key(key, key_types)]
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+__all__ = ["key_value_of", "keys_at", "natural_key_value", "run_starts"]

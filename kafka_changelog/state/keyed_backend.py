@@ -5,6 +5,14 @@ RocksDB) and every mutation is appended to a changelog writer. A checkpoint pers
 the log since the last materialization; materialization writes a snapshot of the
 changed key groups (reusing the chunks of unchanged ones) and truncates the log, so
 restore costs O(state + tail).
+
+Why this module is long: the backend is one object whose invariants tie its parts
+together (the log position each checkpoint and materialization refers to, the changed
+key groups, the chunks handed out, the current key's buffered changes). The parts that
+need none of its private state live beside it: the state objects (``state_objects``,
+``ttl_state``), the current key's buffer (``key_buffer``), timers (``timers``), the
+materialization schedule (``materialization``, ``materializer``) and restore
+(``restore``).
 """
 
 from __future__ import annotations
@@ -59,13 +67,15 @@ from .state_objects import (
 from .table import StateTable
 from .table_protocol import Entry, KeyedStateTable
 from .timers import TIMERS_STATE, TimeDomain, Timer, TimerService
-from .ttl import expiry_of, split_serializer_name
+from .ttl import split_serializer_name
 from .ttl_state import (
     TtlAggregatingState,
     TtlListState,
     TtlMapState,
     TtlReducingState,
     TtlValueState,
+    check_ttl_unchanged,
+    expire_entries,
 )
 
 logger = logging.getLogger(__name__)
@@ -107,20 +117,6 @@ _OPS_OF_KIND: dict[StateKind, frozenset[OpKind]] = {
     StateKind.LIST: frozenset({LIST_ADD, LIST_REPLACE, DELETE}),
     StateKind.MAP: frozenset({MAP_PUT, MAP_REMOVE, DELETE}),
 }
-
-
-def _check_ttl_unchanged(known: StateMeta | None, meta: StateMeta) -> None:
-    """Refuse adding or removing a state's TTL (its values' bytes differ), naming it."""
-    if known is None or known.kind != meta.kind:
-        return
-    was, was_ttl = split_serializer_name(known.value_serializer)
-    now, now_ttl = split_serializer_name(meta.value_serializer)
-    if was == now and was_ttl != now_ttl:
-        raise StateMismatchError(
-            f"state {meta.state!r} was written {'with' if was_ttl else 'without'} a TTL and "
-            f"is now declared {'with' if now_ttl else 'without'} one: adding or removing a "
-            "TTL changes how its values are stored; give the state a new name (a changed "
-            "TTL duration is fine: it applies from each entry's next write)")
 
 
 class ChangelogKeyedStateBackend:
@@ -310,39 +306,10 @@ class ChangelogKeyedStateBackend:
             if meta is None or not split_serializer_name(meta.value_serializer)[1]:
                 continue  # dropped, or no longer TTL'd
             self.set_current_key(timer.key, timer.key_group)
-            following = self._expire_entries(meta.state, now)
+            following = expire_entries(self._buffer, meta.state, now)
             if following is not None:
                 self._timers.expire_at(timer.tag, following)
         return len(due)
-
-    def _expire_entries(self, state: str, now: int) -> int | None:
-        """Remove the current key's expired entries of ``state``; the earliest expiry of
-        what remains (None: nothing)."""
-        entry = self._buffer.read(state)
-        if entry is None:
-            return None
-        if isinstance(entry, bytes):
-            expires = expiry_of(entry)
-            if expires > now:
-                return expires
-            self._buffer.write(state, DELETE)
-            return None
-        if isinstance(entry, list):
-            live = [item for item in entry if expiry_of(item) > now]
-            if len(live) != len(entry):
-                if live:
-                    self._buffer.write(state, LIST_REPLACE, None, None, tuple(live))
-                else:
-                    self._buffer.write(state, DELETE)
-            return min((expiry_of(item) for item in live), default=None)
-        following: int | None = None
-        for map_key, item in list(entry.items()):
-            expires = expiry_of(item)
-            if expires <= now:
-                self._buffer.write(state, MAP_REMOVE, map_key)
-            elif following is None or expires < following:
-                following = expires
-        return following
 
     def due_timers(self, domain: TimeDomain, upto_ms: int) -> list[Timer]:
         """Take the users' timers of ``domain`` due at ``upto_ms`` (removed from the state
@@ -365,7 +332,7 @@ class ChangelogKeyedStateBackend:
             meta = StateMeta(
                 descriptor.name, descriptor.kind, descriptor.value_serializer_name(),
                 descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
-            _check_ttl_unchanged(self._table.metas.get(descriptor.name), meta)
+            check_ttl_unchanged(self._table.metas.get(descriptor.name), meta)
             self._table.register(meta)  # refuses a different kind or serializer
             self._descriptors[descriptor.name] = descriptor
             self._append_meta(meta)

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
-from .ops import DELETE, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET
+from .errors import StateMismatchError
+from .ops import DELETE, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, StateMeta
 from .state_objects import KeyContext
-from .ttl import expiry_of, stamp, value_of
+from .ttl import expiry_of, split_serializer_name, stamp, value_of
 
 V = TypeVar("V")
 K = TypeVar("K")
@@ -236,5 +237,49 @@ class TtlMapState(_TtlState, Generic[K, V]):
         return not self._live_map()
 
 
+def check_ttl_unchanged(known: StateMeta | None, meta: StateMeta) -> None:
+    """Refuse adding or removing a state's TTL (its values' bytes differ), naming it."""
+    if known is None or known.kind != meta.kind:
+        return
+    was, was_ttl = split_serializer_name(known.value_serializer)
+    now, now_ttl = split_serializer_name(meta.value_serializer)
+    if was == now and was_ttl != now_ttl:
+        raise StateMismatchError(
+            f"state {meta.state!r} was written {'with' if was_ttl else 'without'} a TTL and "
+            f"is now declared {'with' if now_ttl else 'without'} one: adding or removing a "
+            "TTL changes how its values are stored; give the state a new name (a changed "
+            "TTL duration is fine: it applies from each entry's next write)")
+
+
+def expire_entries(context: KeyContext, state: str, now: int) -> int | None:
+    """Remove the current key's entries of TTL'd ``state`` expired at ``now`` (logged
+    changes); the earliest expiry of what remains (None: nothing)."""
+    entry = context.read(state)
+    if entry is None:
+        return None
+    if isinstance(entry, bytes):
+        expires = expiry_of(entry)
+        if expires > now:
+            return expires
+        context.write(state, DELETE)
+        return None
+    if isinstance(entry, list):
+        live = [item for item in entry if expiry_of(item) > now]
+        if len(live) != len(entry):
+            if live:
+                context.write(state, LIST_REPLACE, None, None, tuple(live))
+            else:
+                context.write(state, DELETE)
+        return min((expiry_of(item) for item in live), default=None)
+    following: int | None = None
+    for map_key, item in list(entry.items()):
+        expires = expiry_of(item)
+        if expires <= now:
+            context.write(state, MAP_REMOVE, map_key)
+        elif following is None or expires < following:
+            following = expires
+    return following
+
+
 __all__ = ["TtlAggregatingState", "TtlListState", "TtlMapState", "TtlReducingState",
-           "TtlValueState"]
+           "TtlValueState", "check_ttl_unchanged", "expire_entries"]

@@ -29,7 +29,8 @@ from .key_state import (
     TimerInfo,
     TimerOutsideCallError,
 )
-from .task import StatefulFunction, TimerFunction
+from .task import StatefulFunction
+from .task_time import TimerFunction
 from .tester import StatefulTester
 from .vectorized import BatchState, BulkTimers, VectorizedFunction, VectorizedTimerFunction
 

@@ -64,7 +64,8 @@ from .columns import (
 )
 from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
-from .task import StatefulFunction, SubtaskTask, TaskCommit, TaskTime, TimerFunction
+from .task import StatefulFunction, SubtaskTask, TaskCommit
+from .task_time import TaskTime, TimerFunction
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
 from .worker_resources import WorkerResources, subtask_transactional_id
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import pandas as pd
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.task_commit import SubtaskCommitter
 from kafka_changelog.kafka.transactional_commit import OutputRecord
-from kafka_changelog.keys import NullKeyError, decode_key
+from kafka_changelog.keys import NullKeyError
 from kafka_changelog.state import host_store
 from kafka_changelog.state.acquire import AcquiredBackend, acquire, discard, keep
 from kafka_changelog.state.backend_config import BackendKind
@@ -34,11 +33,10 @@ from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.subtask_backend import StateSource, SubtaskPlacement
 from kafka_changelog.state.subtask_commit import SubtaskCommit, subtask_commit_key
-from kafka_changelog.state.timers import TimeDomain
 
 from ..kafka_sink import KafkaOutputSink
 from ..key_rows import KeyRows
-from ..key_runs import keys_at, run_starts
+from ..key_runs import keys_at, natural_key_value, run_starts
 from ..metrics import SubtaskMetrics
 from ..output_rows import output_records
 from ..streaming_config import StreamingStateConfig
@@ -53,12 +51,11 @@ from .columns import (
     SUBTASK_COLUMN,
 )
 from .events import TaskEvent, TaskListener
-from .key_state import BatchContext, EventTime, KeyState, LateRows, TimerInfo
+from .key_state import BatchContext, KeyState
+from .task_time import TaskTime, fire_timers, split_late_rows
 from .vectorized import (
     VectorizedFunction,
-    VectorizedTimerFunction,
     call_vectorized,
-    call_vectorized_timers,
 )
 from .worker_resources import WorkerResources
 
@@ -69,32 +66,6 @@ logger = logging.getLogger(__name__)
 #: of dicts, or None). ``key`` is the key column's value (str, int, float, Decimal, date,
 #: Timestamp, bool or bytes), or a tuple of the values of several key columns.
 StatefulFunction = Callable[[Any, pd.DataFrame, KeyState], Any]
-
-#: ``on_timer(key, timer, state) -> output rows``: called for each of a key's timers when
-#: it is due (after the batch's rows), with the key as the stateful function gets it.
-TimerFunction = Callable[[Any, TimerInfo, KeyState], Any]
-
-
-def key_value_of(key: bytes, key_types: Sequence[str]) -> Any:
-    """A key as the stateful function gets it, from its bytes and its columns' types."""
-    values = [natural_key_value(pd.Timestamp(v) if isinstance(v, dt.datetime) else v)
-              for v in decode_key(key, key_types)]
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def natural_key_value(value: Any) -> Any:
-    """A key column value as Python gives it: numpy scalars become ints, floats and
-    bools; a floating-point key is the one value its key stands for (``-0.0`` as
-    ``0.0``, any NaN as ``math.nan``)."""
-    if isinstance(value, str):
-        return value if type(value) is str else str(value)  # numpy's str_ as str
-    item = getattr(value, "item", None)
-    if item is not None and not isinstance(value, (bytes, pd.Timestamp)):
-        value = item()
-    if type(value) is float:
-        return math.nan if value != value else value + 0.0  # -0.0 + 0.0 is 0.0
-    return value
-
 
 def placement_of(config: StreamingStateConfig, subtask: int) -> SubtaskPlacement:
     """Subtask ``subtask`` of ``config``'s operator at its parallelism."""
@@ -115,17 +86,6 @@ def host_store_settings(config: StreamingStateConfig) -> host_store.HostStoreSet
     if config.state_backend != BackendKind.ROCKSDB:
         return None
     return host_store.HostStoreSettings(config.local_state_root(), config.rocksdb_options)
-
-
-@dataclass(frozen=True)
-class TaskTime:
-    """The batch's time as its tasks see it, and what they do with it."""
-
-    context: BatchContext
-    event_time: EventTime | None = None
-    on_timer: TimerFunction | VectorizedTimerFunction | None = None
-    #: The key columns' Spark types (``on_timer`` gets keys decoded with them).
-    key_types: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -369,7 +329,7 @@ class SubtaskTask:
         if rows is not None and len(rows):
             self._check_keys(rows)
             if time.event_time is not None:
-                rows, late, max_event_ms = self._event_times(rows, time.event_time)
+                rows, late, max_event_ms = split_late_rows(rows, time, self.batch_id)
         if rows is not None and len(rows):
             data = rows.sort_values([KEY_COLUMN, *self.order_by], kind="stable")
             user_columns = [c for c in data.columns if c not in INPUT_COLUMNS]
@@ -381,7 +341,8 @@ class SubtaskTask:
                 outputs.extend(produced)
             else:
                 keys = self._call_per_key(backend, data, user_columns, outputs, state)
-        fired = self._fire_timers(backend, state, outputs)
+        fired = fire_timers(backend, state, time, outputs, self._output_column_set,
+                            self.vectorized, self.batch_id)
         expired = backend.expire_due()
         handle = backend.snapshot(self.checkpoint_id).result()
         # Everything logged since the previous checkpoint of this backend (for a restored
@@ -401,66 +362,6 @@ class SubtaskTask:
             late_rows=late, max_event_time_ms=max_event_ms, timers_fired=fired,
             expiry_checks=expired)
         return outputs, metrics, handle
-
-    def _event_times(self, rows: pd.DataFrame, event_time: EventTime
-                     ) -> tuple[pd.DataFrame, int, int | None]:
-        """The rows the function gets (late ones dropped by the default policy), how many
-        were late (event time before the batch's watermark), and the largest event time."""
-        column = rows[event_time.column]
-        times = pd.to_datetime(column, utc=True)
-        if times.isna().any():
-            raise ChangelogError(
-                f"batch {self.batch_id}: {int(times.isna().sum())} rows have a null in "
-                f"event-time column {event_time.column!r}: an event without a time has no "
-                "place in event time; filter or fill them first")
-        ms = (times.astype("int64") // 1_000_000).to_numpy()
-        watermark = self.time.context.watermark_ms
-        late_mask = ms < watermark if watermark is not None else None
-        late = int(late_mask.sum()) if late_mask is not None else 0
-        max_event = int(ms.max()) if len(ms) else None
-        if late and event_time.late_rows is LateRows.DROP:
-            assert late_mask is not None
-            rows = rows[~late_mask]
-        return rows, late, max_event
-
-    def _fire_timers(self, backend: ChangelogKeyedStateBackend, state: KeyState,
-                     outputs: list[dict[str, Any]]) -> int:
-        """Call ``on_timer`` for each due timer (processing time, then event time), with
-        the timer's key current; returns how many fired. Timers registered while firing
-        at a time already passed fire in the next batch."""
-        time = self.time
-        context = time.context
-        due = backend.due_timers(TimeDomain.PROCESSING_TIME, context.processing_time_ms)
-        if time.event_time is not None and context.watermark_ms is not None:
-            due += backend.due_timers(TimeDomain.EVENT_TIME, context.watermark_ms)
-        if not due:
-            return 0
-        on_timer = time.on_timer
-        if on_timer is None:
-            logger.warning("batch %d: %d timers fired but no on_timer function was given: "
-                           "they are dropped", self.batch_id, len(due))
-            return len(due)
-        columns = self._output_column_set
-
-        def key_value(key: bytes) -> Any:
-            return key_value_of(key, time.key_types) if time.key_types else key
-
-        if self.vectorized:
-            outputs.extend(call_vectorized_timers(
-                on_timer, backend, due, key_value, state, columns))  # type: ignore[arg-type]
-            return len(due)
-        per_key: TimerFunction = on_timer  # type: ignore[assignment]
-        for timer in due:
-            backend.set_current_key(timer.key, timer.key_group)
-            key = key_value(timer.key)
-            state.calling(True)
-            try:
-                produced = per_key(key, TimerInfo(timer.time_ms, timer.domain), state)
-            finally:
-                state.calling(False)
-            if produced is not None:
-                outputs.extend(output_records(produced, columns, key))
-        return len(due)
 
     def _call_per_key(self, backend: ChangelogKeyedStateBackend, data: pd.DataFrame,
                       user_columns: list[str], outputs: list[dict[str, Any]],
@@ -515,6 +416,5 @@ def _worker_outlives_task() -> bool:
     return TaskContext.get() is None or bool(os.environ.get("SPARK_REUSE_WORKER"))
 
 
-__all__ = ["StatefulFunction", "SubtaskTask", "TaskCommit", "TaskTime", "TimerFunction",
-           "host_store_settings", "key_value_of", "materialization_of", "natural_key_value",
-           "placement_of"]
+__all__ = ["StatefulFunction", "SubtaskTask", "TaskCommit", "host_store_settings",
+           "materialization_of", "placement_of"]
