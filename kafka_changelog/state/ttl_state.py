@@ -12,13 +12,13 @@ Entries nobody reads are removed by the backend's expiry timers (see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from .descriptors import AggregatingStateDescriptor, ReducingStateDescriptor, StateDescriptor
 from .errors import StateMismatchError
 from .ops import DELETE, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, StateMeta
-from .state_objects import KeyContext
+from .state_objects import KeyContext, MapState
 from .ttl import expiry_of, split_serializer_name, stamp, value_of
 
 V = TypeVar("V")
@@ -164,16 +164,17 @@ class TtlListState(_TtlState, Generic[V]):
         self._context.write(self._name, LIST_REPLACE, None, None, items)
 
 
-class TtlMapState(_TtlState, Generic[K, V]):
-    """A map per key; each entry expires ``ttl`` after its last write."""
+class TtlMapState(_TtlState, MapState[K, V]):
+    """A map per key; each entry expires ``ttl`` after its last write. Reads go through
+    :class:`~kafka_changelog.state.state_objects.MapState`'s, over the live entries."""
 
     def __init__(self, context: KeyContext, descriptor: StateDescriptor,
                  now_ms: Callable[[], int], on_write: OnWrite) -> None:
-        super().__init__(context, descriptor, now_ms, on_write)
-        assert descriptor.map_key_serializer is not None
-        self._keys = descriptor.map_key_serializer
+        MapState.__init__(self, context, descriptor)
+        _TtlState.__init__(self, context, descriptor, now_ms, on_write)
 
-    def _live_value(self, encoded_key: bytes) -> bytes | None:
+    def _value_of(self, encoded_key: bytes) -> bytes | None:
+        """The live value under a map key (expired: removed, None)."""
         stored = self._context.read_map_value(self._name, encoded_key)
         if stored is None:
             return None
@@ -185,7 +186,7 @@ class TtlMapState(_TtlState, Generic[K, V]):
             self._context.write(self._name, MAP_PUT, encoded_key, self._stamp(data))
         return data
 
-    def _live_map(self) -> dict[bytes, bytes]:
+    def _map(self) -> dict[bytes, bytes]:
         """Live entries (values without expiry); the expired ones are removed."""
         stored = self._context.read(self._name)
         if not isinstance(stored, dict):
@@ -204,37 +205,13 @@ class TtlMapState(_TtlState, Generic[K, V]):
 
     def get(self, map_key: K, default: V | None = None) -> V | None:
         """The value under ``map_key`` (``default`` if none or expired)."""
-        data = self._live_value(self._keys.serialize(map_key))
+        data = self._value_of(self._keys.serialize(map_key))
         return default if data is None else self._values.deserialize(data)
 
     def put(self, map_key: K, value: V) -> None:
         """Set the value under ``map_key`` (its expiry starts again)."""
         self._context.write(self._name, MAP_PUT, self._keys.serialize(map_key),
                             self._stamp(self._values.serialize(value)))
-
-    def remove(self, map_key: K) -> None:
-        """Remove ``map_key`` (no-op if absent)."""
-        encoded = self._keys.serialize(map_key)
-        if self._context.read_map_value(self._name, encoded) is not None:
-            self._context.write(self._name, MAP_REMOVE, encoded)
-
-    def contains(self, map_key: K) -> bool:
-        """True if ``map_key`` is present and not expired."""
-        return self._live_value(self._keys.serialize(map_key)) is not None
-
-    def items(self) -> Iterator[tuple[K, V]]:
-        """Live (map key, value) pairs, ordered by serialized key."""
-        entries = self._live_map()
-        for k in sorted(entries):
-            yield self._keys.deserialize(k), self._values.deserialize(entries[k])
-
-    def keys(self) -> Iterator[K]:
-        """Live map keys, ordered by serialized key."""
-        return (k for k, _ in self.items())
-
-    def is_empty(self) -> bool:
-        """True when the current key has no live entries."""
-        return not self._live_map()
 
 
 def check_ttl_unchanged(known: StateMeta | None, meta: StateMeta) -> None:
