@@ -257,3 +257,36 @@ def test_bulk_access_to_ttl_states_sees_and_logs_what_per_key_access_does(
     assert [n for n, _ in rows[0] if n != TIMERS_STATE] == ["seen"]
     per_key.close()
     bulk.close()
+
+
+def test_expired_state_leaves_the_store_and_the_snapshots_under_churn(tmp_path: Path) -> None:
+    """50 batches of churn over new keys with a TTL: the RocksDB store and the snapshot
+    hold only what lives, not what expired."""
+    pytest.importorskip("rocksdict")
+    backends = Backends("rocksdb", tmp_path)
+    backend = backends.new()
+    live_counts, snapshot_entries = [], []
+    for batch in range(50):
+        backend.set_processing_time(T0 + batch * 1_000)
+        for i in range(100):  # 100 new keys a batch, each living 10 batches
+            backend.set_current_key(f"b{batch}-k{i}".encode())
+            backend.state(SEEN).update(batch)
+            backend.state(PAGES).add(f"/{i}")
+        backend.expire_due()
+        live_counts.append(backend.state_rows())
+        if batch % 10 == 9:
+            backend.materialize_now()
+            handle = backend.snapshot(batch + 1).result(10)
+            restored = restore_backend(backends.storage, backends.snapshots, "op", ALL,
+                                       MAX_P, [handle], table=backends.config.create_table())
+            snapshot_entries.append(restored.state_rows())
+            restored.close()
+            backend.notify_checkpoint_complete(batch + 1)
+    # From batch 10 on, 10 batches of keys live: 1,000 keys x (seen, pages, timers).
+    assert live_counts[9:] == [3_000] * 41
+    assert snapshot_entries == [3_000] * 5
+    table = backend.table
+    stored = sum(1 for kg in table.key_groups() for _ in table.entries(kg))
+    assert stored == 3_000
+    backend.close()
+    backends.storage.close()
