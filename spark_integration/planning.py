@@ -24,7 +24,7 @@ from kafka_changelog.keys import recorded_key_types
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 from kafka_changelog.state.errors import CheckpointNotFoundError, CheckpointStoreError
-from kafka_changelog.state.ttl import PROCESSING_TIME_PROPERTY
+from kafka_changelog.state.time_properties import PROCESSING_TIME_PROPERTY, recorded_time
 
 from .scan import OffsetSlice
 
@@ -382,8 +382,7 @@ def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                slice_key_groups: int) -> list[StateTask]:
     """One task per key-group slice (at most ``slice_key_groups``) of every subtask."""
     key_types = _key_types(checkpoint)
-    recorded_time = checkpoint.properties.get(PROCESSING_TIME_PROPERTY)
-    at_ms = int(recorded_time) if recorded_time is not None else None
+    at_ms = recorded_time(checkpoint.properties, PROCESSING_TIME_PROPERTY)
     tasks = []
     for operator in operators:
         for subtask in checkpoint.subtasks_of(operator):

@@ -1,7 +1,7 @@
 """Where and how a streaming operator keeps its state: :class:`StreamingStateConfig`.
 
-Its own module so that the streaming processor, the host-local stores and the tools
-that only read an application's state share it without importing one another.
+Its own module so that the streaming package's driver, task and tester share it without
+importing one another.
 """
 
 from __future__ import annotations

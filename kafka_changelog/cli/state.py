@@ -12,7 +12,8 @@ from typing import Any
 
 from ..keygroups import KeyGroupRange, key_group_for_key
 from ..keys import key_json
-from ..state.ttl import PROCESSING_TIME_PROPERTY, live_entry, split_serializer_name
+from ..state.time_properties import PROCESSING_TIME_PROPERTY, recorded_time
+from ..state.ttl import live_entry, split_serializer_name
 from .keyarg import describe_key, encode_cli_key, key_types_to_use
 from .options import CliError, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, table, when
@@ -53,8 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     shown: list[list[Any]] = []
     # TTL'd entries expired at the checkpoint's processing time are not shown, as the
     # stateful function did not see them.
-    recorded_time = checkpoint.properties.get(PROCESSING_TIME_PROPERTY)
-    at_ms = int(recorded_time) if recorded_time is not None else None
+    at_ms = recorded_time(checkpoint.properties, PROCESSING_TIME_PROPERTY)
     for name in sorted(state.metas):
         meta = state.metas[name]
         entry = state.get(key_group, name, key)

@@ -29,10 +29,6 @@ if TYPE_CHECKING:  # table_protocol imports descriptors, which import this modul
 #: A TTL'd entry's expiries, in its shape: one (value), per element (list), per map key.
 Expiries = int | list[int] | dict[bytes, int]
 
-#: The checkpoint property holding its batch's processing time (ms since the epoch): what
-#: readers take "now" to be when they hide expired entries.
-PROCESSING_TIME_PROPERTY = "time.processing_ms"
-
 #: The prefix of a TTL'd state's value serializer name.
 TTL_SERIALIZER_PREFIX = "ttl:"
 _EXPIRY = struct.Struct(">q")
@@ -124,6 +120,6 @@ def live_entry(entry: Entry, at_ms: int | None) -> tuple[Entry | None, Expiries]
             {k: expiry_of(v) for k, v in kept_map.items()})
 
 
-__all__ = ["EXPIRY_BYTES", "PROCESSING_TIME_PROPERTY", "TTL_SERIALIZER_PREFIX", "Expiries",
+__all__ = ["EXPIRY_BYTES", "TTL_SERIALIZER_PREFIX", "Expiries",
            "StateTtl", "expiry_of", "live_entry", "split_serializer_name", "stamp",
            "ttl_serializer_name", "value_of"]

@@ -1,10 +1,13 @@
 """Exactly-once keyed state for Structured Streaming, through ``foreachBatch``.
 
 One module per role: :mod:`.driver` (the ``foreachBatch`` function: plans a batch, runs
-a task per subtask, commits the checkpoint), :mod:`.task` (what a Spark task runs for its
-subtask), :mod:`.worker_resources` (what a Python process keeps across batches),
-:mod:`.events` (what listeners hear), :mod:`.columns` (the internal columns). The
-public names are here.
+a task per subtask, commits the checkpoint), :mod:`.batch_time` (the batch's processing
+time and watermark), :mod:`.task` (what a Spark task runs for its subtask),
+:mod:`.task_time` (late rows and due timers in a task), :mod:`.key_state` (what the
+user's function gets), :mod:`.vectorized` (the vectorised entry point),
+:mod:`.worker_resources` (what a Python process keeps across batches), :mod:`.events`
+(what listeners hear), :mod:`.columns` (the internal columns), :mod:`.tester` (running a
+function in plain Python). The public names are here.
 """
 
 from ..metrics import BatchReport

@@ -12,16 +12,21 @@ the batch's subtasks saw minus the allowed delay, never below the previous one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 from kafka_changelog.state.subtask_commit import SubtaskCommit
+from kafka_changelog.state.time_properties import (
+    PROCESSING_TIME_PROPERTY,
+    WATERMARK_PROPERTY,
+    recorded_time,
+)
 
 from ..batch_identity import BatchPlan
 from ..metrics import SubtaskMetrics
-from .key_state import PROCESSING_TIME_PROPERTY, WATERMARK_PROPERTY, BatchContext, EventTime
+from .key_state import BatchContext, EventTime
 
 #: Spark types an event-time column may have.
 EVENT_TIME_TYPES = ("timestamp", "timestamp_ntz")
@@ -45,11 +50,6 @@ def check_event_time_column(schema: Any, event_time: EventTime) -> None:
             "(cast it, e.g. F.col(...).cast('timestamp'))")
 
 
-def _recorded(properties: Mapping[str, str], name: str) -> int | None:
-    value = properties.get(name)
-    return None if value is None else int(value)
-
-
 def wall_clock_ms() -> int:
     """The wall clock, ms since the epoch."""
     return int(time.time() * 1000)
@@ -64,17 +64,17 @@ def batch_context(checkpoints: CheckpointStore, application: str, plan: BatchPla
     its base's."""
     base = checkpoints.get(application, plan.base) if plan.base is not None else None
     base_properties = base.properties if base is not None else {}
-    watermark = _recorded(base_properties, WATERMARK_PROPERTY)
+    watermark = recorded_time(base_properties, WATERMARK_PROPERTY)
     processing: int | None = None
     if not plan.commit:
         committed = checkpoints.get(application, plan.checkpoint_id)
-        processing = _recorded(committed.properties, PROCESSING_TIME_PROPERTY)
+        processing = recorded_time(committed.properties, PROCESSING_TIME_PROPERTY)
     for commit in reused:
         processing = SubtaskMetrics.from_json(commit.metrics).processing_time_ms or processing
         break
     if processing is None:
         now = clock()
-        processing = max(now, _recorded(base_properties, PROCESSING_TIME_PROPERTY) or now)
+        processing = max(now, recorded_time(base_properties, PROCESSING_TIME_PROPERTY) or now)
     return BatchContext(batch_id, plan.checkpoint_id, processing, watermark)
 
 

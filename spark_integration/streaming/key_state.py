@@ -17,12 +17,6 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.timers import TimeDomain
-from kafka_changelog.state.ttl import PROCESSING_TIME_PROPERTY
-
-#: Checkpoint property: the event-time watermark after the batch (what the next batch
-#: fires event-time timers against), ms since the epoch. The batch's processing time is
-#: ``kafka_changelog.state.ttl.PROCESSING_TIME_PROPERTY``.
-WATERMARK_PROPERTY = "time.watermark_ms"
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -201,6 +195,6 @@ class KeyState:
         self._calling = active
 
 
-__all__ = ["PROCESSING_TIME_PROPERTY", "WATERMARK_PROPERTY", "BatchContext", "EventTime",
+__all__ = ["BatchContext", "EventTime",
            "EventTimeNotDeclaredError", "KeyState", "KeyTimers", "LateRows", "TimerInfo",
            "TimerOutsideCallError", "from_ms", "to_ms"]

@@ -2,11 +2,13 @@
 snapshot, commit the outputs (with a ``KafkaOutputSink``), give the backend back.
 
 One task per subtask per batch: Spark partition ``i`` holds exactly subtask ``i``'s rows
-(:func:`~spark_integration.subtask_partitioning.partition_by_subtask`), and Spark runs
-the task for empty partitions too, so every subtask checkpoints. The task gets its
-backend through :func:`kafka_changelog.state.acquire.acquire` (reattached, rolled back,
-restored or fresh), and returns one handle row (the subtask's state in the checkpoint,
-its metrics) plus, when the outputs go to a sink function, its output rows.
+(:func:`~spark_integration.subtask_partitioning.partition_by_subtask`), and the task runs
+for every partition: the driver gives each subtask one marker row (removed before the
+task sees its rows), so every subtask checkpoints, fires its due timers and expires its
+state even in a batch without rows. The task gets its backend through
+:func:`kafka_changelog.state.acquire.acquire` (reattached, rolled back, restored or
+fresh), and returns one handle row (the subtask's state in the checkpoint, its metrics)
+plus, when the outputs go to a sink function, its output rows.
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ class SubtaskTask:
 
     def run_partition(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         """Run the subtask of one Spark partition: partition ``i`` is subtask ``i``
-        (``partition_by_subtask``), and Spark calls this for empty partitions too."""
+        (``partition_by_subtask``); it runs for every subtask (see the driver's marker
+        rows), its rows possibly none."""
         from pyspark import TaskContext
 
         context = TaskContext.get()

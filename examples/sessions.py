@@ -1,0 +1,272 @@
+"""The sessions job: a user's session closes 30 minutes (event time) after its last
+click, and its summary is written to Kafka, exactly once; each user's last pages live 10
+minutes (processing time) in a TTL'd list.
+
+The input is the clickstream (:mod:`examples.events`) with an event time per click
+(``ts``, ms since the epoch: :func:`event_time_of`), read with Spark's Kafka connector.
+Each click moves its user's session end (an event-time timer at last click + gap);
+when the watermark (the largest event time seen minus the allowed lateness) passes the
+end, ``close_session`` emits ``user, start, end, clicks`` and clears the session. The
+summaries are committed with the batch's checkpoint in one Kafka transaction per
+subtask. :func:`expected_sessions` computes the sessions straight from the clicks,
+which is what the tests hold the job's outputs and state against.
+
+``python -m examples.sessions --bootstrap-servers HOST:PORT --checkpoint-dir DIR
+--expected-events N`` runs the query until N clicks were read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from kafka_changelog.state.descriptors import list_state, value_state
+from kafka_changelog.state.serializers import INT64, UTF8
+from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
+from spark_integration.streaming import (
+    BatchListener,
+    EventTime,
+    KeyState,
+    StreamingStateConfig,
+    TaskListener,
+    TimerInfo,
+    stateful_foreach_batch,
+)
+
+from .clickstream import ensure_topic
+from .events import events
+
+#: Inactivity (event time) after which a session closes.
+GAP = dt.timedelta(minutes=30)
+GAP_MS = GAP // dt.timedelta(milliseconds=1)
+#: Event time of the first click (ms since the epoch).
+T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+START = value_state("session_start", INT64)
+LAST = value_state("session_last", INT64)
+CLICKS = value_state("session_clicks", INT64)
+RECENT_PAGES = list_state("recent_pages", UTF8, ttl=dt.timedelta(minutes=10))
+OUTPUT_SCHEMA = "user string, start long, end long, clicks long"
+EVENT_SCHEMA = "seq long, ts long, page string"
+
+
+def event_time_of(seq: int, users: int) -> int:
+    """The event time of click ``seq``: clicks ``2 * GAP / users`` apart, so a user's
+    clicks are two gaps apart on average and about half of them start a new session."""
+    return T0 + seq * (2 * GAP_MS // users)
+
+
+def clicks(count: int, users: int, first_seq: int = 0, seed: int = 7
+           ) -> list[dict[str, Any]]:
+    """``count`` clicks (the clickstream's events from ``first_seq`` on, with ``ts``)."""
+    chosen = list(events(first_seq + count, users, seed))[first_seq:]
+    return [{"seq": e["seq"], "user": e["user"], "page": e["page"],
+             "ts": event_time_of(e["seq"], users)} for e in chosen]
+
+
+def produce_clicks(settings: dict[str, Any], topic: str, rows: Iterable[dict[str, Any]],
+                   partitions: int = 4) -> int:
+    """Create ``topic`` if needed and write the clicks to it, keyed by user (acks=all)."""
+    ensure_topic(settings, topic, partitions)
+    producer = Producer({**settings, "acks": "all", "enable.idempotence": True})
+    count = 0
+    for row in rows:
+        producer.produce(topic, key=row["user"].encode(), value=json.dumps(row).encode())
+        producer.poll(0)
+        count += 1
+    if producer.flush(60) != 0:
+        raise RuntimeError(f"clicks to {topic} were not all acknowledged")
+    return count
+
+
+def update_session(user: str, rows: pd.DataFrame, state: KeyState
+                   ) -> list[dict[str, Any]] | None:
+    """Fold a user's clicks of a batch into its open session; move the session's end."""
+    start, last, clicks_in = state(START), state(LAST), state(CLICKS)
+    times = rows["ts"].astype("int64").tolist()  # ms since the epoch
+    previous = last.value()
+    if previous is not None:
+        state.timers.delete_event_time(previous + GAP_MS)
+    # A click that comes after the session's end (its timer did not fire yet, the
+    # watermark lagging) starts a new session: close the old one first.
+    sessions: list[dict[str, Any]] = []
+    for ts in times:
+        if last.value() is not None and ts - (last.value() or 0) > GAP_MS:
+            sessions.append(_summary(user, state))
+            _clear(state)
+        if start.value() is None:
+            start.update(ts)
+        last.update(max(ts, last.value() or ts))
+        clicks_in.update((clicks_in.value() or 0) + 1)
+    state(RECENT_PAGES).add_all(rows["page"].tolist())
+    state.timers.register_event_time((last.value() or 0) + GAP_MS)
+    return sessions or None
+
+
+def close_session(user: str, timer: TimerInfo, state: KeyState) -> dict[str, Any]:
+    """The session ended (no click for ``GAP``): its summary, and the state cleared."""
+    summary = _summary(user, state)
+    _clear(state)
+    return summary
+
+
+def _summary(user: str, state: KeyState) -> dict[str, Any]:
+    return {"user": user, "start": state(START).value(), "end": state(LAST).value(),
+            "clicks": state(CLICKS).value()}
+
+
+def _clear(state: KeyState) -> None:
+    for descriptor in (START, LAST, CLICKS):
+        state(descriptor).clear()
+
+
+def expected_sessions(all_clicks: Iterable[dict[str, Any]]
+                      ) -> list[tuple[str, int, int, int]]:
+    """Every session of the clicks: (user, start, end, clicks), a new session after a gap
+    of more than ``GAP`` (event time)."""
+    by_user: dict[str, list[int]] = {}
+    for click in all_clicks:
+        by_user.setdefault(click["user"], []).append(click["ts"])
+    found = []
+    for user, times in by_user.items():
+        times.sort()
+        first = previous = times[0]
+        count = 0
+        for ts in times:
+            if ts - previous > GAP_MS:
+                found.append((user, first, previous, count))
+                first, count = ts, 0
+            previous = ts
+            count += 1
+        found.append((user, first, previous, count))
+    return sorted(found)
+
+
+def read_sessions(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
+                  ) -> list[tuple[int, str, int, int, int]]:
+    """The committed summaries in ``topic``: (checkpoint, user, start, end, clicks)."""
+    consumer = Consumer({**settings, "group.id": f"sessions-check-{time.time_ns()}",
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True,
+                         "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        rows = []
+        at_end: set[int] = set()
+        while len(at_end) < len(partitions):
+            message = consumer.poll(timeout_s)
+            if message is None:
+                raise TimeoutError(f"{topic}: no end of partitions within {timeout_s} s")
+            if message.error() is not None:
+                at_end.add(message.partition() or 0)
+                continue
+            raw = dict(message.headers() or []).get(CHECKPOINT_HEADER)
+            if raw is None:
+                raise ValueError(f"{topic}[{message.partition()}]@{message.offset()} has no "
+                                 f"{CHECKPOINT_HEADER} header")
+            checkpoint = int(raw)
+            value = json.loads(message.value() or b"{}")
+            rows.append((checkpoint, value["user"], value["start"], value["end"],
+                         value["clicks"]))
+        return rows
+    finally:
+        consumer.close()
+
+
+def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topic: str,
+              output_topic: str, checkpoint_dir: str, expected_events: int,
+              max_per_batch: int, lateness: dt.timedelta, timeout_s: float = 600.0,
+              listener: BatchListener | None = None,
+              task_listener: TaskListener | None = None,
+              master: str | None = None) -> dict[str, Any]:
+    """Run the query until ``expected_events`` clicks were read (counting from the
+    input topic's start); a summary of the run."""
+    from pyspark.sql import functions as F
+
+    from spark_integration.session import spark_session
+
+    from .clickstream import _processed_offsets
+
+    ensure_topic(settings, output_topic)
+    parallelism = max(2, config.parallelism)
+    spark = spark_session(master or f"local[{parallelism}]", "sessions", parallelism)
+    processor = stateful_foreach_batch(
+        config, update_session, "user", OUTPUT_SCHEMA,
+        sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["ts"],
+        listener=listener, task_listener=task_listener, on_timer=close_session,
+        event_time=EventTime.of("event_time", lateness))
+    raw = (spark.readStream.format("kafka")
+           .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
+           .option("subscribe", input_topic).option("startingOffsets", "earliest")
+           .option("failOnDataLoss", "true")
+           .option("maxOffsetsPerTrigger", str(max_per_batch)).load())
+    parsed = raw.select(F.col("key").cast("string").alias("user"),
+                        F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("e"))
+    stream = parsed.select("user", "e.seq", "e.ts", "e.page",
+                           F.timestamp_millis(F.col("e.ts")).alias("event_time"))
+    query = (stream.writeStream.foreachBatch(processor)
+             .option("checkpointLocation", checkpoint_dir)
+             .trigger(processingTime="500 milliseconds").start())
+    started = time.monotonic()
+    try:
+        while _processed_offsets(query) < expected_events:
+            if query.exception() is not None:
+                raise RuntimeError(f"the query failed: {query.exception()}")
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"not {expected_events} clicks read after {timeout_s} s")
+            time.sleep(0.5)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+        spark.stop()
+    return {"batches": len(processor.reports),
+            "late_rows": sum(m.late_rows for r in processor.reports
+                             for m in r.subtask_metrics.values()),
+            "timers_fired": sum(m.timers_fired for r in processor.reports
+                                for m in r.subtask_metrics.values()),
+            "watermarks": [r.next_watermark_ms for r in processor.reports]}
+
+
+def main(argv: list[str] | None = None, listener: BatchListener | None = None,
+         task_listener: TaskListener | None = None) -> int:
+    """Run the query in this process (tests run it as a child they can kill -9)."""
+    parser = argparse.ArgumentParser(description="the sessions streaming query")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--application", default="sessions")
+    parser.add_argument("--input-topic", default="clicks-with-time")
+    parser.add_argument("--output-topic", default="sessions")
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--parallelism", type=int, default=2)
+    parser.add_argument("--expected-events", type=int, required=True)
+    parser.add_argument("--max-per-batch", type=int, default=500)
+    parser.add_argument("--lateness-minutes", type=float, default=5.0)
+    parser.add_argument("--topic-prefix", default="sessions")
+    parser.add_argument("--local-state-dir", default=None)
+    parser.add_argument("--master", default=None,
+                        help="Spark master (default local[max(2, parallelism)])")
+    args = parser.parse_args(argv)
+    config = StreamingStateConfig(
+        application=args.application, operator_id="sessions",
+        bootstrap_servers=args.bootstrap_servers, parallelism=args.parallelism,
+        changelog_topic=f"{args.topic_prefix}-changelog",
+        snapshot_topic=f"{args.topic_prefix}-snapshots",
+        checkpoint_topic=f"{args.topic_prefix}-checkpoints", partitions=8,
+        materialization_interval_s=5.0, local_state_dir=args.local_state_dir)
+    summary = run_query(config, {"bootstrap.servers": args.bootstrap_servers},
+                        args.input_topic, args.output_topic, args.checkpoint_dir,
+                        args.expected_events, args.max_per_batch,
+                        dt.timedelta(minutes=args.lateness_minutes),
+                        listener=listener, task_listener=task_listener, master=args.master)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
