@@ -50,7 +50,13 @@ logger = logging.getLogger(__name__)
 #: of the task aborts it at once).
 TRANSACTION_TIMEOUT_MS = 60_000
 
-_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+#: Errors after which the producer is unusable: fenced by another one with the same
+#: transactional id, or fatal (a call on a producer whose fatal error librdkafka saw in the
+#: background, e.g. its fencing, fails with ``_FATAL``, which ``fatal()`` may not flag).
+#: The committer drops the producer and starts a new one (which fails clearly if the cause
+#: remains, e.g. a missing ACL).
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+           KafkaError._FATAL)
 
 
 def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
