@@ -144,13 +144,21 @@ def expected_state(all_events: Iterator[dict[str, Any]]) -> dict[str, dict[str, 
 def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
                  ) -> list[tuple[int, str, int, float]]:
     """The committed outputs in ``topic`` as (checkpoint id, user, events, spent) rows."""
-    consumer = Consumer({**settings, "group.id": f"clickstream-check-{time.time_ns()}",
+    return [(checkpoint, value["user"], value["events"], value["spent"])
+            for checkpoint, value in read_committed(settings, topic, timeout_s)]
+
+
+def read_committed(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
+                   ) -> list[tuple[int, dict[str, Any]]]:
+    """The committed outputs in ``topic`` (``read_committed``, from the start): each
+    record's checkpoint id (its header) and JSON value."""
+    consumer = Consumer({**settings, "group.id": f"outputs-check-{time.time_ns()}",
                          "auto.offset.reset": "earliest", "enable.partition.eof": True,
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        rows: list[tuple[int, str, int, float]] = []
+        rows: list[tuple[int, dict[str, Any]]] = []
         at_end: set[int] = set()
         while len(at_end) < len(partitions):
             message = consumer.poll(timeout_s)
@@ -163,8 +171,7 @@ def read_outputs(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
             if raw is None:
                 raise ValueError(f"{topic}[{message.partition()}]@{message.offset()} has no "
                                  f"{CHECKPOINT_HEADER} header")
-            value = json.loads(message.value() or b"{}")
-            rows.append((int(raw), value["user"], value["events"], value["spent"]))
+            rows.append((int(raw), json.loads(message.value() or b"{}")))
         return rows
     finally:
         consumer.close()

@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from kafka_changelog.state.descriptors import list_state, value_state
 from kafka_changelog.state.serializers import INT64, UTF8
-from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
+from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import (
     BatchListener,
     EventTime,
@@ -41,7 +41,7 @@ from spark_integration.streaming import (
     stateful_foreach_batch,
 )
 
-from .clickstream import ensure_topic
+from .clickstream import ensure_topic, read_committed
 from .events import events
 
 #: Inactivity (event time) after which a session closes.
@@ -152,32 +152,8 @@ def expected_sessions(all_clicks: Iterable[dict[str, Any]]
 def read_sessions(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
                   ) -> list[tuple[int, str, int, int, int]]:
     """The committed summaries in ``topic``: (checkpoint, user, start, end, clicks)."""
-    consumer = Consumer({**settings, "group.id": f"sessions-check-{time.time_ns()}",
-                         "auto.offset.reset": "earliest", "enable.partition.eof": True,
-                         "isolation.level": "read_committed", "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        rows = []
-        at_end: set[int] = set()
-        while len(at_end) < len(partitions):
-            message = consumer.poll(timeout_s)
-            if message is None:
-                raise TimeoutError(f"{topic}: no end of partitions within {timeout_s} s")
-            if message.error() is not None:
-                at_end.add(message.partition() or 0)
-                continue
-            raw = dict(message.headers() or []).get(CHECKPOINT_HEADER)
-            if raw is None:
-                raise ValueError(f"{topic}[{message.partition()}]@{message.offset()} has no "
-                                 f"{CHECKPOINT_HEADER} header")
-            checkpoint = int(raw)
-            value = json.loads(message.value() or b"{}")
-            rows.append((checkpoint, value["user"], value["start"], value["end"],
-                         value["clicks"]))
-        return rows
-    finally:
-        consumer.close()
+    return [(checkpoint, v["user"], v["start"], v["end"], v["clicks"])
+            for checkpoint, v in read_committed(settings, topic, timeout_s)]
 
 
 def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topic: str,
