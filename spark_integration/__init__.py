@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .streaming import StreamingStateConfig as StreamingStateConfig
     from .streaming import TimerInfo as TimerInfo
     from .streaming import stateful_foreach_batch as stateful_foreach_batch
+    from .streaming import with_ticks as with_ticks
 
 
 def _homes() -> dict[str, str]:

@@ -7,7 +7,8 @@ time and watermark), :mod:`.task` (what a Spark task runs for its subtask),
 user's function gets), :mod:`.vectorized` (the vectorised entry point),
 :mod:`.worker_resources` (what a Python process keeps across batches), :mod:`.events`
 (what listeners hear), :mod:`.columns` (the internal columns), :mod:`.tester` (running a
-function in plain Python). The public names are here.
+function in plain Python), :mod:`.ticks` (micro-batches without new input). The public
+names are here.
 """
 
 from ..metrics import BatchReport
@@ -35,11 +36,13 @@ from .key_state import (
 from .task import StatefulFunction
 from .task_time import TimerFunction
 from .tester import StatefulTester
+from .ticks import TICK_COLUMN, with_ticks
 from .vectorized import BatchState, BulkTimers, VectorizedFunction, VectorizedTimerFunction
 
 __all__ = [
     "BATCH_EVENTS",
     "TASK_EVENTS",
+    "TICK_COLUMN",
     "BatchContext",
     "BatchEvent",
     "BatchListener",
@@ -64,4 +67,5 @@ __all__ = [
     "VectorizedFunction",
     "VectorizedTimerFunction",
     "stateful_foreach_batch",
+    "with_ticks",
 ]

@@ -66,6 +66,7 @@ from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
+from .ticks import without_ticks
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
 from .worker_resources import WorkerResources, subtask_transactional_id
 
@@ -171,6 +172,7 @@ class StatefulProcessor:
         sink = self.sink
         kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
         query_id = _query_id(batch_df)
+        batch_df = without_ticks(batch_df)
         columns, types = key_columns_of(batch_df.schema, self.key_columns)
         if self.event_time is not None:
             check_event_time_column(batch_df.schema, self.event_time)

@@ -23,6 +23,7 @@ from spark_integration.streaming import (
     StreamingStateConfig,
     TimerInfo,
     stateful_foreach_batch,
+    with_ticks,
 )
 from spark_integration.streaming.worker_resources import WorkerResources
 
@@ -368,3 +369,58 @@ def test_an_event_time_timer_without_an_event_time_column_fails_the_batch(
         with pytest.raises(Exception, match="no event-time column is declared"):
             processor(events_frame(spark, [("a", 0)]), 0)
         assert WorkerResources.coordinator(config).checkpoint() is None
+
+
+def test_with_ticks_a_query_whose_input_pauses_fires_processing_time_timers(
+    spark: Any, kafka_cluster: Any, prefix: str, tmp_path: Any
+) -> None:
+    """Spark runs a micro-batch only when a source has new data: ``with_ticks`` makes one
+    at every trigger, so reminders fire while the input is quiet, and the function never
+    sees a tick row."""
+    import time
+
+    clock = Clock()
+    config = app_config(kafka_cluster, prefix)
+    source = tmp_path / "pages"
+    source.mkdir()
+    (source / "0.json").write_text('{"user": "a", "page": "/1"}\n{"user": "b", "page": "/1"}\n')
+    outputs: list[tuple[int, dict[str, Any]]] = []
+    processor = stateful_foreach_batch(
+        config, remember, "user", OUTPUT, on_timer=remind, clock=clock,
+        sink=lambda out, batch_id: outputs.extend(
+            (batch_id, r) for r in out.toPandas().to_dict("records")))
+    stream = with_ticks(spark.readStream.schema("user string, page string").json(str(source)))
+    query = (stream.writeStream.foreachBatch(processor)
+             .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+             .trigger(processingTime="1 second").start())
+
+    def wait_for(condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while not condition():
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, f"no {what} within 120 s: {outputs}"
+            time.sleep(0.2)
+
+    try:
+        wait_for(lambda: len(outputs) == 2, "outputs of the first batch")
+        seen_batch = outputs[0][0]
+        assert sorted(r["user"] for _, r in outputs) == ["a", "b"]
+        assert {r["kind"] for _, r in outputs} == {"seen"}
+        # No new input from here on: batches keep coming, with no rows.
+        clock.now = T0 + 16 * MINUTE
+        wait_for(lambda: len(outputs) == 4, "reminders")
+        reports = {r.batch_id: r for r in processor.reports}
+        wait_for(lambda: len(processor.reports) >= len(reports) + 2, "batches after them")
+    finally:
+        query.stop()
+        processor.close()
+    reminders = outputs[2:]
+    assert sorted((r["user"], r["kind"], r["start"]) for _, r in reminders) == [
+        ("a", "reminder", T0 + 15 * MINUTE), ("b", "reminder", T0 + 15 * MINUTE)]
+    fired_in = {batch_id for batch_id, _ in reminders}
+    assert len(fired_in) == 1 and min(fired_in) > seen_batch
+    quiet = processor.reports[-1]
+    assert all(m.rows_in == 0 for r in processor.reports if r.batch_id in fired_in
+               for m in r.subtask_metrics.values())
+    assert sum(m.rows_in for m in quiet.subtask_metrics.values()) == 0
+    assert len(outputs) == 4  # each reminder exactly once, nothing from later batches
