@@ -35,8 +35,10 @@ from spark_integration.streaming import (
     BatchListener,
     EventTime,
     KeyState,
+    StatefulFunction,
     StreamingStateConfig,
     TaskListener,
+    TimerFunction,
     TimerInfo,
     stateful_foreach_batch,
 )
@@ -161,9 +163,12 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               max_per_batch: int, lateness: dt.timedelta, timeout_s: float = 600.0,
               listener: BatchListener | None = None,
               task_listener: TaskListener | None = None,
-              master: str | None = None) -> dict[str, Any]:
+              master: str | None = None, update: StatefulFunction = update_session,
+              on_timer: TimerFunction = close_session) -> dict[str, Any]:
     """Run the query until ``expected_events`` clicks were read (counting from the
-    input topic's start); a summary of the run."""
+    input topic's start); a summary of the run. ``update`` and ``on_timer`` are the
+    job's functions (:func:`update_session`, :func:`close_session`: other functions with
+    their output schema may stand in)."""
     from pyspark.sql import functions as F
 
     from spark_integration.session import spark_session
@@ -174,9 +179,9 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     parallelism = max(2, config.parallelism)
     spark = spark_session(master or f"local[{parallelism}]", "sessions", parallelism)
     processor = stateful_foreach_batch(
-        config, update_session, "user", OUTPUT_SCHEMA,
+        config, update, "user", OUTPUT_SCHEMA,
         sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["ts"],
-        listener=listener, task_listener=task_listener, on_timer=close_session,
+        listener=listener, task_listener=task_listener, on_timer=on_timer,
         event_time=EventTime.of("event_time", lateness))
     raw = (spark.readStream.format("kafka")
            .option("kafka.bootstrap.servers", settings["bootstrap.servers"])
@@ -211,8 +216,10 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
 
 
 def main(argv: list[str] | None = None, listener: BatchListener | None = None,
-         task_listener: TaskListener | None = None) -> int:
-    """Run the query in this process (tests run it as a child they can kill -9)."""
+         task_listener: TaskListener | None = None, update: StatefulFunction = update_session,
+         on_timer: TimerFunction = close_session) -> int:
+    """Run the query in this process (tests run it as a child they can kill -9, some
+    with functions of their own: see :func:`run_query`)."""
     parser = argparse.ArgumentParser(description="the sessions streaming query")
     parser.add_argument("--bootstrap-servers", required=True)
     parser.add_argument("--application", default="sessions")
@@ -239,7 +246,8 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
                         args.input_topic, args.output_topic, args.checkpoint_dir,
                         args.expected_events, args.max_per_batch,
                         dt.timedelta(minutes=args.lateness_minutes),
-                        listener=listener, task_listener=task_listener, master=args.master)
+                        listener=listener, task_listener=task_listener, master=args.master,
+                        update=update, on_timer=on_timer)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -1,8 +1,9 @@
-"""Event-time timers fire exactly once across kill -9 of the driver and of a Python
-worker and across rescales 2 -> 3 -> 1, against a real broker and Spark: the sessions job
-(``examples.sessions``) run as a child process, its outputs (session summaries written
-with the checkpoint in Kafka transactions) and its state checked against the sessions
-computed from the clicks."""
+"""Event-time and processing-time timers fire exactly once across kill -9 of the driver
+and of a Python worker and across rescales 2 -> 3 -> 1, against a real broker and Spark:
+the sessions job (``examples.sessions``) with processing-time reminders
+(``tests.spark.crashing_sessions --reminders``) run as a child process, its outputs
+(session summaries and reminders written with the checkpoint in Kafka transactions) and
+its state checked against a model computed from the clicks."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.batch_identity import BATCH_ID
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources
+from tests.spark.crashing_sessions import SINCE_REMINDER
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -48,7 +50,8 @@ def run(servers: str, prefix: str, checkpoint_dir: Path, parallelism: int, expec
         faults += ["--kill-task-at", point]
     if fault_dir:
         faults += ["--fault-dir", str(fault_dir)]
-    command = [sys.executable, "-m", "tests.spark.crashing_sessions", *faults, "--",
+    command = [sys.executable, "-m", "tests.spark.crashing_sessions", *faults, "--reminders",
+               "--",
                "--bootstrap-servers", servers, "--application", prefix,
                "--input-topic", f"{prefix}-clicks", "--output-topic", f"{prefix}-sessions",
                "--topic-prefix", prefix, "--checkpoint-dir", str(checkpoint_dir),
@@ -78,7 +81,16 @@ def latest_batch(config: StreamingStateConfig) -> int:
     return int(checkpoint.properties[BATCH_ID])
 
 
-def test_event_time_timers_fire_exactly_once_across_kills_and_rescales(
+def sessions_and_reminders(outputs: list[tuple[int, str, int, int, int]]
+                           ) -> tuple[list[tuple[str, int, int, int]],
+                                      list[tuple[str, int, int]]]:
+    """Session summaries (user, start, end, clicks) and reminders (user, time, clicks)."""
+    sessions = sorted((user, start, end, n) for _, user, start, end, n in outputs if end != -1)
+    reminders = sorted((user, start, n) for _, user, start, end, n in outputs if end == -1)
+    return sessions, reminders
+
+
+def test_event_and_processing_time_timers_fire_exactly_once_across_kills_and_rescales(
     kafka_cluster: Any, tmp_path: Path
 ) -> None:
     prefix = f"sessions-{uuid.uuid4().hex[:8]}"
@@ -96,7 +108,7 @@ def test_event_time_timers_fire_exactly_once_across_kills_and_rescales(
         run(servers, prefix, checkpoints, 2, PHASE_A, lateness, kill_at="before_commit:1")
         run(servers, prefix, checkpoints, 3, PHASE_A, lateness, kill_at="after_commit:3")
         run(servers, prefix, checkpoints, 3, PHASE_A, lateness)
-        opened = read_sessions(settings, f"{prefix}-sessions")
+        opened, _ = sessions_and_reminders(read_sessions(settings, f"{prefix}-sessions"))
         # Phase B: clicks a second apart, far after phase A (by more than
         # the lateness and the gap), read in at least two batches: the second runs with
         # a watermark past every phase-A session's end, and fires their timers.
@@ -115,10 +127,10 @@ def test_event_time_timers_fire_exactly_once_across_kills_and_rescales(
             master="local[3,4]")  # a failed task runs again
         assert list(fault_dir.iterdir()), "the Python worker was not killed"
         run(servers, prefix, checkpoints, 1, PHASE_A + PHASE_B, lateness)
-        outputs = read_sessions(settings, f"{prefix}-sessions")
+        summaries, reminders = sessions_and_reminders(
+            read_sessions(settings, f"{prefix}-sessions"))
         expected_a = expected_sessions(phase_a)
         # Every session of phase A exactly once (by the gap in phase A, or by its timer).
-        summaries = sorted((user, start, end, n) for _, user, start, end, n in outputs)
         assert summaries == expected_a
         assert len(opened) < len(expected_a)  # most were closed by timers in phase B
         # The open sessions are exactly phase B's, one per user, in the state.
@@ -131,6 +143,21 @@ def test_event_time_timers_fire_exactly_once_across_kills_and_rescales(
             for user, count in per_user.items():
                 backend.set_current_key(user.encode())
                 assert backend.state(CLICKS).value() == count, user
+            # Each reminder once (one per user and time), and every click counted by
+            # exactly one reminder or still waiting for the next in the state.
+            assert len({(user, at) for user, at, _ in reminders}) == len(reminders)
+            reminded: dict[str, int] = {}
+            for user, _, n in reminders:
+                reminded[user] = reminded.get(user, 0) + n
+            totals: dict[str, int] = {}
+            for click in [*phase_a, *phase_b]:
+                totals[click["user"]] = totals.get(click["user"], 0) + 1
+            for user, total in totals.items():
+                backend.set_current_key(user.encode())
+                waiting = backend.state(SINCE_REMINDER).value() or 0
+                assert reminded.get(user, 0) + waiting == total, (user, reminded.get(user),
+                                                                 waiting)
+            assert len(reminded) == len(totals)  # every user was reminded at least once
         finally:
             backend.close()
     finally:
