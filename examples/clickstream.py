@@ -11,7 +11,6 @@ a cluster (``--master spark://host:port``).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -38,6 +37,7 @@ from spark_integration.streaming import (
 from spark_integration.streaming.vectorized import BatchState, VectorizedFunction
 
 from .events import events
+from .job_options import job_parser, spark_settings, state_config
 
 EVENTS = value_state("events", INT64)
 SPENT = reducing_state("spent", lambda a, b: round(a + b, 2), FLOAT64)
@@ -340,41 +340,17 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
     ``listener`` hears the driver's batch events, ``task_listener`` the tasks' and ``fn``
     replaces the stateful function (crash tests inject faults through them).
     """
-    parser = argparse.ArgumentParser(description="the clickstream streaming query")
-    parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--application", default="clickstream")
-    parser.add_argument("--input-topic", default="clicks")
-    parser.add_argument("--output-topic", default="user-totals")
-    parser.add_argument("--checkpoint-dir", required=True)
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--expected-events", type=int, required=True)
-    parser.add_argument("--max-per-batch", type=int, default=2000)
-    parser.add_argument("--materialization-interval", type=float, default=5.0)
-    parser.add_argument("--topic-prefix", default="clickstream")
+    parser = job_parser("the clickstream streaming query", "clickstream", "clicks",
+                        "user-totals", 2000)
     parser.add_argument("--vectorized", action="store_true",
                         help="run the vectorised function (update_users) instead of the "
                              "per-key one")
     parser.add_argument("--state-backend", choices=("memory", "rocksdb"), default=None,
                         help="the subtasks' working copy (default: StreamingStateConfig's)")
-    parser.add_argument("--local-state-dir", default=None,
-                        help="host-local state directory of the rocksdb backend (default: "
-                             "a temporary directory)")
-    parser.add_argument("--master", default=None,
-                        help="Spark master: local[n] (default local[max(2, parallelism)]) or "
-                             "spark://host:port")
-    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting for the session (repeatable)")
     args = parser.parse_args(argv)
-    spark_config = dict(item.split("=", 1) for item in args.spark_conf)
+    spark_config = spark_settings(args)
     settings = {"bootstrap.servers": args.bootstrap_servers}
-    config = StreamingStateConfig(
-        application=args.application, operator_id="user-sessions",
-        bootstrap_servers=args.bootstrap_servers, parallelism=args.parallelism,
-        changelog_topic=f"{args.topic_prefix}-changelog",
-        snapshot_topic=f"{args.topic_prefix}-snapshots",
-        checkpoint_topic=f"{args.topic_prefix}-checkpoints",
-        partitions=8, materialization_interval_s=args.materialization_interval,
-        local_state_dir=args.local_state_dir)
+    config = state_config(args, "user-sessions")
     if args.state_backend is not None:
         config = dataclasses.replace(config, state_backend=args.state_backend)
     summary = run_query(config, settings, args.input_topic, args.output_topic,

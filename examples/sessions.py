@@ -17,7 +17,6 @@ which is what the tests hold the job's outputs and state against.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -45,6 +44,7 @@ from spark_integration.streaming import (
 
 from .clickstream import ensure_topic, read_committed
 from .events import events
+from .job_options import job_parser, spark_settings, state_config
 
 #: Inactivity (event time) after which a session closes.
 GAP = dt.timedelta(minutes=30)
@@ -71,6 +71,17 @@ def clicks(count: int, users: int, first_seq: int = 0, seed: int = 7
     chosen = list(events(first_seq + count, users, seed))[first_seq:]
     return [{"seq": e["seq"], "user": e["user"], "page": e["page"],
              "ts": event_time_of(e["seq"], users)} for e in chosen]
+
+
+def closing_clicks(before: list[dict[str, Any]], count: int, user: str = "night-owl"
+                   ) -> list[dict[str, Any]]:
+    """``count`` clicks of one more user, a second apart, from two gaps and an hour after
+    the last of ``before`` on: once they are read, the watermark (lateness under an hour)
+    passes the end of every session of ``before``, and their timers close them."""
+    first = max(c["ts"] for c in before) + 2 * GAP_MS + 3_600_000
+    seq = max(c["seq"] for c in before) + 1
+    return [{"seq": seq + i, "user": user, "page": "home", "ts": first + i * 1_000}
+            for i in range(count)]
 
 
 def produce_clicks(settings: dict[str, Any], topic: str, rows: Iterable[dict[str, Any]],
@@ -163,7 +174,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               max_per_batch: int, lateness: dt.timedelta, timeout_s: float = 600.0,
               listener: BatchListener | None = None,
               task_listener: TaskListener | None = None,
-              master: str | None = None, update: StatefulFunction = update_session,
+              master: str | None = None, spark_config: dict[str, str] | None = None,
+              update: StatefulFunction = update_session,
               on_timer: TimerFunction = close_session) -> dict[str, Any]:
     """Run the query until ``expected_events`` clicks were read (counting from the
     input topic's start); a summary of the run. ``update`` and ``on_timer`` are the
@@ -177,7 +189,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
 
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)
-    spark = spark_session(master or f"local[{parallelism}]", "sessions", parallelism)
+    spark = spark_session(master or f"local[{parallelism}]", "sessions", parallelism,
+                          spark_config)
     processor = stateful_foreach_batch(
         config, update, "user", OUTPUT_SCHEMA,
         sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["ts"],
@@ -220,34 +233,17 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
          on_timer: TimerFunction = close_session) -> int:
     """Run the query in this process (tests run it as a child they can kill -9, some
     with functions of their own: see :func:`run_query`)."""
-    parser = argparse.ArgumentParser(description="the sessions streaming query")
-    parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--application", default="sessions")
-    parser.add_argument("--input-topic", default="clicks-with-time")
-    parser.add_argument("--output-topic", default="sessions")
-    parser.add_argument("--checkpoint-dir", required=True)
-    parser.add_argument("--parallelism", type=int, default=2)
-    parser.add_argument("--expected-events", type=int, required=True)
-    parser.add_argument("--max-per-batch", type=int, default=500)
+    parser = job_parser("the sessions streaming query", "sessions", "clicks-with-time",
+                        "sessions", 500)
     parser.add_argument("--lateness-minutes", type=float, default=5.0)
-    parser.add_argument("--topic-prefix", default="sessions")
-    parser.add_argument("--local-state-dir", default=None)
-    parser.add_argument("--master", default=None,
-                        help="Spark master (default local[max(2, parallelism)])")
     args = parser.parse_args(argv)
-    config = StreamingStateConfig(
-        application=args.application, operator_id="sessions",
-        bootstrap_servers=args.bootstrap_servers, parallelism=args.parallelism,
-        changelog_topic=f"{args.topic_prefix}-changelog",
-        snapshot_topic=f"{args.topic_prefix}-snapshots",
-        checkpoint_topic=f"{args.topic_prefix}-checkpoints", partitions=8,
-        materialization_interval_s=5.0, local_state_dir=args.local_state_dir)
+    config = state_config(args, "sessions")
     summary = run_query(config, {"bootstrap.servers": args.bootstrap_servers},
                         args.input_topic, args.output_topic, args.checkpoint_dir,
                         args.expected_events, args.max_per_batch,
                         dt.timedelta(minutes=args.lateness_minutes),
                         listener=listener, task_listener=task_listener, master=args.master,
-                        update=update, on_timer=on_timer)
+                        spark_config=spark_settings(args), update=update, on_timer=on_timer)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -1,15 +1,22 @@
 """The main job: a clickstream through Spark Structured Streaming with exactly-once state.
 
 1. Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` or starts a local Apache Kafka.
-2. Writes a clickstream (JSON events keyed by user) to an input topic.
-3. Runs the streaming query (``examples.clickstream``: input read with Spark's
-   Kafka connector, ``format("kafka")``) at parallelism 2, keeping per-user state (event
-   count, running total, count per kind, last pages) with kafka-changelog, and kills its
-   driver with SIGKILL once two checkpoints are committed.
-4. Restarts it at parallelism 3 until every event is processed.
-5. Reads the state back with the Spark reader (``format("kafka-changelog")``, mode
-   ``state``) and checks it equals the state computed directly from all input events,
-   and that the output topic holds every batch's outputs exactly once.
+2. Writes a clickstream (JSON events keyed by user) to an input topic, and the same clicks
+   with event times to a second one.
+3. Runs two streaming queries side by side (input read with Spark's Kafka connector,
+   ``format("kafka")``) at parallelism 2: the clickstream (``examples.clickstream``:
+   per-user event count, running total, count per kind, last pages) and the sessions
+   (``examples.sessions``: a session closes 30 minutes of event time after a user's last
+   click, by an event-time timer, and its summary is written out; a TTL'd list of each
+   user's recent pages). Each driver is killed with SIGKILL once its application
+   committed two checkpoints.
+4. Restarts both at parallelism 3 until every event is processed: state and timers follow
+   their key groups.
+5. Reads both states back with the Spark reader (``format("kafka-changelog")``, mode
+   ``state``) and checks them against the input: the clickstream's state equals the state
+   computed from all events, its output topic holds every batch's outputs exactly once;
+   the session summaries written out plus the sessions still open in the state are
+   exactly the sessions of the clicks, each once.
 
 Spark runs in ``local[2]`` (``local[3]`` for the restart) unless ``--master
 spark://host:port`` names a cluster, or ``--cluster local`` starts a standalone
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
@@ -35,11 +43,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
+
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 
 from .changelog_demo import broker, progress
 from .clickstream import expected_state, output_problems, produce_events, read_outputs
 from .events import events
+from .sessions import clicks, closing_clicks, expected_sessions, produce_clicks, read_sessions
 
 say = progress
 
@@ -73,72 +84,130 @@ def spark_engine(master: str | None, cluster: str | None,
     say("Spark cluster stopped")
 
 
+@dataclass(frozen=True)
+class Job:
+    """One of the demo's two streaming queries: its module and its topics (by run id)."""
+
+    module: str
+    suffix: str
+    input_topic: str
+    output_topic: str
+    #: The job's own options.
+    options: tuple[str, ...] = ()
+
+    def application(self, run: str) -> str:
+        return f"{run}{self.suffix}"
+
+
+#: Per-user totals, kinds and last pages (examples.clickstream).
+CLICKSTREAM = Job("examples.clickstream", "", "clicks", "totals")
+#: Event-time sessions closed by timers, a TTL'd list of recent pages (examples.sessions).
+SESSIONS = Job("examples.sessions", "-sessions", "clicks-time", "sessions")
+
+
 def job_command(servers: str, run: str, checkpoint_dir: str, parallelism: int, count: int,
-                per_batch: int, spark: Spark | None = None) -> list[str]:
+                per_batch: int, spark: Spark | None = None, job: Job = CLICKSTREAM
+                ) -> list[str]:
     spark = spark or Spark()
     engine = ["--master", spark.master] if spark.master else []
     for key, value in spark.config.items():
         engine += ["--spark-conf", f"{key}={value}"]
-    return [sys.executable, "-m", "examples.clickstream",
-            "--bootstrap-servers", servers, "--application", run,
-            "--input-topic", f"{run}-clicks", "--output-topic", f"{run}-totals",
-            "--topic-prefix", run, "--checkpoint-dir", checkpoint_dir,
+    app = job.application(run)
+    return [sys.executable, "-m", job.module,
+            "--bootstrap-servers", servers, "--application", app,
+            "--input-topic", f"{run}-{job.input_topic}",
+            "--output-topic", f"{run}-{job.output_topic}",
+            "--topic-prefix", app, "--checkpoint-dir", checkpoint_dir,
             "--parallelism", str(parallelism), "--expected-events", str(count),
-            "--max-per-batch", str(per_batch), "--materialization-interval", "3", *engine]
+            "--max-per-batch", str(per_batch), "--materialization-interval", "3",
+            *job.options, *engine]
 
 
-def checkpoint_ids(store: KafkaCheckpointStore, run: str) -> list[int]:
-    return store.checkpoint_ids(run)
+def checkpoint_ids(store: KafkaCheckpointStore, application: str) -> list[int]:
+    return store.checkpoint_ids(application)
+
+
+def kill_after_two_checkpoints(children: dict[Job, subprocess.Popen[Any]],
+                               stores: dict[Job, KafkaCheckpointStore], run_id: str) -> None:
+    """SIGKILL each child once its application committed two checkpoints."""
+    started = time.monotonic()
+    alive = dict(children)
+    while alive:
+        time.sleep(0.5)
+        for job, child in list(alive.items()):
+            ids = checkpoint_ids(stores[job], job.application(run_id))
+            if child.poll() is not None:
+                del alive[job]
+            elif len(ids) >= 2:
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait()
+                del alive[job]
+                say(f"killed the {job.module} driver (kill -9) after checkpoints {ids}")
+        if alive and time.monotonic() - started > 600:
+            for child in alive.values():
+                child.kill()
+            raise TimeoutError("run 1 committed no two checkpoints within 600 s")
 
 
 def run(count: int, users: int, per_batch: int, spark: Spark | None = None,
         keep_broker: bool = False) -> int:
     """The whole demo; returns the exit code (``keep_broker``: see ``--keep-broker``)."""
     spark = spark or Spark()
+    jobs = (CLICKSTREAM, SESSIONS)
     with broker(keep_broker) as settings:
         servers = settings["bootstrap.servers"]
         run_id = f"demo-{uuid.uuid4().hex[:6]}"
-        say(f"writing {count} click events of {users} users to topic {run_id}-clicks ...")
+        say(f"writing {count} click events of {users} users to topic {run_id}-clicks, and "
+            f"with event times to {run_id}-clicks-time ...")
         produce_events(settings, f"{run_id}-clicks", count, users)
-        checkpoint_dir = tempfile.mkdtemp(prefix="kafka-changelog-demo-")
-        store = KafkaCheckpointStore(CheckpointStoreConfig(
-            bootstrap_servers=servers, topic=f"{run_id}-checkpoints",
-            client_config={k: v for k, v in settings.items() if k != "bootstrap.servers"}))
+        # Then one more user's clicks, later in event time: in the batches that read them,
+        # the watermark passes every open session, and event-time timers close them.
+        all_clicks = clicks(count, users)
+        all_clicks += closing_clicks(all_clicks, 2 * per_batch)
+        # One partition: the clicks are read in event-time order, so none is later than
+        # the allowed lateness (Spark's Kafka source does not read partitions in step).
+        produce_clicks(settings, f"{run_id}-clicks-time", all_clicks, partitions=1)
+        client_config = {k: v for k, v in settings.items() if k != "bootstrap.servers"}
+        stores = {job: KafkaCheckpointStore(CheckpointStoreConfig(
+            bootstrap_servers=servers, topic=f"{job.application(run_id)}-checkpoints",
+            client_config=client_config)) for job in jobs}
+        directories = {job: tempfile.mkdtemp(prefix="kafka-changelog-demo-") for job in jobs}
+
+        def start(job: Job, parallelism: int, output: int | None) -> subprocess.Popen[Any]:
+            expected = len(all_clicks) if job is SESSIONS else count
+            command = job_command(servers, run_id, directories[job], parallelism, expected,
+                                  per_batch, spark, job)
+            return subprocess.Popen(command, stdout=output, stderr=subprocess.DEVNULL,
+                                    text=True)
+
         try:
-            say(f"run 1: streaming query at parallelism 2 on {spark.describe()}; it will be "
-                "killed with SIGKILL")
-            child = subprocess.Popen(job_command(servers, run_id, checkpoint_dir, 2, count,
-                                                 per_batch, spark), stderr=subprocess.DEVNULL)
-            started = time.monotonic()
-            while len(checkpoint_ids(store, run_id)) < 2 and child.poll() is None:
-                time.sleep(0.5)
-                if time.monotonic() - started > 600:
-                    child.kill()
-                    raise TimeoutError("run 1 committed no two checkpoints within 600 s")
-            if child.poll() is None:
-                os.kill(child.pid, signal.SIGKILL)
-                child.wait()
-                say(f"killed the driver (kill -9) after checkpoints "
-                    f"{checkpoint_ids(store, run_id)}")
-            say("run 2: restart at parallelism 3: state follows the key groups")
+            say(f"run 1: the clickstream and the sessions queries at parallelism 2 on "
+                f"{spark.describe()}; each will be killed with SIGKILL")
+            kill_after_two_checkpoints({job: start(job, 2, subprocess.DEVNULL) for job in jobs},
+                                       stores, run_id)
+            say("run 2: both restart at parallelism 3: state and timers follow the key groups")
             restarted = time.monotonic()
-            done = subprocess.run(job_command(servers, run_id, checkpoint_dir, 3, count,
-                                              per_batch, spark), stderr=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, text=True, check=False)
+            children = {job: start(job, 3, subprocess.PIPE) for job in jobs}
+            summary = {}
+            for job, child in children.items():
+                out, _ = child.communicate()
+                if child.returncode != 0:
+                    say(f"FAIL: run 2 of {job.module} exited with {child.returncode}")
+                    return 1
+                summary[job] = json.loads(out.strip().splitlines()[-1])
             run2_s = time.monotonic() - restarted
-            if done.returncode != 0:
-                say(f"FAIL: run 2 exited with {done.returncode}")
-                return 1
-            summary = json.loads(done.stdout.strip().splitlines()[-1])
-            latest = store.latest(run_id)
-            assert latest is not None
-            retained = checkpoint_ids(store, run_id)
+            latest = {job: stores[job].latest(job.application(run_id)) for job in jobs}
+            retained = checkpoint_ids(stores[CLICKSTREAM], run_id)
         finally:
-            store.close()
+            for store in stores.values():
+                store.close()
         say("reading the state back with spark.read.format('kafka-changelog') ...")
         read_started = time.monotonic()
-        state = read_state(settings, run_id, latest.checkpoint_id, spark)
+        rows = read_states(settings, {job.application(run_id): checkpoint.checkpoint_id
+                                      for job, checkpoint in latest.items()
+                                      if checkpoint is not None}, spark)
         read_s = time.monotonic() - read_started
+        state = clickstream_state(rows[CLICKSTREAM.application(run_id)])
         expected = expected_state(events(count, users))
         if state != expected:
             wrong = [u for u in expected if state.get(u) != expected[u]]
@@ -153,36 +222,73 @@ def run(count: int, users: int, per_batch: int, spark: Spark | None = None,
         output_batches = len({batch for batch, *_ in outputs})
         say(f"output topic {run_id}-totals: {len(outputs)} records of {output_batches} "
             "batches, each batch's exactly once, the last totals equal the state")
+        session_rows = rows[SESSIONS.application(run_id)]
+        closed = sorted((user, first, last, n) for _, user, first, last, n
+                        in read_sessions(settings, f"{run_id}-sessions"))
+        still_open = open_sessions(session_rows)
+        sessions = expected_sessions(all_clicks)
+        found = sorted(closed + still_open)
+        if found != sessions:
+            missing = sorted(set(sessions) - set(found))
+            unexpected = sorted(set(found) - set(sessions))
+            say(f"FAIL: {len(closed)} sessions in {run_id}-sessions and {len(still_open)} open "
+                f"in the state are not the {len(sessions)} sessions of the clicks: missing "
+                f"{missing[:3]} ({len(missing)}), not expected {unexpected[:3]} "
+                f"({len(unexpected)}); late clicks dropped in run 2: "
+                f"{summary[SESSIONS]['late_rows']}")
+            return 1
+        say(f"sessions: {len(closed)} closed (by their event-time timers or a later click) "
+            f"written exactly once to {run_id}-sessions, {len(still_open)} open in the state: "
+            f"exactly the {len(sessions)} sessions of the clicks")
+        recent = session_rows[session_rows["state"] == "recent_pages"]
         print()
         print("=== kafka-changelog streaming demo ===")
         print(f"events              {count} from {users} users, read with Spark's "
               "format('kafka')")
         print(f"spark               {spark.describe()}")
-        print(f"checkpoints         latest {latest.checkpoint_id} of {len(latest.subtasks)} "
-              f"subtasks; retained {retained} (older ones garbage-collected)")
-        print(f"run 2               {summary['batches']} batches in {run2_s:.1f} s (Spark "
-              "start included) after a kill -9 and a rescale 2 -> 3")
-        restore = (f"{summary['restore_s']:.2f} s" if summary["restore_s"] is not None
-                   else "none (no checkpoint yet)")
+        clickstream_latest = latest[CLICKSTREAM]
+        assert clickstream_latest is not None
+        print(f"checkpoints         latest {clickstream_latest.checkpoint_id} of "
+              f"{len(clickstream_latest.subtasks)} subtasks; retained {retained} (older ones "
+              "garbage-collected)")
+        print(f"run 2               {summary[CLICKSTREAM]['batches']} batches in {run2_s:.1f} s "
+              "(Spark start included) after a kill -9 and a rescale 2 -> 3")
+        restore = (f"{summary[CLICKSTREAM]['restore_s']:.2f} s"
+                   if summary[CLICKSTREAM]["restore_s"] is not None else "none (no checkpoint yet)")
         print(f"restore after kill  {restore} (slowest subtask: snapshot + changelog tail, "
               "at the new parallelism)")
-        print(f"materializations    {summary['materializations']} snapshots in run 2's "
-              "checkpoints, made while the query ran")
-        print(f"spark state read    {read_s:.1f} s")
+        print(f"materializations    {summary[CLICKSTREAM]['materializations']} snapshots in run "
+              "2's checkpoints, made while the query ran")
+        print(f"spark state read    {read_s:.1f} s (both applications)")
         print(f"outputs             {len(outputs)} records of {output_batches} batches in "
               f"{run_id}-totals, committed with their checkpoints (exactly once)")
+        print(f"sessions            {len(closed)} closed, {len(still_open)} open; run 2 fired "
+              f"{summary[SESSIONS]['timers_fired']} event-time timers, watermark now "
+              f"{_utc(summary[SESSIONS]['watermarks'][-1])}")
+        if len(recent):
+            print(f"recent pages (TTL)  {len(recent)} entries, each expiring 10 minutes after "
+                  f"it was written (the first at {recent['expires_at'].min()} UTC)")
         print("look at the changelog and the outputs with kcat:")
         print(f"  kcat -C -b {servers} -t {run_id}-changelog -o beginning -e -c 5 "
               "-f '%p@%o key=%k headers=%h\\n'")
         print(f"  kcat -C -b {servers} -t {run_id}-totals -o beginning -e -c 5 "
               "-f 'batch %h: %s\\n'")
+        print(f"  kcat -C -b {servers} -t {run_id}-sessions -o beginning -e -c 5 -f '%s\\n'")
         print(f"  kafka-changelog -b {servers} topics --topic {run_id}-changelog")
     return 0
 
 
-def read_state(settings: dict[str, Any], run_id: str, checkpoint_id: int,
-               engine: Spark | None = None) -> dict[str, dict[str, Any]]:
-    """Per-user state from the Spark reader, shaped like :func:`expected_state`."""
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "none yet"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def read_states(settings: dict[str, Any], checkpoints: dict[str, int],
+                engine: Spark | None = None) -> dict[str, pd.DataFrame]:
+    """Each application's state rows at its checkpoint, read with the Spark reader
+    (``format("kafka-changelog")``, mode ``state``; the topics named after the
+    application)."""
     from spark_integration.datasource import register
     from spark_integration.session import spark_session
 
@@ -191,16 +297,25 @@ def read_state(settings: dict[str, Any], run_id: str, checkpoint_id: int,
                           engine.config)
     try:
         register(spark)
-        reader = spark.read.format("kafka-changelog").option("mode", "state") \
-            .option("application", run_id).option("checkpoint", str(checkpoint_id)) \
-            .option("changelog.topic", f"{run_id}-changelog") \
-            .option("snapshot.topic", f"{run_id}-snapshots") \
-            .option("checkpoint.topic", f"{run_id}-checkpoints")
-        for key, value in settings.items():
-            reader = reader.option(f"kafka.{key}", str(value))
-        rows = reader.load().toPandas()
+        found = {}
+        for application, checkpoint_id in checkpoints.items():
+            reader = spark.read.format("kafka-changelog").option("mode", "state") \
+                .option("application", application) \
+                .option("checkpoint", str(checkpoint_id)) \
+                .option("changelog.topic", f"{application}-changelog") \
+                .option("snapshot.topic", f"{application}-snapshots") \
+                .option("checkpoint.topic", f"{application}-checkpoints")
+            for key, value in settings.items():
+                reader = reader.option(f"kafka.{key}", str(value))
+            found[application] = reader.load().toPandas()
+        return found
     finally:
         spark.stop()
+
+
+def clickstream_state(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per-user state of the clickstream job from its state rows, shaped like
+    :func:`~examples.clickstream.expected_state`."""
     users: dict[str, dict[str, Any]] = {}
     for row in rows.sort_values(["state", "key", "list_index"], na_position="first") \
             .itertuples(index=False):
@@ -216,6 +331,16 @@ def read_state(settings: dict[str, Any], run_id: str, checkpoint_id: int,
         elif row.state == "last_pages":
             s["last_pages"].append(row.value_decoded)
     return users
+
+
+def open_sessions(rows: pd.DataFrame) -> list[tuple[str, int, int, int]]:
+    """The sessions job's open sessions in its state rows: (user, start, end, clicks)."""
+    fields: dict[str, dict[str, int]] = {}
+    for row in rows[rows["state"].isin(["session_start", "session_last", "session_clicks"])] \
+            .itertuples(index=False):
+        fields.setdefault(bytes(row.key).decode(), {})[row.state] = int(row.value_decoded)
+    return sorted((user, f["session_start"], f["session_last"], f["session_clicks"])
+                  for user, f in fields.items())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -22,8 +23,14 @@ def run_demo(kafka_cluster: Any, *extra: str) -> str:
         env=env, capture_output=True, text=True, timeout=900, preexec_fn=die_with_parent(),
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "killed the driver (kill -9)" in done.stdout
+    for job in ("clickstream", "sessions"):
+        assert f"killed the examples.{job} driver (kill -9)" in done.stdout
     assert "state of all 40 users equals the state computed from the events" in done.stdout
+    # Every session of the clicks, closed ones written exactly once (most by timers).
+    assert re.search(r"sessions: \d+ closed .* 1 open in the state: exactly the \d+ "
+                     r"sessions of the clicks", done.stdout), done.stdout[-3000:]
+    fired = re.search(r"run 2 fired (\d+) event-time timers", done.stdout)
+    assert fired is not None and int(fired.group(1)) >= 40, done.stdout[-3000:]
     assert "=== kafka-changelog streaming demo ===" in done.stdout
     return done.stdout
 
