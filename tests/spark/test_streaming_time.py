@@ -424,3 +424,47 @@ def test_with_ticks_a_query_whose_input_pauses_fires_processing_time_timers(
                for m in r.subtask_metrics.values())
     assert sum(m.rows_in for m in quiet.subtask_metrics.values()) == 0
     assert len(outputs) == 4  # each reminder exactly once, nothing from later batches
+
+
+def test_the_tester_runs_the_demos_session_function_as_a_streaming_run_does(
+    spark: Any, kafka_cluster: Any, prefix: str
+) -> None:
+    """The main job's sessions (``examples.sessions``) batch by batch, in the tester and
+    in a streaming run on the same input: the same outputs per batch, and together with
+    the sessions left open, every session of the clicks."""
+    from examples import sessions
+
+    frames = []
+    all_clicks = sessions.clicks(240, 12)
+    all_clicks += sessions.closing_clicks(all_clicks, 60)
+    for first in range(0, len(all_clicks), 60):
+        frame = pd.DataFrame(all_clicks[first:first + 60])[["user", "seq", "ts", "page"]]
+        frame["event_time"] = pd.to_datetime(frame["ts"], unit="ms", utc=True)
+        frames.append(frame)
+    frames.append(frames[0].iloc[0:0])  # no rows: the closing clicks' watermark fires timers
+    event_time = EventTime.of("event_time", dt.timedelta(minutes=5))
+    config = app_config(kafka_cluster, prefix)
+    schema = ("user string, seq long, ts long, page string, event_time timestamp")
+    with stateful_foreach_batch(config, sessions.update_session, "user",
+                                sessions.OUTPUT_SCHEMA, on_timer=sessions.close_session,
+                                order_by=["ts"], event_time=event_time,
+                                clock=Clock()) as processor:
+        streamed = run(processor, [spark.createDataFrame(f, schema) for f in frames])
+        fired = sum(m.timers_fired for r in processor.reports
+                    for m in r.subtask_metrics.values())
+    with StatefulTester(sessions.update_session, "user", ["user", "start", "end", "clicks"],
+                        on_timer=sessions.close_session, order_by=["ts"],
+                        event_time=event_time, start=T0) as tester:
+        tested = {batch_id: sorted(tester.run(frame), key=lambda r: r["user"])
+                  for batch_id, frame in enumerate(frames)}
+        still_open = [(user, tester.state(user, sessions.START).value(),
+                       tester.state(user, sessions.LAST).value(),
+                       tester.state(user, sessions.CLICKS).value())
+                      for user in sorted({c["user"] for c in all_clicks})
+                      if tester.state(user, sessions.START).value() is not None]
+    assert tested == {b: sorted(rows, key=lambda r: r["user"]) for b, rows in streamed.items()}
+    closed = [(r["user"], r["start"], r["end"], r["clicks"]) for rows in tested.values()
+              for r in rows]
+    assert sorted(closed + still_open) == sessions.expected_sessions(all_clicks)
+    assert still_open == [("night-owl", all_clicks[-60]["ts"], all_clicks[-1]["ts"], 60)]
+    assert fired >= 12  # the closing clicks' watermark closed every user's last session
