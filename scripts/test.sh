@@ -15,7 +15,9 @@ brokers() { pgrep -f 'kafka-changelog.*kafka\.Kafka' | sort || true; }
 spark_processes() { pgrep -f 'kafka-changelog-spark-cluster|pyspark\.daemon' | sort || true; }
 before=$(brokers)
 spark_before=$(spark_processes)
-.venv/bin/pytest -q "$@"
+# Two test workers (pytest-xdist; TEST_WORKERS=0 runs them in this process, one by one):
+# every worker starts its own brokers and Spark, so the tests share nothing between them.
+.venv/bin/pytest -q -n "${TEST_WORKERS:-2}" "$@"
 # Every broker the tests started must be gone (allow a few seconds for the last kill). A
 # broker the tests left behind has lost its parent (pytest has exited); brokers of other
 # programs running on the machine still have theirs and are not counted.
