@@ -297,7 +297,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
         spark.stop()
     restores = [max(r.restore_s.values()) for r in processor.reports if r.restore_s]
     materialized = {m for r in processor.reports for m in r.materializations.values() if m}
-    return {"batches": len(processor.reports),
+    return {"batches": processor.batches_run,
             # Slowest subtask restore of the first batch (backends restored from Kafka).
             "restore_s": round(restores[0], 3) if restores else None,
             # Distinct materializations whose snapshots the run's checkpoints refer to.

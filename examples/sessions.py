@@ -220,7 +220,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     finally:
         query.stop()
         spark.stop()
-    return {"batches": len(processor.reports),
+    return {"batches": processor.batches_run,
             "late_rows": sum(m.late_rows for r in processor.reports
                              for m in r.subtask_metrics.values()),
             "timers_fired": sum(m.timers_fired for r in processor.reports

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -107,6 +108,10 @@ class StatefulProcessor:
     reaches them, and rows before the watermark follow ``EventTime.late_rows``.
     ``clock`` gives new batches their processing time (default: the wall clock; a test
     may drive time by hand).
+
+    :attr:`reports` keeps the :class:`BatchReport` of the last ``reports_kept`` batches
+    of this driver (oldest first; a query that runs for months keeps a bounded window);
+    :attr:`batches_run` counts them all.
     """
 
     def __init__(
@@ -123,7 +128,10 @@ class StatefulProcessor:
         on_timer: TimerFunction | VectorizedTimerFunction | None = None,
         event_time: EventTime | None = None,
         clock: Callable[[], int] = wall_clock_ms,
+        reports_kept: int = 1000,
     ) -> None:
+        if reports_kept < 1:
+            raise ValueError(f"reports_kept must be at least 1, got {reports_kept}")
         self.config = config
         #: Where new batches take their processing time from (ms since the epoch).
         self.clock = clock
@@ -139,7 +147,10 @@ class StatefulProcessor:
         self.order_by = tuple(order_by)
         self.listener = listener
         self.task_listener = task_listener
-        self.reports: list[BatchReport] = []
+        #: The reports of the last ``reports_kept`` batches, oldest first.
+        self.reports: deque[BatchReport] = deque(maxlen=reports_kept)
+        #: Batches this processor ran (its reports beyond the window included).
+        self.batches_run = 0
         self._struct: Any = None
         #: Whether this processor fenced its subtasks' transactional ids (once per process).
         self._fenced = False
@@ -302,6 +313,7 @@ class StatefulProcessor:
 
     def _report(self, report: BatchReport) -> None:
         self.reports.append(report)
+        self.batches_run += 1
         log_batch(report)
 
     def _output_struct(self, batch_df: Any) -> Any:
@@ -406,6 +418,7 @@ def stateful_foreach_batch(
     on_timer: TimerFunction | VectorizedTimerFunction | None = None,
     event_time: EventTime | None = None,
     clock: Callable[[], int] = wall_clock_ms,
+    reports_kept: int = 1000,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
@@ -416,7 +429,8 @@ def stateful_foreach_batch(
     cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
-                             task_listener, vectorized, on_timer, event_time, clock)
+                             task_listener, vectorized, on_timer, event_time, clock,
+                             reports_kept)
 
 
 __all__ = ["StatefulProcessor", "stateful_foreach_batch"]

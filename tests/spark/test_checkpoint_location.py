@@ -128,7 +128,7 @@ def refused(spark: Any, config: StreamingStateConfig, output_topic: str, batch: 
         with pytest.raises(error) as caught:
             processor(batch, 0)
         assert message in str(caught.value)
-    assert processor.reports == []
+    assert not processor.reports
     coordinator = WorkerResources.coordinator(config)
     try:
         assert coordinator.checkpoints.checkpoint_ids(config.application) == [1]

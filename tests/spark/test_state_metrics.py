@@ -130,3 +130,18 @@ def test_a_listener_gets_each_batch_report_with_sparks_progress(
     assert all(p.batchId == r.batch_id and str(p.id) == r.query_id for r, p in received)
     assert [sum(m.rows_in for m in r.subtask_metrics.values()) for r, _ in received] == [8] * 3
     assert [p.numInputRows for _, p in received] == [8] * 3
+
+
+def test_reports_are_kept_for_the_last_batches_only(spark: Any, kafka_cluster: Any) -> None:
+    """A query that runs for months keeps a bounded window of reports."""
+    config = config_for(kafka_cluster, f"window-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(ValueError, match="reports_kept must be at least 1, got 0"):
+        stateful_foreach_batch(config, per_user, "user", "user string, n long", reports_kept=0)
+    with stateful_foreach_batch(config, per_user, "user", "user string, n long",
+                                reports_kept=2) as processor:
+        for batch_id in range(3):
+            processor(spark.createDataFrame([("u", f"p{batch_id}")], "user string, page string"),
+                      batch_id)
+        assert [r.batch_id for r in processor.reports] == [1, 2]
+        assert [r.checkpoint_id for r in processor.reports] == [2, 3]
+        assert processor.batches_run == 3

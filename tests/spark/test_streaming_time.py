@@ -357,7 +357,7 @@ def test_an_event_time_column_that_is_missing_or_not_a_timestamp_is_refused(
                                     event_time=EventTime.of(column, 0)) as processor:
             with pytest.raises(EventTimeColumnError, match=message):
                 processor(frame, 0)
-            assert processor.reports == []
+            assert not processor.reports
 
 
 def test_an_event_time_timer_without_an_event_time_column_fails_the_batch(

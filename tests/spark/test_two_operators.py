@@ -122,7 +122,7 @@ def test_two_operators_under_one_application_are_refused_before_the_second_runs(
     assert OperatorMismatchError.__name__ in str(error)
     assert (f"application '{prefix}': checkpoint 1 holds the state of operator(s) "
             "['per-user'], not of operator 'per-page'") in str(error)
-    assert per_page.reports == []
+    assert not per_page.reports
     # The first operator's first batch stays committed, and nothing else.
     assert [(r.checkpoint_id, r.committed) for r in per_user.reports] == [(1, True)]
     users = Counter(e["user"] for e in all_events[:150])
