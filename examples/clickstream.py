@@ -280,7 +280,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
         while True:
             done = _processed_offsets(query)
             if progress:
-                print(f"\r[job] batches {len(processor.reports)}, events read "
+                print(f"\r[job] batches {processor.batches_run}, events read "
                       f"{done}/{expected_events}", end="", flush=True)
             if done >= expected_events:
                 break

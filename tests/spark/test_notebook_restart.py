@@ -52,9 +52,9 @@ def start(spark: Any, config: StreamingStateConfig, servers: str, input_topic: s
 
 def wait_for_batches(query: Any, processor: Any, count: int, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
-    while len(processor.reports) < count:
+    while processor.batches_run < count:
         assert query.exception() is None, query.exception()
-        assert time.monotonic() < deadline, f"{len(processor.reports)} batches in {timeout_s} s"
+        assert time.monotonic() < deadline, f"{processor.batches_run} batches in {timeout_s} s"
         time.sleep(0.1)
 
 

@@ -410,7 +410,7 @@ def test_with_ticks_a_query_whose_input_pauses_fires_processing_time_timers(
         clock.now = T0 + 16 * MINUTE
         wait_for(lambda: len(outputs) == 4, "reminders")
         reports = {r.batch_id: r for r in processor.reports}
-        wait_for(lambda: len(processor.reports) >= len(reports) + 2, "batches after them")
+        wait_for(lambda: processor.batches_run >= len(reports) + 2, "batches after them")
     finally:
         query.stop()
         processor.close()
