@@ -6,6 +6,7 @@ importing one another.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,9 +58,9 @@ class StreamingStateConfig:
     #: from Kafka). See docs/spark.md, "State backends". A :class:`BackendKind` or its
     #: value; a :class:`BackendKind` after construction.
     state_backend: BackendKind | str = BackendKind.ROCKSDB
-    #: Where "rocksdb" keeps the host-local subtask stores (None:
-    #: ``kafka-changelog-state`` under the system temp dir): an absolute path on a local
-    #: disk of every executor host.
+    #: Where "rocksdb" keeps the host-local subtask stores (None: the user's own
+    #: ``kafka-changelog-state-<uid>`` under the system temp dir): an absolute path on a
+    #: local disk of every executor host.
     local_state_dir: str | None = None
     #: RocksDB's settings for the "rocksdb" subtask stores (block cache, write buffers,
     #: compression...; default: :class:`RocksDBOptions`'s defaults, a 64 MiB block cache
@@ -77,9 +78,15 @@ class StreamingStateConfig:
                              f"{self.materialization_nice!r}")
 
     def local_state_root(self) -> Path:
-        """The host-local state directory of ``state_backend="rocksdb"``."""
-        return (Path(self.local_state_dir) if self.local_state_dir
-                else Path(tempfile.gettempdir()) / "kafka-changelog-state")
+        """The host-local state directory of ``state_backend="rocksdb"`` (its stores are
+        under ``<root>/<application>/<operator>``). The default is the user's own
+        (``kafka-changelog-state-<uid>`` in the temp dir, created readable by that user
+        only), so that two users' applications on one host never share a directory."""
+        if self.local_state_dir:
+            return Path(self.local_state_dir)
+        root = Path(tempfile.gettempdir()) / f"kafka-changelog-state-{os.getuid()}"
+        root.mkdir(mode=0o700, exist_ok=True)
+        return root
 
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""

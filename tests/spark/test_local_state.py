@@ -18,7 +18,11 @@ import pytest
 
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.state.local_store import SubtaskStore
-from spark_integration.streaming import StatefulProcessor, stateful_foreach_batch
+from spark_integration.streaming import (
+    StatefulProcessor,
+    StreamingStateConfig,
+    stateful_foreach_batch,
+)
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .local_state_job import COUNT, PAGES, config_of, per_user
@@ -190,3 +194,20 @@ def test_a_failed_batch_is_rolled_back_from_the_copy_kept_at_its_base(
         for store in stores:
             assert store.retained_checkpoints() == [p.reports[0].checkpoint_id,
                                                     p.reports[-1].checkpoint_id]
+
+
+def test_the_default_local_state_directory_is_the_users_own() -> None:
+    import os
+    import stat
+    import tempfile
+
+    config = StreamingStateConfig(application="app", operator_id="op",
+                                  bootstrap_servers="127.0.0.1:9", parallelism=1)
+    root = config.local_state_root()
+    assert root == Path(tempfile.gettempdir()) / f"kafka-changelog-state-{os.getuid()}"
+    assert root.is_dir() and root.stat().st_uid == os.getuid()
+    assert stat.S_IMODE(root.stat().st_mode) & 0o077 == 0  # no one else's to read or write
+    explicit = StreamingStateConfig(application="app", operator_id="op",
+                                    bootstrap_servers="127.0.0.1:9", parallelism=1,
+                                    local_state_dir="/mnt/ssd/state")
+    assert explicit.local_state_root() == Path("/mnt/ssd/state")
