@@ -55,3 +55,38 @@ def test_stateful_batches_run_one_partition_per_subtask(spark: Any, kafka_cluste
     got = {row.user: (row.events, row.spent) for row in outputs[1].itertuples()}
     assert got == {u: (want[u]["events"], want[u]["spent"])
                    for u in {e["user"] for e in all_events[350:]}}
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_rescaling_beyond_the_changelog_partitions_keeps_state_exact(
+    spark: Any, kafka_cluster: Any, backend: str, tmp_path: Any
+) -> None:
+    """A changelog topic of 2 partitions, parallelism 2 -> 5 -> 3: more subtasks than
+    partitions write and restore through shared partitions; every batch's totals cover
+    every event before it."""
+    prefix = f"beyond-{uuid.uuid4().hex[:8]}"
+    all_events = list(events(900, 40))
+    chunks = [all_events[i:i + 150] for i in range(0, 900, 150)]
+    outputs: dict[int, pd.DataFrame] = {}
+    batch_id = 0
+    for parallelism, count in [(2, 2), (5, 2), (3, 2)]:
+        config = StreamingStateConfig(
+            application=prefix, operator_id="user-sessions",
+            bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=parallelism,
+            changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
+            checkpoint_topic=f"{prefix}-checkpoints", partitions=2,
+            materialization_interval_s=0.0 if parallelism == 5 else None,
+            state_backend=backend, local_state_dir=str(tmp_path))
+        with stateful_foreach_batch(
+                config, update_user, "user", OUTPUT_SCHEMA, order_by=["seq"],
+                sink=lambda frame, b: outputs.__setitem__(b, frame.toPandas())) as processor:
+            for _ in range(count):
+                processor(spark.createDataFrame(pd.DataFrame(chunks[batch_id])), batch_id)
+                batch_id += 1
+        assert [len(r.subtask_partitions) for r in processor.reports] == [parallelism] * count
+    for b, chunk in enumerate(chunks):
+        want = expected_state(iter(all_events[:150 * (b + 1)]))
+        got = {row.user: (row.events, row.spent) for row in outputs[b].itertuples()}
+        assert got == {u: (want[u]["events"], want[u]["spent"])
+                       for u in {e["user"] for e in chunk}}, f"batch {b}"
