@@ -23,6 +23,7 @@ its outputs are given again (make the function idempotent per batch id, as with 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 from collections import deque
@@ -89,8 +90,11 @@ class StatefulProcessor:
     output row goes through the driver) or a function ``sink(df, batch_id)`` called
     with every batch's outputs as a DataFrame after the checkpoint committed (the
     tasks' results are kept by Spark, so handing them over runs no stateful task again;
-    at least once: a batch Spark runs again after a crash gives its outputs again; make
-    it idempotent per batch id). ``listener`` hears the batch's progress on the driver
+    at least once: a batch Spark runs again after a crash gives its outputs again). A
+    sink function with a ``checkpoint_id`` parameter is also given the batch's checkpoint
+    id, keyword: unique per application and the same when a batch runs again, unlike
+    Spark's batch id, which starts at 0 again with a new ``checkpointLocation``; make the
+    sink idempotent per checkpoint id. ``listener`` hears the batch's progress on the driver
     (:data:`BatchListener`), ``task_listener`` each task's (:data:`TaskListener`).
 
     With ``vectorized=True``, ``fn(rows, state)`` is called once per subtask per batch
@@ -120,7 +124,7 @@ class StatefulProcessor:
         fn: StatefulFunction | VectorizedFunction,
         key_column: str | Sequence[str],
         output_schema: str,
-        sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
+        sink: Callable[..., None] | KafkaOutputSink | None = None,
         order_by: Iterable[str] = (),
         listener: BatchListener | None = None,
         task_listener: TaskListener | None = None,
@@ -144,6 +148,7 @@ class StatefulProcessor:
             raise ValueError("key_column must name at least one column")
         self.output_schema = output_schema
         self.sink = sink
+        self._sink_takes_checkpoint_id = takes_checkpoint_id(sink)
         self.order_by = tuple(order_by)
         self.listener = listener
         self.task_listener = task_listener
@@ -302,7 +307,10 @@ class StatefulProcessor:
         if sink is not None and not isinstance(sink, KafkaOutputSink):
             outputs = result.where(F.col(HANDLE_COLUMN).isNull()).drop(
                 SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN)
-            sink(outputs, batch_id)
+            if self._sink_takes_checkpoint_id:
+                sink(outputs, batch_id, checkpoint_id=plan.checkpoint_id)
+            else:
+                sink(outputs, batch_id)
         self._report(BatchReport(
             batch_id, plan.checkpoint_id, plan.base, plan.commit,
             sum(m.rows_out for m in metrics.values()), time.monotonic() - started, task_s,
@@ -386,6 +394,16 @@ def _query_id(batch_df: Any) -> str:
 
 
 
+def takes_checkpoint_id(sink: object) -> bool:
+    """Whether a sink function has a ``checkpoint_id`` parameter (it is then given it)."""
+    if sink is None or isinstance(sink, KafkaOutputSink):
+        return False
+    try:
+        return "checkpoint_id" in inspect.signature(sink).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # a callable without a signature (a builtin)
+        return False
+
+
 def _assigned_handles(coordinator: CheckpointCoordinator, config: StreamingStateConfig,
                       base: int | None) -> dict[int, list[KeyedStateHandle]]:
     """Per subtask of ``config.parallelism``, the keyed state handles of checkpoint ``base``
@@ -410,7 +428,7 @@ def stateful_foreach_batch(
     fn: StatefulFunction | VectorizedFunction,
     key_column: str | Sequence[str],
     output_schema: str,
-    sink: Callable[[Any, int], None] | KafkaOutputSink | None = None,
+    sink: Callable[..., None] | KafkaOutputSink | None = None,
     order_by: Iterable[str] = (),
     listener: BatchListener | None = None,
     task_listener: TaskListener | None = None,

@@ -41,11 +41,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
 def run_query(spark: Any, config: StreamingStateConfig, output_topic: str, input_dir: Path,
-              checkpoint_location: Path) -> list[BatchReport]:
-    """Process every file of ``input_dir`` (one file per batch) and stop."""
+              checkpoint_location: Path, sink: Any = None) -> list[BatchReport]:
+    """Process every file of ``input_dir`` (one file per batch) and stop (outputs to
+    ``output_topic``, or to ``sink``)."""
     processor = stateful_foreach_batch(
         config, update_user, "user", OUTPUT_SCHEMA,
-        sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
+        sink=sink or KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
     query = (spark.readStream.schema(f"user string, {EVENT_SCHEMA}")
              .option("maxFilesPerTrigger", 1).json(str(input_dir))
              .writeStream.foreachBatch(processor)
@@ -105,6 +106,28 @@ def test_a_fresh_checkpoint_location_continues_the_application(
     outputs = read_outputs(kafka_cluster.client_config(), output_topic)
     assert output_problems(outputs, expected) == []
     assert sorted({checkpoint for checkpoint, *_ in outputs}) == [1, 2, 3]
+
+
+def test_a_sink_function_is_given_checkpoint_ids_unique_across_checkpoint_locations(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    """Spark's batch ids start at 0 again with a new checkpointLocation; the checkpoint id
+    a sink function asks for does not, so the sink can be idempotent per checkpoint."""
+    config = app_config(kafka_cluster, f"sinkid-{uuid.uuid4().hex[:8]}")
+    all_events = list(events(150, 12))
+    write_batches(tmp_path / "in-1", [all_events[:50], all_events[50:100]])
+    write_batches(tmp_path / "in-2", [all_events[100:]])
+    given: list[tuple[int, int, int]] = []
+
+    def sink(outputs: Any, batch_id: int, checkpoint_id: int) -> None:
+        given.append((batch_id, checkpoint_id, outputs.count()))
+
+    run_query(spark, config, "", tmp_path / "in-1", tmp_path / "chk-1", sink=sink)
+    run_query(spark, config, "", tmp_path / "in-2", tmp_path / "chk-2", sink=sink)
+    WorkerResources.release(config)
+    users = [len({e["user"] for e in chunk})
+             for chunk in (all_events[:50], all_events[50:100], all_events[100:])]
+    assert given == [(0, 1, users[0]), (1, 2, users[1]), (0, 3, users[2])]
 
 
 def one_committed_batch(spark: Any, kafka_cluster: Any, tmp_path: Path, prefix: str
