@@ -17,10 +17,12 @@ from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
 from ..gc_types import LogFloor
 from ..state.checkpoint import CompletedCheckpoint
 from ..state.checkpoint_store import (
+    DEFAULT_GUARD_LIFETIME_S,
     DEFAULT_RETAIN,
     MAX_CHECKPOINT_RECORD_BYTES,
     PARTITION,
     CheckpointStore,
+    check_guard_lifetime,
     check_retain,
 )
 from ..state.errors import CheckpointStoreError
@@ -45,6 +47,9 @@ class CheckpointStoreConfig(KafkaConnection):
     topic: str = "kafka-changelog-checkpoints"
     #: Checkpoints kept per application (at least 2).
     retain: int = DEFAULT_RETAIN
+    #: How long (seconds) a guard of an application without a checkpoint keeps other
+    #: applications' GC off its changelog offsets (None: until its first commit or reset).
+    guard_lifetime_s: float | None = DEFAULT_GUARD_LIFETIME_S
     #: Replication factor to create the topic with (None: the broker's default).
     replication_factor: int | None = None
     #: Extra topic configs when creating the topic.
@@ -53,6 +58,7 @@ class CheckpointStoreConfig(KafkaConnection):
     def __post_init__(self) -> None:
         self._check_bootstrap_servers()
         check_retain(self.retain)
+        check_guard_lifetime(self.guard_lifetime_s)
 
     def producer(self) -> dict[str, Any]:
         """Producer settings (``acks=all`` and idempotence enforced)."""
@@ -107,7 +113,7 @@ class KafkaCheckpointView(CheckpointStore):
     PARTITION = PARTITION
 
     def __init__(self, config: CheckpointStoreConfig) -> None:
-        super().__init__(config.retain)
+        super().__init__(config.retain, config.guard_lifetime_s)
         self.config = config
         self.topic = config.topic
         self._consumer = Consumer(config.consumer())

@@ -48,6 +48,9 @@ PARTITION = 0
 #: The fewest checkpoints retention may keep (the latest and the one before it).
 MIN_RETAIN = 2
 DEFAULT_RETAIN = 3
+#: How long a guard counts (seconds): an application's first checkpoint commits within
+#: its first batch, so a week-old guard belongs to an application abandoned before it.
+DEFAULT_GUARD_LIFETIME_S = 7 * 24 * 3600.0
 
 CHECKPOINT_SCHEMA_HEADER = "checkpoint/1"
 POINTER_SCHEMA = "checkpoint_pointer"
@@ -76,6 +79,12 @@ def guard_key(application: str, guard_id: str) -> str:
 def latest_key(application: str) -> str:
     """Record key of an application's latest-checkpoint pointer: ``{application}/latest``."""
     return f"{application}{_LATEST_SUFFIX}"
+
+
+def check_guard_lifetime(lifetime_s: float | None) -> None:
+    """Raise ``ValueError`` unless ``lifetime_s`` is None or positive."""
+    if lifetime_s is not None and not lifetime_s > 0:
+        raise ValueError(f"guard_lifetime_s must be None or positive, got {lifetime_s!r}")
 
 
 def check_retain(retain: int) -> None:
@@ -107,9 +116,14 @@ class CheckpointStore(ABC):
     catching up with what other instances wrote (:meth:`_refresh`).
     """
 
-    def __init__(self, retain: int = DEFAULT_RETAIN) -> None:
+    def __init__(self, retain: int = DEFAULT_RETAIN,
+                 guard_lifetime_s: float | None = DEFAULT_GUARD_LIFETIME_S) -> None:
         check_retain(retain)
+        check_guard_lifetime(guard_lifetime_s)
         self.retain = retain
+        #: How long a guard keeps other applications' GC off its offsets (None: until the
+        #: application's first commit or ``reset``, however long that takes).
+        self.guard_lifetime_s = guard_lifetime_s
         self._lock = threading.RLock()
         self._checkpoints: dict[str, dict[int, CompletedCheckpoint]] = {}
         self._pointers: dict[str, int] = {}
@@ -208,16 +222,24 @@ class CheckpointStore(ABC):
         with self._lock:
             self._persist_guard(application, guard_id, tuple(floors))
             self._guards.setdefault(application, {})[guard_id] = tuple(floors)
+            self._guard_times.setdefault((application, guard_id), int(time.time() * 1000))
         return guard_id
+
+    def _guard_alive(self, application: str, guard_id: str, now_ms: int) -> bool:
+        written = self._guard_times.get((application, guard_id))
+        return (self.guard_lifetime_s is None or written is None
+                or now_ms - written <= self.guard_lifetime_s * 1000)
 
     def log_floors(self) -> list[LogFloor]:
         """Offsets below which no application may still write records it will reference.
 
         Per application: the log floors of its latest checkpoint, or, before its first
-        checkpoint, those of its guards.
+        checkpoint, those of its guards younger than :attr:`guard_lifetime_s` (an
+        application abandoned before its first checkpoint stops pinning the changelog).
         """
         with self._lock:
             self._refresh()
+            now_ms = int(time.time() * 1000)
             floors: list[LogFloor] = []
             for application in set(self._checkpoints) | set(self._guards):
                 latest_id = self._latest_id(application)
@@ -226,8 +248,9 @@ class CheckpointStore(ABC):
                 if latest is not None:
                     floors.extend(latest.log_floors)
                 elif latest_id is None:
-                    for guard in self._guards.get(application, {}).values():
-                        floors.extend(guard)
+                    for guard_id, guard in self._guards.get(application, {}).items():
+                        if self._guard_alive(application, guard_id, now_ms):
+                            floors.extend(guard)
             return floors
 
     def guards(self, application: str) -> list[Guard]:

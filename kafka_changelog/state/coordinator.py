@@ -79,6 +79,8 @@ class CheckpointCoordinator:
         self.changelog_gc = changelog_gc
         self.state_backend = state_backend or StateBackendConfig()
         self.last_garbage = GarbageReport()
+        #: Whether this coordinator guarded its application's first writes already.
+        self._guarded = False
 
     def complete(
         self, checkpoint_id: int, subtasks: Iterable[SubtaskState],
@@ -228,13 +230,16 @@ class CheckpointCoordinator:
 
         Other applications' garbage collection keeps these offsets until this one
         commits a checkpoint (whose log floors take over). Nothing happens once the
-        application has a checkpoint or when the storage keeps no offsets.
+        application has a checkpoint or when the storage keeps no offsets, nor after this
+        coordinator's first guard (what is written later lies above its floors: one guard
+        per process, not one per batch until the first commit).
         """
-        if self.checkpoints.checkpoint_ids(self.application):
+        if self._guarded or self.checkpoints.checkpoint_ids(self.application):
             return
         floors = self.storage.uncommitted_floors()
         if floors:
             self.checkpoints.guard(self.application, floors)
+            self._guarded = True
 
     def restore_operator_state(
         self, operator_id: str, subtask_index: int, parallelism: int,
