@@ -135,6 +135,10 @@ class StoreManifest:
             int(data.get("materialization_failures", 0)))
 
 
+#: The directory of a store's background materialization jobs (see
+#: :mod:`.store_materialization`), each with a lock its process holds while it runs.
+JOBS_DIRECTORY = "materializing"
+
 def _segment(name: str) -> str:
     # Any application or operator name as one safe path segment ("." and ".." included).
     return quote(name, safe="-_").replace(".", "%2E") or "%00"
@@ -379,8 +383,35 @@ def _link_immutable(source: str, target: str) -> None:
     shutil.copy2(source, target)
 
 
+def lock_held(directory: Path) -> bool:
+    """Whether some process holds ``directory/lock`` (checked without waiting)."""
+    try:
+        fd = os.open(directory / "lock", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor lets go of a lock taken just above
+    return False
+
+
+def jobs_running(store_directory: Path) -> bool:
+    """Whether a background materialization job (a process holding its job's lock) is
+    reading a copy under the store's directory."""
+    try:
+        jobs = list((store_directory / JOBS_DIRECTORY).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return any(lock_held(job) for job in jobs if job.is_dir())
+
+
 def remove_store_directory(path: Path) -> bool:
-    """Delete a subtask store directory if its lock is free; False when it is held."""
+    """Delete a subtask store directory if its lock is free and no materialization job
+    runs in it (it would fail reading its copy); False when either is busy (the
+    directory is removed by a later call)."""
     lock_path = path / "lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -390,6 +421,8 @@ def remove_store_directory(path: Path) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            return False
+        if jobs_running(path):
             return False
         try:
             return discard_directory(path)
@@ -417,5 +450,6 @@ def remove_operator_stores(root: str | os.PathLike[str], application: str,
     return removed
 
 
-__all__ = ["TRASH_PREFIX", "StoreManifest", "SubtaskStore", "discard_directory",
-           "remove_operator_stores", "remove_store_directory", "write_atomically"]
+__all__ = ["JOBS_DIRECTORY", "TRASH_PREFIX", "StoreManifest", "SubtaskStore",
+           "discard_directory", "jobs_running", "lock_held", "remove_operator_stores",
+           "remove_store_directory", "write_atomically"]

@@ -37,7 +37,13 @@ from pathlib import Path
 from ..keygroups import KeyGroupRange
 from .checkpoint import KeyedStateHandle, SubtaskState
 from .delta_layer import encode_delta, worth_a_delta
-from .local_store import TRASH_PREFIX, discard_directory, write_atomically
+from .local_store import (
+    JOBS_DIRECTORY,
+    TRASH_PREFIX,
+    discard_directory,
+    lock_held,
+    write_atomically,
+)
 from .rocksdb_table import RocksDBStateTable
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
@@ -45,7 +51,7 @@ from .snapshot_store import SnapshotStore
 logger = logging.getLogger(__name__)
 
 JOB_FORMAT = 1
-DIRECTORY = "materializing"
+DIRECTORY = JOBS_DIRECTORY
 _STAGING = ".staging-"
 
 
@@ -268,7 +274,7 @@ def list_jobs(store_directory: Path) -> list[JobState]:
             shutil.rmtree(path, ignore_errors=True)  # a deletion that did not finish
             continue
         if path.name.startswith(_STAGING):
-            if not _locked(path):
+            if not lock_held(path):
                 shutil.rmtree(path, ignore_errors=True)
             continue
         if not (path.name.startswith("m") and path.name[1:].isdigit()):
@@ -294,23 +300,8 @@ def _state_of(path: Path, materialization_id: int) -> JobState:
         result = None
     if result is not None and job is not None:
         return JobState(path, materialization_id, JobStatus.DONE, job, result)
-    status = JobStatus.RUNNING if _locked(path) else JobStatus.FAILED
+    status = JobStatus.RUNNING if lock_held(path) else JobStatus.FAILED
     return JobState(path, materialization_id, status, job, None)
-
-
-def _locked(path: Path) -> bool:
-    """Whether some process holds ``path/lock`` (a job being written)."""
-    try:
-        fd = os.open(path / "lock", os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing the descriptor lets go of a lock taken just above
-    return False
 
 
 def tombstone(snapshots: SnapshotStore, job: MaterializationJob,

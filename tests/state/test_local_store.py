@@ -211,3 +211,33 @@ def test_leftovers_of_a_crash_in_the_middle_of_a_copy_are_removed(tmp_path: Path
     assert sorted(p.name for p in store.directory.iterdir()) == ["lock", "retained"]
     assert sorted(p.name for p in store.retained_path.iterdir()) == ["c4"]
     store.unlock()
+
+
+def test_a_store_whose_materialization_job_runs_is_removed_only_after_it(
+        tmp_path: Path) -> None:
+    """Removing a store under a running background materialization would make the job
+    fail reading its copy: the store stays until the job let go of its lock."""
+    import fcntl
+
+    from kafka_changelog.state.local_store import JOBS_DIRECTORY
+
+    store = SubtaskStore(tmp_path, "app", "op", 0, 2)
+    store.lock()
+    store.db_path.mkdir()
+    store.write_manifest(manifest())
+    store.unlock()
+    job = store.directory / JOBS_DIRECTORY / "m7"
+    (job / "db").mkdir(parents=True)
+    fd = os.open(job / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the job's process holds it
+    try:
+        rescaled = SubtaskStore(tmp_path, "app", "op", 0, 3)
+        rescaled.lock()
+        assert rescaled.remove_stale() == []
+        rescaled.unlock()
+        assert remove_operator_stores(tmp_path, "app", "op") == 1  # the new one only
+        assert (job / "db").is_dir()
+    finally:
+        os.close(fd)  # the job ends
+    assert remove_operator_stores(tmp_path, "app", "op") == 1
+    assert list(tmp_path.iterdir()) == []
