@@ -101,7 +101,8 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from benchmarks.stateful_sides import BASELINE, OURS, SIDES, SPARK, Side
+from benchmarks.stateful_registry import BASELINE, OURS, SPARK, Side
+from benchmarks.stateful_sides import SIDES
 from benchmarks.stateful_workload import (
     MEASURED,
     RESTART,
@@ -232,6 +233,10 @@ class Case:
     #: Whether every stateful side's final state was the same (None: fewer than two).
     states_equal: bool | None = None
 
+    def expected_state(self, outputs: str) -> dict[str, list[Any]]:
+        """The final state of the sampled users a side with these outputs must hold."""
+        return self.state
+
     def ids(self, kind: str) -> list[int]:
         return [b.index for b in self.batches if b.kind == kind]
 
@@ -288,7 +293,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"process group {proc.pid} still alive 60 s after SIGKILL")
 
 
-def _spawn(spec: dict[str, Any], directory: Path, phase: str) -> subprocess.Popen[bytes]:
+def _spawn(spec: dict[str, Any], directory: Path, phase: str, python: str = sys.executable
+           ) -> subprocess.Popen[bytes]:
     spec_path = directory / f"{phase}.spec.json"
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
     env = dict(os.environ)
@@ -297,7 +303,7 @@ def _spawn(spec: dict[str, Any], directory: Path, phase: str) -> subprocess.Pope
     log = (directory / f"{phase}.log").open("wb")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.stateful_child", str(spec_path)],
+            [python, "-m", "benchmarks.stateful_child", str(spec_path)],
             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
@@ -340,9 +346,15 @@ def _wait(proc: subprocess.Popen[bytes], out: Path, label: str, total: int,
 
 
 def run_side(case: Case, side: Side, broker: Broker | None, args: argparse.Namespace,
-             corrupt_user: str | None) -> dict[str, Any]:
-    """Run, kill -9 and restart one side; its raw results."""
-    directory = case.directory / side.name
+             corrupt_user: str | None, python: str = sys.executable,
+             extra_spec: dict[str, Any] | None = None, run_name: str | None = None
+             ) -> dict[str, Any]:
+    """Run, kill -9 and restart one side; its raw results. ``python`` runs the child
+    (another PySpark release's virtualenv for Spark's sides), ``extra_spec`` adds to its
+    spec (another benchmark's sides module, input and checksum), ``run_name`` names the
+    run's directory and progress lines (default: the side's name)."""
+    name = run_name or side.name
+    directory = case.directory / name
     input_dir = directory / "input"
     input_dir.mkdir(parents=True)
     for path in case.files[:-1]:
@@ -357,18 +369,18 @@ def run_side(case: Case, side: Side, broker: Broker | None, args: argparse.Names
         "side": side.name, "input_dir": str(input_dir),
         "checkpoint_dir": str(directory / "checkpoint"),
         "driver_memory": args.driver_memory, "state_config": config,
-        "corrupt_user": corrupt_user,
+        "corrupt_user": corrupt_user, **(extra_spec or {}),
     }
     result: dict[str, Any] = {"side": side.name, "title": side.title, "role": side.role}
-    wait_for_quiet(broker.pids() if broker else [], label=f"[{side.name}] ")
+    wait_for_quiet(broker.pids() if broker else [], label=f"[{name}] ")
     load_before = os.getloadavg()
     started = time.monotonic()
     with LoadSampler(broker.pids() if broker else []) as load:
         run_spec = {**spec, "phase": "run", "out": str(directory / "run.json"),
                     "expected_batches": len(case.files) - 1}
-        proc = _spawn(run_spec, directory, "run")
+        proc = _spawn(run_spec, directory, "run", python)
         try:
-            _wait(proc, directory / "run.json", f"{side.name} run", len(case.files) - 1,
+            _wait(proc, directory / "run.json", f"{name} run", len(case.files) - 1,
                   args.side_timeout, until_file=True)
         except (RuntimeError, TimeoutError) as exc:
             _kill_group(proc)
@@ -380,9 +392,9 @@ def run_side(case: Case, side: Side, broker: Broker | None, args: argparse.Names
         restart_spec = {**spec, "phase": "restart", "out": str(directory / "restart.json"),
                         "expected_batches": 1, "state_permille": case.permille}
         restarted_at = time.monotonic()
-        proc = _spawn(restart_spec, directory, "restart")
+        proc = _spawn(restart_spec, directory, "restart", python)
         try:
-            _wait(proc, directory / "restart.json", f"{side.name} restart", len(case.files),
+            _wait(proc, directory / "restart.json", f"{name} restart", len(case.files),
                   args.side_timeout, until_file=False)
         except (RuntimeError, TimeoutError) as exc:
             _kill_group(proc)
@@ -426,9 +438,10 @@ def analyse_side(case: Case, side: Side, raw: dict[str, Any]) -> dict[str, Any]:
                         f"the events' totals (first: batch {first}, got "
                         f"{checksums.get(first)}, expected {expected[first].as_list()})")
     state = restart.get("state")
-    state_check: dict[str, Any] = {"users": len(case.state), "checked": state is not None}
+    expected_state = case.expected_state(side.outputs)
+    state_check: dict[str, Any] = {"users": len(expected_state), "checked": state is not None}
     if state is not None:
-        found = state_problems(case.state, state)
+        found = state_problems(expected_state, state)
         state_check["problems"] = found
         problems.extend(f"final state: {p}" for p in found)
     measured = [progress[i]["trigger_ms"] for i in case.ids(MEASURED) if i in progress]
