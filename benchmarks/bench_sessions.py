@@ -47,24 +47,24 @@ from typing import Any
 
 from benchmarks.bench_spark_stateful import (
     MIN_EVENTS_PER_BATCH,
-    NA,
     Case,
-    _interval,
     _ms,
     _target,
+    add_run_options,
     analyse_side,
+    finish,
     parse_cases,
     run_side,
+    side_lines,
+    target_lines,
 )
 from benchmarks.common import (
     REPO_ROOT,
     RESULTS_DIR,
     kafka_broker,
-    machine_info,
     ratio_text,
     scaled,
     table,
-    write_json,
 )
 from benchmarks.sessions_ours_sides import SIDES as OUR_SIDES
 from benchmarks.sessions_spark_sides import SIDES as SPARK_SIDES
@@ -354,21 +354,11 @@ def report(results: dict[str, Any]) -> str:
                      f"{case['users_per_measured_batch']:,.0f} users per measured batch, "
                      f"{case['measured']} measured after {case['warmup']} warm-up")
         lines.append(case["table"])
-        for name, side in case["sides"].items():
-            for problem in side.get("problems", []):
-                lines.append(f"  {name}: {problem}")
-            if "foreign_cpu_share" in side:
-                lines.append(f"  {name}: others' CPU {side['foreign_cpu_share']:.0%}, "
-                             f"wall {side['wall_s']:.0f} s")
+        lines.extend(side_lines(case["sides"]))
         for outputs, equal in case["states_equal_across_sides"].items():
             lines.append(f"  final state ({outputs}) of {case['state_users']:,} sampled "
                          f"users equal across sides: {'yes' if equal else 'NO'}")
-    lines.append("\ntargets:")
-    for target in results["targets"]:
-        value = target["value"]
-        shown = NA if value is None else f"{value:.3f}"
-        lines.append(f"  {target['verdict']:7s} {target['side']}: {target['target']} "
-                     f"({shown}; {target['case']})")
+    lines.extend(target_lines(results["targets"]))
     return "\n".join(lines)
 
 
@@ -387,23 +377,12 @@ def main(argv: list[str] | None = None) -> int:
                         "('' : pinned only)")
     parser.add_argument("--state-sample", type=int, default=2_000,
                         help="about this many users' final state is compared")
-    parser.add_argument("--materialization-interval", type=_interval, default=30.0,
-                        help="ours: seconds between materializations, or 'none'")
-    parser.add_argument("--driver-memory", default="2g")
-    parser.add_argument("--side-timeout", type=float, default=3600,
-                        help="seconds one phase of one side may take")
-    parser.add_argument("--scratch", default=None, help="directory for the scratch files")
-    parser.add_argument("--keep-scratch", action="store_true")
+    add_run_options(parser, 3600)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
     if args.batches < 2 or args.warmup < 0:
         raise SystemExit("--batches must be >= 2 and --warmup >= 0")
-    results = run(args)
-    results["machine"] = machine_info()
-    print(report(results))
-    write_json(args.json, results)
-    print(f"\nresults written to {args.json}")
-    return 1 if results["failed"] else 0
+    return finish(args, run(args), report)
 
 
 if __name__ == "__main__":

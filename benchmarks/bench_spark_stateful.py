@@ -80,6 +80,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -624,23 +625,56 @@ def report(results: dict[str, Any]) -> str:
                      f"{case['measured']} measured after {case['warmup']} warm-up "
                      f"({case['prefill']} prefill)")
         lines.append(case["table"])
-        for name, side in case["sides"].items():
-            for problem in side.get("problems", []):
-                lines.append(f"  {name}: {problem}")
-            if "foreign_cpu_share" in side:
-                lines.append(f"  {name}: others' CPU {side['foreign_cpu_share']:.0%}, "
-                             f"wall {side['wall_s']:.0f} s")
+        lines.extend(side_lines(case["sides"]))
         equal = case.get("states_equal_across_sides")
         if equal is not None:
             lines.append(f"  final state of {case['state_users']:,} sampled users equal across "
                          f"sides: {'yes' if equal else 'NO'}")
-    lines.append("\ntargets:")
-    for target in results["targets"]:
+    lines.extend(target_lines(results["targets"]))
+    return "\n".join(lines)
+
+
+def side_lines(sides: dict[str, dict[str, Any]]) -> list[str]:
+    """Each side's problems and the others' CPU share during its run."""
+    lines: list[str] = []
+    for name, side in sides.items():
+        lines.extend(f"  {name}: {problem}" for problem in side.get("problems", []))
+        if "foreign_cpu_share" in side:
+            lines.append(f"  {name}: others' CPU {side['foreign_cpu_share']:.0%}, "
+                         f"wall {side['wall_s']:.0f} s")
+    return lines
+
+
+def target_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The verdicts, one line a target."""
+    lines = ["\ntargets:"]
+    for target in found:
         value = target["value"]
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         lines.append(f"  {target['verdict']:7s} {target['side']}: {target['target']} "
                      f"({shown}; {target['case']})")
-    return "\n".join(lines)
+    return lines
+
+
+def add_run_options(parser: argparse.ArgumentParser, side_timeout_s: float) -> None:
+    """The options of a run of sides (``run_side``'s), for this and other benchmarks."""
+    parser.add_argument("--materialization-interval", type=_interval, default=30.0,
+                        help="ours: seconds between materializations, or 'none'")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--side-timeout", type=float, default=side_timeout_s,
+                        help="seconds one phase of one side may take")
+    parser.add_argument("--scratch", default=None, help="directory for the scratch files")
+    parser.add_argument("--keep-scratch", action="store_true")
+
+
+def finish(args: argparse.Namespace, results: dict[str, Any],
+           report_of: Callable[[dict[str, Any]], str]) -> int:
+    """Add the machine, print the report, write the JSON; the exit status."""
+    results["machine"] = machine_info()
+    print(report_of(results))
+    write_json(args.json, results)
+    print(f"\nresults written to {args.json}")
+    return 1 if results["failed"] else 0
 
 
 def _corrupt_user(case: Case) -> str:
@@ -748,26 +782,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches")
     parser.add_argument("--state-sample", type=int, default=10_000,
                         help="about this many users' final state is compared")
-    parser.add_argument("--materialization-interval", type=_interval, default=30.0,
-                        help="ours: seconds between materializations, or 'none'")
-    parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--corrupt", action="append", default=[], metavar="SIDE",
                         help="make SIDE count one event too many for one user (to show that "
                              "the checks catch it; repeatable)")
-    parser.add_argument("--side-timeout", type=float, default=4 * 3600,
-                        help="seconds one phase of one side may take")
-    parser.add_argument("--scratch", default=None, help="directory for the scratch files")
-    parser.add_argument("--keep-scratch", action="store_true")
+    add_run_options(parser, 4 * 3600)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
     if args.batches < 2 or args.warmup < 0:
         raise SystemExit("--batches must be >= 2 and --warmup >= 0")
-    results = run(args)
-    results["machine"] = machine_info()
-    print(report(results))
-    write_json(args.json, results)
-    print(f"\nresults written to {args.json}")
-    return 1 if results["failed"] else 0
+    return finish(args, run(args), report)
 
 
 def _interval(text: str) -> float | None:
