@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import subprocess
 import sys
@@ -154,6 +155,28 @@ def prepare(shape: WorkloadShape, directory: Path, sample: int) -> SessionsCase:
     return case
 
 
+def reused_sides(path: Path | None, case: SessionsCase, running: set[str]
+                 ) -> dict[str, dict[str, Any]]:
+    """The sides of the same case in an earlier results file (``--reuse``) that this run
+    does not run again (the workload is the same: a fixed seed)."""
+    if path is None:
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    machine = data.get("machine", {})
+    found = {}
+    for earlier in data["cases"]:
+        if earlier["label"] != case.shape.label() or \
+                earlier["events_per_batch"] != case.shape.events_per_batch or \
+                earlier["measured"] != case.shape.measured:
+            continue
+        for name, side in earlier["sides"].items():
+            if name not in running:
+                found[name] = {**side, "reused_from": {
+                    "file": path.name, "git_commit": machine.get("git_commit"),
+                    "date_utc": machine.get("date_utc")}}
+    return found
+
+
 def runs(names: list[str], pinned: str, newest: tuple[str, str] | None) -> list[Run]:
     found = []
     for name in names:
@@ -230,6 +253,9 @@ def case_table(case: SessionsCase) -> str:
                      "-" if side.get("timers_fired_median") is None
                      else f"{side['timers_fired_median']:,.0f}",
                      "ok" if side["ok"] else "WRONG"])
+        if side.get("reused_from"):
+            notes.append(f"{name}: from {side['reused_from']['file']} "
+                         f"({side['reused_from']['git_commit']})")
     head = ["side", "PySpark", "median", "p90", "vs faster Spark", "restart 1st",
             "timers fired/batch", "checks"]
     lines = [table(head, rows), *notes]
@@ -285,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"\n[sessions] {shape.label()}", flush=True)
                 case = prepare(shape, scratch / f"case-{number}", args.state_sample)
                 prepared.append(case)
+                case.sides.update(reused_sides(args.reuse, case, {r.name for r in plan}))
                 raws: dict[str, dict[str, Any]] = {}
                 for item in plan:
                     side = item.side
@@ -377,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
                         "('' : pinned only)")
     parser.add_argument("--state-sample", type=int, default=2_000,
                         help="about this many users' final state is compared")
+    parser.add_argument("--reuse", type=Path, default=None,
+                        help="take the sides this run does not run from an earlier results "
+                             "file of the same cases (e.g. to measure some sides again)")
     add_run_options(parser, 3600)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
