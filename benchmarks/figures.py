@@ -312,6 +312,10 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
      spark_stateful("ours_vectorized", ("median <= 1.2x",))),
     ("spark_stateful_scaling_every5s_incremental.json",
      spark_stateful("ours_vectorized", ("median <= 1.2x",))),
+    ("sessions_10k.json",
+     spark_stateful("ours", benchmark="bench_sessions", label="sessions, per key")),
+    ("sessions_10k.json",
+     spark_stateful("ours_vectorized", benchmark="bench_sessions", label="sessions, vectorised")),
 )
 
 
