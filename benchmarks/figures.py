@@ -312,9 +312,14 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
      spark_stateful("ours_vectorized", ("median <= 1.2x",))),
     ("spark_stateful_scaling_every5s_incremental.json",
      spark_stateful("ours_vectorized", ("median <= 1.2x",))),
-    ("sessions_10k.json",
+    ("sessions_10k_quiet.json",
      spark_stateful("ours", benchmark="bench_sessions", label="sessions, per key")),
-    ("sessions_10k.json",
+    ("sessions_10k_quiet.json",
+     spark_stateful("ours_vectorized", benchmark="bench_sessions", label="sessions, vectorised")),
+    # The 200,000-user case's shape (2 users per click of a batch) at a tenth of the scale.
+    ("sessions_200k_shape_scale0.1.json",
+     spark_stateful("ours", benchmark="bench_sessions", label="sessions, per key")),
+    ("sessions_200k_shape_scale0.1.json",
      spark_stateful("ours_vectorized", benchmark="bench_sessions", label="sessions, vectorised")),
 )
 
