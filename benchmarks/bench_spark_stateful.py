@@ -80,6 +80,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -101,7 +102,8 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from benchmarks.stateful_sides import BASELINE, OURS, SIDES, SPARK, Side
+from benchmarks.stateful_registry import BASELINE, OURS, SPARK, Side
+from benchmarks.stateful_sides import SIDES
 from benchmarks.stateful_workload import (
     MEASURED,
     RESTART,
@@ -232,6 +234,10 @@ class Case:
     #: Whether every stateful side's final state was the same (None: fewer than two).
     states_equal: bool | None = None
 
+    def expected_state(self, outputs: str) -> dict[str, list[Any]]:
+        """The final state of the sampled users a side with these outputs must hold."""
+        return self.state
+
     def ids(self, kind: str) -> list[int]:
         return [b.index for b in self.batches if b.kind == kind]
 
@@ -288,7 +294,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"process group {proc.pid} still alive 60 s after SIGKILL")
 
 
-def _spawn(spec: dict[str, Any], directory: Path, phase: str) -> subprocess.Popen[bytes]:
+def _spawn(spec: dict[str, Any], directory: Path, phase: str, python: str = sys.executable
+           ) -> subprocess.Popen[bytes]:
     spec_path = directory / f"{phase}.spec.json"
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
     env = dict(os.environ)
@@ -297,7 +304,7 @@ def _spawn(spec: dict[str, Any], directory: Path, phase: str) -> subprocess.Pope
     log = (directory / f"{phase}.log").open("wb")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.stateful_child", str(spec_path)],
+            [python, "-m", "benchmarks.stateful_child", str(spec_path)],
             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
@@ -340,9 +347,15 @@ def _wait(proc: subprocess.Popen[bytes], out: Path, label: str, total: int,
 
 
 def run_side(case: Case, side: Side, broker: Broker | None, args: argparse.Namespace,
-             corrupt_user: str | None) -> dict[str, Any]:
-    """Run, kill -9 and restart one side; its raw results."""
-    directory = case.directory / side.name
+             corrupt_user: str | None, python: str = sys.executable,
+             extra_spec: dict[str, Any] | None = None, run_name: str | None = None
+             ) -> dict[str, Any]:
+    """Run, kill -9 and restart one side; its raw results. ``python`` runs the child
+    (another PySpark release's virtualenv for Spark's sides), ``extra_spec`` adds to its
+    spec (another benchmark's sides module, input and checksum), ``run_name`` names the
+    run's directory and progress lines (default: the side's name)."""
+    name = run_name or side.name
+    directory = case.directory / name
     input_dir = directory / "input"
     input_dir.mkdir(parents=True)
     for path in case.files[:-1]:
@@ -357,18 +370,18 @@ def run_side(case: Case, side: Side, broker: Broker | None, args: argparse.Names
         "side": side.name, "input_dir": str(input_dir),
         "checkpoint_dir": str(directory / "checkpoint"),
         "driver_memory": args.driver_memory, "state_config": config,
-        "corrupt_user": corrupt_user,
+        "corrupt_user": corrupt_user, **(extra_spec or {}),
     }
     result: dict[str, Any] = {"side": side.name, "title": side.title, "role": side.role}
-    wait_for_quiet(broker.pids() if broker else [], label=f"[{side.name}] ")
+    wait_for_quiet(broker.pids() if broker else [], label=f"[{name}] ")
     load_before = os.getloadavg()
     started = time.monotonic()
     with LoadSampler(broker.pids() if broker else []) as load:
         run_spec = {**spec, "phase": "run", "out": str(directory / "run.json"),
                     "expected_batches": len(case.files) - 1}
-        proc = _spawn(run_spec, directory, "run")
+        proc = _spawn(run_spec, directory, "run", python)
         try:
-            _wait(proc, directory / "run.json", f"{side.name} run", len(case.files) - 1,
+            _wait(proc, directory / "run.json", f"{name} run", len(case.files) - 1,
                   args.side_timeout, until_file=True)
         except (RuntimeError, TimeoutError) as exc:
             _kill_group(proc)
@@ -380,9 +393,9 @@ def run_side(case: Case, side: Side, broker: Broker | None, args: argparse.Names
         restart_spec = {**spec, "phase": "restart", "out": str(directory / "restart.json"),
                         "expected_batches": 1, "state_permille": case.permille}
         restarted_at = time.monotonic()
-        proc = _spawn(restart_spec, directory, "restart")
+        proc = _spawn(restart_spec, directory, "restart", python)
         try:
-            _wait(proc, directory / "restart.json", f"{side.name} restart", len(case.files),
+            _wait(proc, directory / "restart.json", f"{name} restart", len(case.files),
                   args.side_timeout, until_file=False)
         except (RuntimeError, TimeoutError) as exc:
             _kill_group(proc)
@@ -426,9 +439,10 @@ def analyse_side(case: Case, side: Side, raw: dict[str, Any]) -> dict[str, Any]:
                         f"the events' totals (first: batch {first}, got "
                         f"{checksums.get(first)}, expected {expected[first].as_list()})")
     state = restart.get("state")
-    state_check: dict[str, Any] = {"users": len(case.state), "checked": state is not None}
+    expected_state = case.expected_state(side.outputs)
+    state_check: dict[str, Any] = {"users": len(expected_state), "checked": state is not None}
     if state is not None:
-        found = state_problems(case.state, state)
+        found = state_problems(expected_state, state)
         state_check["problems"] = found
         problems.extend(f"final state: {p}" for p in found)
     measured = [progress[i]["trigger_ms"] for i in case.ids(MEASURED) if i in progress]
@@ -611,23 +625,56 @@ def report(results: dict[str, Any]) -> str:
                      f"{case['measured']} measured after {case['warmup']} warm-up "
                      f"({case['prefill']} prefill)")
         lines.append(case["table"])
-        for name, side in case["sides"].items():
-            for problem in side.get("problems", []):
-                lines.append(f"  {name}: {problem}")
-            if "foreign_cpu_share" in side:
-                lines.append(f"  {name}: others' CPU {side['foreign_cpu_share']:.0%}, "
-                             f"wall {side['wall_s']:.0f} s")
+        lines.extend(side_lines(case["sides"]))
         equal = case.get("states_equal_across_sides")
         if equal is not None:
             lines.append(f"  final state of {case['state_users']:,} sampled users equal across "
                          f"sides: {'yes' if equal else 'NO'}")
-    lines.append("\ntargets:")
-    for target in results["targets"]:
+    lines.extend(target_lines(results["targets"]))
+    return "\n".join(lines)
+
+
+def side_lines(sides: dict[str, dict[str, Any]]) -> list[str]:
+    """Each side's problems and the others' CPU share during its run."""
+    lines: list[str] = []
+    for name, side in sides.items():
+        lines.extend(f"  {name}: {problem}" for problem in side.get("problems", []))
+        if "foreign_cpu_share" in side:
+            lines.append(f"  {name}: others' CPU {side['foreign_cpu_share']:.0%}, "
+                         f"wall {side['wall_s']:.0f} s")
+    return lines
+
+
+def target_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The verdicts, one line a target."""
+    lines = ["\ntargets:"]
+    for target in found:
         value = target["value"]
         shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         lines.append(f"  {target['verdict']:7s} {target['side']}: {target['target']} "
                      f"({shown}; {target['case']})")
-    return "\n".join(lines)
+    return lines
+
+
+def add_run_options(parser: argparse.ArgumentParser, side_timeout_s: float) -> None:
+    """The options of a run of sides (``run_side``'s), for this and other benchmarks."""
+    parser.add_argument("--materialization-interval", type=_interval, default=30.0,
+                        help="ours: seconds between materializations, or 'none'")
+    parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--side-timeout", type=float, default=side_timeout_s,
+                        help="seconds one phase of one side may take")
+    parser.add_argument("--scratch", default=None, help="directory for the scratch files")
+    parser.add_argument("--keep-scratch", action="store_true")
+
+
+def finish(args: argparse.Namespace, results: dict[str, Any],
+           report_of: Callable[[dict[str, Any]], str]) -> int:
+    """Add the machine, print the report, write the JSON; the exit status."""
+    results["machine"] = machine_info()
+    print(report_of(results))
+    write_json(args.json, results)
+    print(f"\nresults written to {args.json}")
+    return 1 if results["failed"] else 0
 
 
 def _corrupt_user(case: Case) -> str:
@@ -735,26 +782,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches")
     parser.add_argument("--state-sample", type=int, default=10_000,
                         help="about this many users' final state is compared")
-    parser.add_argument("--materialization-interval", type=_interval, default=30.0,
-                        help="ours: seconds between materializations, or 'none'")
-    parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--corrupt", action="append", default=[], metavar="SIDE",
                         help="make SIDE count one event too many for one user (to show that "
                              "the checks catch it; repeatable)")
-    parser.add_argument("--side-timeout", type=float, default=4 * 3600,
-                        help="seconds one phase of one side may take")
-    parser.add_argument("--scratch", default=None, help="directory for the scratch files")
-    parser.add_argument("--keep-scratch", action="store_true")
+    add_run_options(parser, 4 * 3600)
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
     if args.batches < 2 or args.warmup < 0:
         raise SystemExit("--batches must be >= 2 and --warmup >= 0")
-    results = run(args)
-    results["machine"] = machine_info()
-    print(report(results))
-    write_json(args.json, results)
-    print(f"\nresults written to {args.json}")
-    return 1 if results["failed"] else 0
+    return finish(args, run(args), report)
 
 
 def _interval(text: str) -> float | None:

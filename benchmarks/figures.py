@@ -265,13 +265,16 @@ SIDE_LABELS = {
 }
 
 
-def spark_stateful(side: str, only: Sequence[str] = ()) -> Callable[[Json], list[Figure]]:
-    """``bench_spark_stateful``: the targets of one side, those starting with ``only``."""
+def spark_stateful(side: str, only: Sequence[str] = (), benchmark: str = "bench_spark_stateful",
+                   label: str | None = None) -> Callable[[Json], list[Figure]]:
+    """``bench_spark_stateful`` (or ``benchmark``, whose results have the same form, e.g.
+    ``bench_sessions``): the targets of one side (named ``label``, default from
+    :data:`SIDE_LABELS`), those starting with ``only``."""
     def figures(data: Json) -> list[Figure]:
         interval = data.get("materialization_interval_s")
         every = "" if interval in (None, 30.0) else f", materialization every {interval:g} s"
-        titles = {name: SIDE_LABELS.get(name, spec["title"]) for case in data["cases"]
-                  for name, spec in case["sides"].items()}
+        titles = {name: label or SIDE_LABELS.get(name, spec.get("title", name))
+                  for case in data["cases"] for name, spec in case["sides"].items()}
         rows = []
         for target in data["targets"]:
             if target["side"] != side or (only and not target["target"].startswith(tuple(only))):
@@ -279,7 +282,7 @@ def spark_stateful(side: str, only: Sequence[str] = ()) -> Callable[[Json], list
             what, bound = split_target(target["target"])
             case = re.sub(r" \(users per batch [^)]*\)", "", target["case"])
             rows.append(Figure(
-                "bench_spark_stateful", f"{titles[side]}, {case}{every}: {what}",
+                benchmark, f"{titles[side]}, {case}{every}: {what}",
                 verdict_value(target["value"], bound), bound, target["verdict"]))
         return rows
     return figures
@@ -309,6 +312,15 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
      spark_stateful("ours_vectorized", ("median <= 1.2x",))),
     ("spark_stateful_scaling_every5s_incremental.json",
      spark_stateful("ours_vectorized", ("median <= 1.2x",))),
+    ("sessions_10k_quiet.json",
+     spark_stateful("ours", benchmark="bench_sessions", label="sessions, per key")),
+    ("sessions_10k_quiet.json",
+     spark_stateful("ours_vectorized", benchmark="bench_sessions", label="sessions, vectorised")),
+    # The 200,000-user case's shape (2 users per click of a batch) at a tenth of the scale.
+    ("sessions_200k_shape_scale0.1.json",
+     spark_stateful("ours", benchmark="bench_sessions", label="sessions, per key")),
+    ("sessions_200k_shape_scale0.1.json",
+     spark_stateful("ours_vectorized", benchmark="bench_sessions", label="sessions, vectorised")),
 )
 
 

@@ -20,6 +20,7 @@ inside ``foreachBatch``) included.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stateful_sides import SIDES, RunContext, Side
+from benchmarks.stateful_registry import RunContext, Side
 from benchmarks.stateful_workload import CHECKSUM_SQL, INPUT_SCHEMA, Checksum
 
 #: Session settings of every side (the same session for all: Spark's state store is
@@ -41,7 +42,39 @@ SESSION_CONFIG = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
 }
+#: What ``spark_integration.session.spark_session`` sets, for a child that must not import
+#: the library (``plain_session``: Spark's sides under another PySpark release).
+PLAIN_SESSION_CONFIG = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+}
 READY = "READY"
+#: The sides module, input schema and checksum of ``bench_spark_stateful`` (a spec may
+#: name others: ``sides_module``, ``input_schema``, ``source_select``, ``checksum_sql``).
+DEFAULT_SIDES = "benchmarks.stateful_sides"
+
+
+def _session(spec: dict[str, Any], app_name: str) -> Any:
+    """The child's ``local[2]`` session (:data:`SESSION_CONFIG` and the spec's
+    ``session_config``), through the library unless the spec says ``plain_session``."""
+    config = {**SESSION_CONFIG, "spark.driver.memory": spec["driver_memory"],
+              **spec.get("session_config", {})}
+    if not spec.get("plain_session"):
+        from spark_integration.session import spark_session
+
+        return spark_session("local[2]", app_name, 2, config, kafka_connector=False)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in {**PLAIN_SESSION_CONFIG, **config}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -78,6 +111,8 @@ def _reports(ctx: RunContext) -> list[dict[str, Any]]:
              "restore_s": {str(k): v for k, v in r.restore_s.items()},
              "state_source": {str(k): m.state_source for k, m in r.subtask_metrics.items()},
              "attach_s": {str(k): m.attach_s for k, m in r.subtask_metrics.items()},
+             "timers_fired": sum(m.timers_fired for m in r.subtask_metrics.values()),
+             "late_rows": sum(m.late_rows for m in r.subtask_metrics.values()),
              "state_rows": sum(m.state_rows for m in r.subtask_metrics.values()),
              "materializations_started": sum(m.materializations_started
                                              for m in r.subtask_metrics.values()),
@@ -96,20 +131,20 @@ def _watch(query: Any, path: Path, stop: threading.Event) -> None:
 
 def run(spec: dict[str, Any]) -> int:
     started = time.monotonic()
-    side: Side = SIDES[spec["side"]]
+    sides = importlib.import_module(spec.get("sides_module", DEFAULT_SIDES)).SIDES
+    side: Side = sides[spec["side"]]
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_integration.session import spark_session
-
-    spark = spark_session("local[2]", f"bench-stateful-{side.name}", 2,
-                          {**SESSION_CONFIG, "spark.driver.memory": spec["driver_memory"]},
-                          kafka_connector=False)
+    spark = _session(spec, f"bench-stateful-{side.name}")
     session_s = time.monotonic() - started
-    source = (spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
-              .parquet(spec["input_dir"]))
+    source = (spark.readStream.schema(spec.get("input_schema", INPUT_SCHEMA))
+              .option("maxFilesPerTrigger", 1).parquet(spec["input_dir"]))
+    if spec.get("source_select"):
+        source = source.selectExpr(*spec["source_select"])
+    checksum_sql = spec.get("checksum_sql", CHECKSUM_SQL)
     checksums: dict[int, list[int]] = {}
 
     def sink(df: Any, batch_id: int) -> None:
-        row = df.selectExpr(*CHECKSUM_SQL).collect()[0]
+        row = df.selectExpr(*checksum_sql).collect()[0]
         checksums[batch_id] = Checksum.of_row(row).as_list()
 
     ctx = RunContext(spark, source, sink, spec["checkpoint_dir"], spec.get("state_config"),
@@ -127,6 +162,7 @@ def run(spec: dict[str, Any]) -> int:
     progress = _progress(query)
     results: dict[str, Any] = {
         "side": side.name, "phase": spec["phase"], "pid": os.getpid(),
+        "spark_version": spark.version,
         "session_s": session_s, "processed_s": processed_s,
         "progress": progress,
         "checksums": {str(k): v for k, v in sorted(checksums.items())},

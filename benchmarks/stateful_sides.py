@@ -39,8 +39,7 @@ import functools
 import importlib
 import inspect
 import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pandas as pd
@@ -48,14 +47,21 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from benchmarks.bench_streaming_overhead import BUCKET_COLUMN, BUCKET_EXPR
 from benchmarks.bench_streaming_overhead import stateless_bucket as overhead_bucket
+from benchmarks.stateful_registry import (
+    BASELINE,
+    BATCH_ONLY,
+    CUMULATIVE,
+    OURS,
+    SPARK,
+    RunContext,
+    Side,
+    protobuf_unavailable,
+)
+from benchmarks.stateful_registry import register as add_side
 from benchmarks.stateful_workload import LAST_PAGES, UserState, sample_sql, user_state
 from examples.clickstream import EVENTS, OUTPUT_SCHEMA, update_user, update_users
 from spark_integration.streaming import KeyState, StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.vectorized import BatchState
-
-BASELINE, OURS, SPARK = "baseline", "ours", "spark"
-#: What a side's outputs hold per user: its totals over all batches, or of the batch.
-CUMULATIVE, BATCH_ONLY = "cumulative", "batch"
 
 #: applyInPandasWithState's state. PySpark 4.2.0 cannot give a Python worker a state
 #: schema with array or map fields (its worker fails parsing the schema JSON: KeyError
@@ -65,53 +71,13 @@ APPLY_STATE_SCHEMA = "events long, spent double, kinds string, pages string"
 #: The vectorised clickstream function (``fn(rows, state) -> DataFrame``).
 VECTORIZED_FN = "examples.clickstream:update_users"
 
-SinkFn = Callable[[Any, int], None]
-
-
-@dataclass
-class RunContext:
-    """What a side's query is built from, in the child process that runs it."""
-
-    spark: Any
-    #: The streaming DataFrame of the input files.
-    source: Any
-    #: The checksum sink every side's outputs go to.
-    sink: SinkFn
-    checkpoint_dir: str
-    #: ``StreamingStateConfig`` fields of our sides (None for the others).
-    state_config: dict[str, Any] | None = None
-    #: A user whose state the side gets wrong on purpose (shows the checks catch it).
-    corrupt_user: str | None = None
-    #: Whatever the side keeps for later (ours: the processor, for its reports).
-    extras: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of the benchmark."""
-
-    name: str
-    title: str
-    role: str
-    outputs: str
-    #: Start the streaming query (its sink must be ``ctx.sink``); returns it.
-    start: Callable[[RunContext], Any]
-    #: The final state of the sampled users (``permille``), after the query stopped.
-    read_state: Callable[[RunContext, int], dict[str, UserState]] | None = None
-    #: Why the side cannot run here (None: it can).
-    unavailable: Callable[[], str | None] = lambda: None
-
-
 #: The registry, in the order sides run.
 SIDES: dict[str, Side] = {}
 
 
 def register(side: Side) -> Side:
     """Add ``side`` to :data:`SIDES` (names are unique)."""
-    if side.name in SIDES:
-        raise ValueError(f"a side named {side.name!r} is registered already")
-    SIDES[side.name] = side
-    return side
+    return add_side(SIDES, side)
 
 
 # --- the per-key work -------------------------------------------------------------
@@ -219,8 +185,10 @@ def _start_ours(backend: str, vectorized: bool, ctx: RunContext, **overrides: An
             .option("checkpointLocation", ctx.checkpoint_dir).start())
 
 
-def _read_ours(ctx: RunContext, permille: int) -> dict[str, UserState]:
-    """The sampled users' state at the latest checkpoint, through our Spark reader."""
+def ours_state_rows(ctx: RunContext, permille: int, states: Sequence[str] = ()
+                    ) -> pd.DataFrame:
+    """The sampled users' state rows at the latest checkpoint, through our Spark reader:
+    ``user, state, map_key, list_index, value_decoded`` (of ``states`` only, if given)."""
     from spark_integration.datasource import register as register_reader
 
     config = ctx.state_config or {}
@@ -234,10 +202,18 @@ def _read_ours(ctx: RunContext, permille: int) -> dict[str, UserState]:
               .option("kafka.bootstrap.servers", config["bootstrap_servers"]))
     for key, value in (config.get("client_config") or {}).items():
         reader = reader.option(f"kafka.{key}", str(value))
-    rows = (reader.load().where(sample_sql("cast(key AS string)", permille))
-            .selectExpr("cast(key AS string) AS user", "state",
-                        "cast(map_key AS string) AS map_key", "list_index", "value_decoded")
-            .toPandas())
+    rows: pd.DataFrame = (
+        reader.load().where(sample_sql("cast(key AS string)", permille))
+        .where(" OR ".join(f"state = '{name}'" for name in states) or "true")
+        .selectExpr("cast(key AS string) AS user", "state",
+                    "cast(map_key AS string) AS map_key", "list_index", "value_decoded")
+        .toPandas())
+    return rows
+
+
+def _read_ours(ctx: RunContext, permille: int) -> dict[str, UserState]:
+    """The sampled users' state at the latest checkpoint, through our Spark reader."""
+    rows = ours_state_rows(ctx, permille)
     found: dict[str, dict[str, Any]] = {}
     for row in rows.sort_values(["user", "state", "list_index"], na_position="first") \
             .itertuples(index=False):
@@ -367,15 +343,6 @@ class ClickstreamProcessor(StatefulProcessor):
         pass
 
 
-def _transform_unavailable() -> str | None:
-    try:
-        importlib.import_module("google.protobuf.descriptor")
-    except ImportError:
-        return ("not available: transformWithStateInPandas needs the protobuf package "
-                "(pip install 'protobuf>=6.33.5,<7', or put it on PYTHONPATH)")
-    return None
-
-
 def _start_transform(ctx: RunContext) -> Any:
     processor = ClickstreamProcessor(ctx.corrupt_user)
     out = ctx.source.groupBy("user").transformWithStateInPandas(
@@ -406,4 +373,4 @@ def _read_transform(ctx: RunContext, permille: int) -> dict[str, UserState]:
 
 
 register(Side("spark_transform_with_state", "Spark transformWithStateInPandas", SPARK,
-              CUMULATIVE, _start_transform, _read_transform, _transform_unavailable))
+              CUMULATIVE, _start_transform, _read_transform, protobuf_unavailable))

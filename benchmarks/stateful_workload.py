@@ -160,15 +160,16 @@ def generate(shape: WorkloadShape) -> list[Batch]:
     return batches
 
 
-def write_files(batches: Sequence[Batch], directory: Path) -> list[Path]:
-    """One Parquet file per batch; modification times one second apart in batch order
-    (the file source takes files oldest first)."""
+def write_files(batches: Sequence[Batch], directory: Path,
+                columns: Sequence[str] = tuple(COLUMNS)) -> list[Path]:
+    """One Parquet file per batch (``columns``); modification times one second apart in
+    batch order (the file source takes files oldest first)."""
     directory.mkdir(parents=True, exist_ok=True)
     base = 1_700_000_000
     paths = []
     for batch in batches:
         path = directory / f"batch-{batch.index:05d}.parquet"
-        batch.frame[COLUMNS].to_parquet(path, index=False)
+        batch.frame[list(columns)].to_parquet(path, index=False)
         os.utime(path, (base + batch.index, base + batch.index))
         paths.append(path)
     return paths
