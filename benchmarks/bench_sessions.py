@@ -359,10 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "active_share": ACTIVE_SHARE,
         "sides": [r.name for r in plan],
         "cases": [{
-            "label": c.shape.label(), "users": c.shape.users, "active": c.shape.active,
-            "events_per_batch": c.shape.events_per_batch, "prefill": c.shape.prefill_count(),
-            "warmup": c.shape.warmup, "measured": c.shape.measured,
-            "users_per_measured_batch": c.touched, "state_users": len(c.state),
+            **c.summary(),
             "due_timers": c.due_timers,
             "states_equal_across_sides": c.equal,
             "costs": costs(c), "table": case_table(c), "sides": c.sides,

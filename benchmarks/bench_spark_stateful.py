@@ -234,6 +234,14 @@ class Case:
     #: Whether every stateful side's final state was the same (None: fewer than two).
     states_equal: bool | None = None
 
+    def summary(self) -> dict[str, Any]:
+        """What the result file says of the case's shape (every benchmark's the same)."""
+        shape = self.shape
+        return {"label": shape.label(), "users": shape.users, "active": shape.active,
+                "events_per_batch": shape.events_per_batch, "prefill": shape.prefill_count(),
+                "warmup": shape.warmup, "measured": shape.measured,
+                "users_per_measured_batch": self.touched, "state_users": len(self.state)}
+
     def expected_state(self, outputs: str) -> dict[str, list[Any]]:
         """The final state of the sampled users a side with these outputs must hold."""
         return self.state
@@ -753,10 +761,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sides": names,
         "corrupted": args.corrupt,
         "cases": [{
-            "label": c.shape.label(), "users": c.shape.users, "active": c.shape.active,
-            "events_per_batch": c.shape.events_per_batch, "prefill": c.shape.prefill_count(),
-            "warmup": c.shape.warmup, "measured": c.shape.measured,
-            "users_per_measured_batch": c.touched, "state_users": len(c.state),
+            **c.summary(),
             "state_permille": c.permille,
             "states_equal_across_sides": c.states_equal,
             "table": case_table(c), "sides": c.sides,
