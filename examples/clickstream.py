@@ -15,7 +15,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -276,20 +276,13 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
              .trigger(processingTime="500 milliseconds").start())
     started = time.monotonic()
     started_at = time.time()
+
+    def report(done: int) -> None:
+        print(f"\r[job] batches {processor.batches_run}, events read {done}/{expected_events}",
+              end="", flush=True)
+
     try:
-        while True:
-            done = _processed_offsets(query)
-            if progress:
-                print(f"\r[job] batches {processor.batches_run}, events read "
-                      f"{done}/{expected_events}", end="", flush=True)
-            if done >= expected_events:
-                break
-            if query.exception() is not None:
-                raise RuntimeError(f"the query failed: {query.exception()}")
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"{done} of {expected_events} events after {timeout_s} s")
-            time.sleep(0.5)
-        query.processAllAvailable()
+        await_records(query, expected_events, timeout_s, report if progress else None)
     finally:
         if progress:
             print(flush=True)
@@ -317,6 +310,26 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             "seconds": time.monotonic() - started,
             # Wall-clock time (epoch seconds) from the query's start to its end.
             "span_s": [started_at, time.time()]}
+
+
+def await_records(query: Any, expected: int, timeout_s: float,
+                  progress: Callable[[int], None] | None = None) -> None:
+    """Wait until ``query`` read ``expected`` input records (counting from the input
+    topic's start), then until it processed everything available; ``progress`` hears how
+    many it read every half second. Raises the query's failure, or ``TimeoutError``."""
+    started = time.monotonic()
+    while True:
+        done = _processed_offsets(query)
+        if progress is not None:
+            progress(done)
+        if done >= expected:
+            break
+        if query.exception() is not None:
+            raise RuntimeError(f"the query failed: {query.exception()}")
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"{done} of {expected} input records read after {timeout_s} s")
+        time.sleep(0.5)
+    query.processAllAvailable()
 
 
 def _processed_offsets(query: Any) -> int:

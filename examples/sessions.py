@@ -20,7 +20,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,7 +41,7 @@ from spark_integration.streaming import (
     stateful_foreach_batch,
 )
 
-from .clickstream import ensure_topic, read_committed
+from .clickstream import await_records, ensure_topic, read_committed
 from .events import events
 from .job_options import job_parser, spark_settings, state_config
 
@@ -185,8 +184,6 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
 
     from spark_integration.session import spark_session
 
-    from .clickstream import _processed_offsets
-
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)
     spark = spark_session(master or f"local[{parallelism}]", "sessions", parallelism,
@@ -208,15 +205,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     query = (stream.writeStream.foreachBatch(processor)
              .option("checkpointLocation", checkpoint_dir)
              .trigger(processingTime="500 milliseconds").start())
-    started = time.monotonic()
     try:
-        while _processed_offsets(query) < expected_events:
-            if query.exception() is not None:
-                raise RuntimeError(f"the query failed: {query.exception()}")
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"not {expected_events} clicks read after {timeout_s} s")
-            time.sleep(0.5)
-        query.processAllAvailable()
+        await_records(query, expected_events, timeout_s)
     finally:
         query.stop()
         spark.stop()
