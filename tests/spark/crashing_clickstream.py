@@ -121,27 +121,45 @@ def stall_at(directory: str, event: str) -> TaskListener:
     return listener
 
 
+def fault_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the faults every crashing job takes: a driver kill at a batch event,
+    task kills at task events (once each, across retries)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--kill-at", metavar="EVENT:BATCH")
+    parser.add_argument("--kill-task-at", action="append", default=[],
+                        metavar="TASK_EVENT:BATCH:SUBTASK")
+    parser.add_argument("--fault-dir")
+    return parser
+
+
+def split_arguments(parser: argparse.ArgumentParser, argv: list[str]
+                    ) -> tuple[argparse.Namespace, list[str]]:
+    """The fault options (before ``--``) and the job's own arguments (after it)."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:split]), argv[split + 1:]
+
+
+def driver_kill(faults: argparse.Namespace) -> BatchListener | None:
+    """The listener that kills the driver at ``--kill-at`` (None without it)."""
+    if not faults.kill_at:
+        return None
+    where, batch = faults.kill_at.split(":")
+    return kill_at(where, int(batch))
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The fault options and the clickstream's own arguments."""
     if argv and not argv[0].startswith("--"):
         argv = ["--kill-at", argv[0], "--", *argv[1:]]
-    split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(description="the clickstream job with a fault injected")
-    parser.add_argument("--kill-at", metavar="EVENT:BATCH")
+    parser = fault_parser("the clickstream job with a fault injected")
     parser.add_argument("--stall-dir")
     parser.add_argument("--stall-at", metavar="TASK_EVENT")
-    parser.add_argument("--kill-task-at", action="append", default=[],
-                        metavar="TASK_EVENT:BATCH:SUBTASK")
-    parser.add_argument("--fault-dir")
-    return parser.parse_args(argv[:split]), argv[split + 1:]
+    return split_arguments(parser, argv)
 
 
 if __name__ == "__main__":
     faults, job_args = parse(sys.argv[1:])
-    listener = None
-    if faults.kill_at:
-        where, batch = faults.kill_at.split(":")
-        listener = kill_at(where, int(batch))
+    listener = driver_kill(faults)
     fn: StatefulFunction = update_user
     task_listener: TaskListener | None = None
     if faults.stall_dir and faults.stall_at:

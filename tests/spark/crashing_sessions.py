@@ -26,7 +26,12 @@ from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.serializers import INT64
 from kafka_changelog.state.timers import TimeDomain
 from spark_integration.streaming import KeyState, TimerInfo
-from tests.spark.crashing_clickstream import kill_at, kill_tasks_at
+from tests.spark.crashing_clickstream import (
+    driver_kill,
+    fault_parser,
+    kill_tasks_at,
+    split_arguments,
+)
 
 #: A user's clicks since its last reminder (``--reminders``).
 SINCE_REMINDER = value_state("clicks_since_reminder", INT64)
@@ -54,22 +59,14 @@ def remind_or_close(user: str, timer: TimerInfo, state: KeyState) -> dict[str, A
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The fault options and the job's own arguments."""
-    split = argv.index("--") if "--" in argv else len(argv)
-    parser = argparse.ArgumentParser(description="the sessions job with a fault injected")
-    parser.add_argument("--kill-at", metavar="EVENT:BATCH")
-    parser.add_argument("--kill-task-at", action="append", default=[],
-                        metavar="TASK_EVENT:BATCH:SUBTASK")
-    parser.add_argument("--fault-dir")
+    parser = fault_parser("the sessions job with a fault injected")
     parser.add_argument("--reminders", action="store_true")
-    return parser.parse_args(argv[:split]), argv[split + 1:]
+    return split_arguments(parser, argv)
 
 
 if __name__ == "__main__":
     faults, job_args = parse(sys.argv[1:])
-    listener = None
-    if faults.kill_at:
-        where, batch = faults.kill_at.split(":")
-        listener = kill_at(where, int(batch))
+    listener = driver_kill(faults)
     task_listener = None
     if faults.kill_task_at:
         if not faults.fault_dir:
