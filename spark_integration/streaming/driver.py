@@ -148,7 +148,6 @@ class StatefulProcessor:
             raise ValueError("key_column must name at least one column")
         self.output_schema = output_schema
         self.sink = sink
-        self._sink_takes_checkpoint_id = takes_checkpoint_id(sink)
         self.order_by = tuple(order_by)
         self.listener = listener
         self.task_listener = task_listener
@@ -307,7 +306,7 @@ class StatefulProcessor:
         if sink is not None and not isinstance(sink, KafkaOutputSink):
             outputs = result.where(F.col(HANDLE_COLUMN).isNull()).drop(
                 SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN)
-            if self._sink_takes_checkpoint_id:
+            if takes_checkpoint_id(sink):
                 sink(outputs, batch_id, checkpoint_id=plan.checkpoint_id)
             else:
                 sink(outputs, batch_id)
