@@ -17,6 +17,7 @@ from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.state.backend_config import BackendKind
+from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
 from kafka_changelog.state.rocksdb_options import RocksDBOptions
 
 
@@ -62,6 +63,11 @@ class StreamingStateConfig:
     #: ``kafka-changelog-state-<uid>`` under the system temp dir): an absolute path on a
     #: local disk of every executor host.
     local_state_dir: str | None = None
+    #: How long (seconds) the driver's hold on the application lasts without a heartbeat
+    #: (heartbeats go every quarter of it): another driver of another Spark query waits
+    #: this long for a holder that died on another host before it takes over (at once
+    #: when the holder ran on its host, released the application, or runs the same query).
+    driver_lease_s: float = DEFAULT_DRIVER_LEASE_S
     #: RocksDB's settings for the "rocksdb" subtask stores (block cache, write buffers,
     #: compression...; default: :class:`RocksDBOptions`'s defaults, a 64 MiB block cache
     #: shared by the stores of a Python worker and 32 MiB write buffers).
@@ -73,6 +79,8 @@ class StreamingStateConfig:
         if not isinstance(self.rocksdb_options, RocksDBOptions):
             raise TypeError(f"rocksdb_options must be RocksDBOptions, got "
                             f"{type(self.rocksdb_options).__name__}")
+        if not self.driver_lease_s > 0:
+            raise ValueError(f"driver_lease_s must be positive, got {self.driver_lease_s!r}")
         if self.materialization_nice is not None and not 0 <= self.materialization_nice <= 19:
             raise ValueError(f"materialization_nice must be None or 0..19, got "
                              f"{self.materialization_nice!r}")

@@ -5,8 +5,8 @@ finishes the job):
 
 1. tombstones for the snapshot chunks its checkpoints refer to, except chunks a
    checkpoint of another application refers to as well;
-2. tombstones for its latest pointer, its checkpoints and its guards in the
-   checkpoint topic (nothing of other applications);
+2. tombstones for its latest pointer, its checkpoints, its guards and subtask commits in the
+   checkpoint topic, and its driver claim (nothing of other applications);
 3. changelog garbage collection (DeleteRecords) with the needs of the remaining
    applications, so records only it needed are freed.
 
@@ -33,6 +33,7 @@ from ..kafka.offsets import list_offsets
 from ..kafka.producer import AckedProducer
 from ..state.checkpoint import CompletedCheckpoint
 from ..state.checkpoint_store import checkpoint_key, guard_key, latest_key
+from ..state.driver_claim import driver_claim_key
 from ..state.errors import CheckpointStoreError, SnapshotWriteError
 from ..state.records import OutRecord
 from .options import CliError, Connection, connection
@@ -163,7 +164,8 @@ def _tombstones(connected: Connection, plan: ResetPlan) -> None:
     # newest checkpoint left, so a crash in between leaves a consistent view.
     app, topic = plan.application, plan.checkpoint_topic
     keys = [latest_key(app)] + [checkpoint_key(app, i) for i in plan.checkpoint_ids] + [
-        guard_key(app, g) for g in plan.guard_ids] + plan.subtask_commit_keys
+        guard_key(app, g) for g in plan.guard_ids] + plan.subtask_commit_keys + [
+        driver_claim_key(app)]
     progress(f"reset: tombstoning {len(plan.checkpoint_ids)} checkpoints, the latest pointer "
              f"and {len(plan.guard_ids)} guards of {app!r} in {topic}")
     _produce(connected.checkpoint_config(topic).producer(), topic,

@@ -9,7 +9,7 @@ The records and the view built from them are ``kafka_changelog.state.checkpoint_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError
 
@@ -25,7 +25,9 @@ from ..state.checkpoint_store import (
     check_guard_lifetime,
     check_retain,
 )
+from ..state.driver_claim import DriverIdentity
 from ..state.errors import CheckpointStoreError
+from ..state.subtask_commit import SubtaskCommit, parse_subtask_commit_key
 from .access import connect_admin
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
@@ -33,6 +35,10 @@ from .error_text import describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
+
+if TYPE_CHECKING:
+    from ..state.records import OutRecord
+    from .driver_lease import DriverLease
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,18 @@ def validate_checkpoint_topic(info: TopicInfo, config: CheckpointStoreConfig) ->
     check_size(info, "checkpoint topic", 1, config.replication_factor)
 
 
+#: Header naming the driver that wrote a record through its lease (``driver_lease.py``).
+WRITER_HEADER = "kafka-changelog-writer"
+
+
+def writer_of(message: Any) -> bytes | None:
+    """The :data:`WRITER_HEADER` of a consumed record (None without one)."""
+    for name, value in message.headers() or ():
+        if name == WRITER_HEADER:
+            return bytes(value)
+    return None
+
+
 def high_watermark(config: CheckpointStoreConfig, consumer: Consumer | None = None) -> int:
     """The checkpoint topic's high watermark: the end of everything written, committed or
     not (a ``read_committed`` consumer's watermark stops at the first open transaction).
@@ -140,13 +158,57 @@ class KafkaCheckpointView(CheckpointStore):
 
     # -- reading the view --------------------------------------------------------------------
 
-    def catch_up(self, wait_s: float) -> None:
+    def catch_up(self, wait_s: float, only_for: str | None = None) -> None:
         """Read everything written to the topic so far, waiting up to ``wait_s`` for open
         transactions (of streaming tasks) to end: a plain refresh stops at the first open
         one. For decisions that must see every committed record, such as which subtasks
-        of a batch committed already."""
+        of a batch committed already.
+
+        With ``only_for`` (an application), the records written since the view's position
+        are first looked at uncommitted, and the wait happens only when one of them is
+        that application's: an open transaction of *another* application never stalls it.
+        """
         with self._lock:
-            self._refresh(until=high_watermark(self.config), wait_s=wait_s)
+            end = high_watermark(self.config)
+            if only_for is not None and not self._written_for(only_for, end):
+                return
+            self._refresh(until=end, wait_s=wait_s)
+
+    @property
+    def position(self) -> int:
+        """The offset up to which the view has read the topic."""
+        with self._lock:
+            return self._position or 0
+
+    def _written_for(self, application: str, end: int) -> bool:
+        """Whether a record from the view's position up to ``end`` (committed, aborted or
+        in an open transaction) may change what ``application``'s driver decides: one of
+        its keys, except its driver's own writes and subtask commits of checkpoints it
+        completed already."""
+        if self._position is None:
+            return True
+        if self._position >= end:
+            return False
+        prefix = f"{application}/".encode()
+        own = DriverIdentity.of_this_process().driver_id.encode()
+        latest = self._latest_id(application)
+        reader = Consumer({**self.config.consumer(), "isolation.level": "read_uncommitted"})
+        try:
+            for message in consume_range(reader, self.topic, self.PARTITION, self._position,
+                                         end, self.config.request_timeout_s,
+                                         self._on_read_error):
+                key = message.key() or b""
+                if not key.startswith(prefix) or writer_of(message) == own:
+                    continue
+                value = message.value()
+                if (latest is not None and value is not None
+                        and parse_subtask_commit_key(key.decode(errors="replace"))
+                        and SubtaskCommit.from_bytes(value, "-").checkpoint_id <= latest):
+                    continue
+                return True
+            return False
+        finally:
+            reader.close()
 
     def _refresh(self, until: int | None = None, wait_s: float | None = None) -> None:
         self._check_open()
@@ -161,6 +223,7 @@ class KafkaCheckpointView(CheckpointStore):
             self._pointers.clear()
             self._guards.clear()
             self._subtask_commits.clear()
+            self._claims.clear()
             self._position = low
         where = f"checkpoint topic {self.topic}[{self.PARTITION}]"
         for message in consume_range(self._consumer, self.topic, self.PARTITION,
@@ -204,6 +267,9 @@ class KafkaCheckpointStore(KafkaCheckpointView):
         self.topic_info = info
         self._producer = AckedProducer(config.producer(), config.topic, CheckpointStoreError,
                                        config.request_timeout_s)
+        #: Per application, the driver lease this process holds it with
+        #: (``driver_lease.py``): its records are written through the lease then.
+        self.leases: dict[str, DriverLease] = {}
         try:
             with self._lock:
                 self._refresh()
@@ -211,24 +277,41 @@ class KafkaCheckpointStore(KafkaCheckpointView):
             self.close()
             raise
 
+    @property
+    def lock(self) -> Any:
+        """The lock every operation of the view takes (re-entrant)."""
+        return self._lock
+
     def _persist_commit(self, checkpoint: CompletedCheckpoint) -> None:
-        self._check_open()
-        self._written(self._producer.produce_all(
-            self.commit_records(checkpoint),
-            f"checkpoint {checkpoint.checkpoint_id} of application {checkpoint.application!r}"))
+        self._write(checkpoint.application, self.commit_records(checkpoint),
+                    f"checkpoint {checkpoint.checkpoint_id} of application "
+                    f"{checkpoint.application!r}")
 
     def _persist_discard(self, application: str, checkpoint_id: int) -> None:
-        self._check_open()
-        self._written(self._producer.produce_all(
-            self.discard_records(application, checkpoint_id),
-            f"tombstone of checkpoint {checkpoint_id} of application {application!r}"))
+        self._write(application, self.discard_records(application, checkpoint_id),
+                    f"tombstone of checkpoint {checkpoint_id} of application {application!r}")
 
     def _persist_guard(self, application: str, guard_id: str,
                        floors: tuple[LogFloor, ...]) -> None:
+        self._write(application, self.guard_records(application, guard_id, floors),
+                    f"changelog guard of application {application!r}")
+
+    def _write(self, application: str, records: list[OutRecord], what: str) -> None:
+        """Write an application's records: through its driver lease when this process holds
+        one (fails if another driver took over), else with the idempotent producer."""
         self._check_open()
-        self._written(self._producer.produce_all(
-            self.guard_records(application, guard_id, floors),
-            f"changelog guard of application {application!r}"))
+        lease = self.leases.get(application)
+        if lease is not None and lease.claim is not None:
+            lease.write(records, what)
+        else:
+            self._written(self._producer.produce_all(records, what))
+
+    def apply_own(self, record: OutRecord) -> None:
+        """Apply a record this process wrote in a transaction to the view (a later
+        refresh reads it again, which changes nothing)."""
+        with self._lock:
+            self.apply_record(record.key, record.value,
+                              f"checkpoint topic {self.topic}[{self.PARTITION}] (own write)")
 
     def _written(self, offsets: list[int]) -> None:
         # The caller applies its own records to the view; skip re-reading them unless
@@ -243,6 +326,9 @@ class KafkaCheckpointStore(KafkaCheckpointView):
         with self._lock:
             if self._closed:
                 return
+            for lease in list(self.leases.values()):
+                lease.release()
+            self.leases.clear()
             self._closed = True
             self._producer.close(self.config.request_timeout_s)
             self._consumer.close()

@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ..errors import KafkaAccessError
 from ..state.checkpoint_store import PARTITION, CheckpointStore
+from ..state.driver_claim import DriverClaim, DriverFencedError, DriverHolder, driver_claim_key
 from ..state.errors import CheckpointStoreError
 from ..state.subtask_commit import SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
@@ -68,7 +69,7 @@ def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
         try:
             producer.init_transactions(config.request_timeout_s)
         except KafkaException as exc:
-            raise _error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
+            raise transaction_error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
         finally:
             let_go(producer)
 
@@ -85,7 +86,7 @@ def check_output_topics(config: CheckpointStoreConfig, topics: list[str]) -> Non
     try:
         metadata = admin.list_topics(timeout=config.request_timeout_s)
     except KafkaException as exc:
-        raise _error("listing topics for the outputs", exc.args[0], "-") from exc
+        raise transaction_error("listing topics for the outputs", exc.args[0], "-") from exc
     missing = sorted(set(topics) - set(metadata.topics))
     if not missing or _auto_creates(admin, metadata, config.request_timeout_s):
         return
@@ -134,18 +135,27 @@ class SubtaskCommitter:
             producer.init_transactions(self.config.request_timeout_s)
         except KafkaException as exc:
             let_go(producer)
-            raise _error("starting transactions", exc.args[0], self.transactional_id) from exc
+            raise transaction_error("starting transactions", exc.args[0],
+                                    self.transactional_id) from exc
         self._producer = producer
 
-    def find(self, key: str, since: int, matches: Callable[[SubtaskCommit], bool]
-             ) -> SubtaskCommit | None:
+    def find(self, key: str, since: int, matches: Callable[[SubtaskCommit], bool],
+             holder: DriverHolder | None = None) -> SubtaskCommit | None:
         """The latest committed record with ``key`` at or after offset ``since`` of the
-        checkpoint topic, if ``matches`` accepts it (read up to the high watermark)."""
+        checkpoint topic, if ``matches`` accepts it (read up to the high watermark).
+
+        With ``holder`` (the driver that planned the batch), raises
+        :class:`DriverFencedError` when a newer driver claimed the application since.
+        Records since ``since`` are first looked at uncommitted: only when one of them
+        has ``key`` or is the application's claim does this wait for open transactions
+        to end (those of other applications never stall it).
+        """
         self.start()
         topic = self.config.topic
         end = high_watermark(self.config, self._ends)
         found: SubtaskCommit | None = None
         wanted = key.encode()
+        claim_key = driver_claim_key(holder.application).encode() if holder else None
         where = f"checkpoint topic {topic}[{PARTITION}]"
 
         def on_error(error: KafkaError, position: int) -> int:
@@ -154,20 +164,49 @@ class SubtaskCommitter:
             cls = KafkaAccessError if is_access_error(error) else CheckpointStoreError
             raise cls(f"reading {where} at offset {position} failed: {describe(error)}")
 
+        def relevant(message: Any) -> bool:
+            value = message.value()
+            if value is None:
+                return False
+            if message.key() == wanted:
+                return matches(SubtaskCommit.from_bytes(value, f"{where}@{message.offset()}"))
+            return message.key() == claim_key and holder is not None and holder.superseded_by(
+                DriverClaim.from_bytes(value, f"{where}@{message.offset()}"))
+
+        if not any(relevant(message) for message in consume_range(
+                self._ends, topic, PARTITION, since, end, self.config.request_timeout_s,
+                on_error)):
+            return None
+        claim: DriverClaim | None = None
         for message in consume_range(self._consumer, topic, PARTITION, since, end,
                                      self.wait_s, on_error):
             if message.key() == wanted:
                 value = message.value()
                 found = (None if value is None else
                          SubtaskCommit.from_bytes(value, f"{where}@{message.offset()}"))
+            elif claim_key is not None and message.key() == claim_key:
+                value = message.value()
+                seen = (None if value is None else
+                        DriverClaim.from_bytes(value, f"{where}@{message.offset()}"))
+                if seen is not None and holder is not None and holder.superseded_by(seen):
+                    claim = seen
+        if holder is not None and claim is not None:
+            raise DriverFencedError(
+                f"subtask commit {key!r} refused: application {holder.application!r} is "
+                f"now held by {claim.describe()}, not by the driver that planned this batch "
+                f"(epoch {holder.epoch}); that driver is a zombie, nothing of its batch is "
+                "committed")
         return found if found is not None and matches(found) else None
 
     def commit(self, outputs: list[OutputRecord], commit: SubtaskCommit, since: int,
-               in_transaction: Callable[[], None] | None = None) -> tuple[SubtaskCommit, bool]:
+               in_transaction: Callable[[], None] | None = None,
+               holder: DriverHolder | None = None) -> tuple[SubtaskCommit, bool]:
         """Commit ``outputs`` with ``commit`` unless another attempt of the same subtask
         and batch committed first: (the commit that holds, whether it is this one).
 
-        ``in_transaction`` runs once everything is produced, before the commit.
+        ``in_transaction`` runs once everything is produced, before the commit. With
+        ``holder``, a fenced commit that finds a newer driver's claim raises
+        :class:`DriverFencedError` (see :meth:`find`).
         """
         def same(found: SubtaskCommit) -> bool:
             return found.is_for(commit.application, commit.operator_id,
@@ -182,7 +221,7 @@ class SubtaskCommitter:
                 # Another attempt took the id over: take it back, then look again.
                 self.fenced += 1
                 self._drop_producer()
-                found = self.find(commit.key, since, same)
+                found = self.find(commit.key, since, same, holder)
                 if found is not None:
                     logger.info("subtask %d of checkpoint %d: another attempt committed "
                                 "first; its outputs stand", commit.subtask_index,
@@ -218,12 +257,12 @@ class SubtaskCommitter:
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if error.code() in _FENCED or error.fatal():
-                raise _error(f"committing {what}", error, self.transactional_id) from exc
+                raise transaction_error(f"committing {what}", error, self.transactional_id) from exc
             if error.txn_requires_abort():
                 self._abort()
                 raise TransactionAbortedError(
                     f"{what} was aborted, nothing of it is visible: {describe(error)}") from exc
-            raise _error(f"committing {what}", error, self.transactional_id) from exc
+            raise transaction_error(f"committing {what}", error, self.transactional_id) from exc
         except BaseException:
             try:
                 self._abort()
@@ -250,7 +289,7 @@ class SubtaskCommitter:
             if error.code() in _FENCED or error.fatal():
                 self._drop_producer()
                 return
-            raise _error("aborting a transaction", error, self.transactional_id) from exc
+            raise transaction_error("aborting a transaction", error, self.transactional_id) from exc
 
     def _drop_producer(self) -> None:
         producer, self._producer = self._producer, None
@@ -278,8 +317,9 @@ def _transactional_settings(config: CheckpointStoreConfig, transactional_id: str
     }
 
 
-def _error(doing: str, error: KafkaError, transactional_id: str
-           ) -> CheckpointStoreError | KafkaAccessError:
+def transaction_error(doing: str, error: KafkaError, transactional_id: str
+                      ) -> CheckpointStoreError | KafkaAccessError:
+    """The error of a transactional call that failed: access, fenced, or other."""
     message = f"{doing} with transactional id {transactional_id!r} failed: {describe(error)}"
     if is_access_error(error):
         return KafkaAccessError(message)
@@ -289,4 +329,4 @@ def _error(doing: str, error: KafkaError, transactional_id: str
     return CheckpointStoreError(message)
 
 
-__all__ = ["TRANSACTION_TIMEOUT_MS", "SubtaskCommitter", "fence"]
+__all__ = ["TRANSACTION_TIMEOUT_MS", "SubtaskCommitter", "fence", "transaction_error"]

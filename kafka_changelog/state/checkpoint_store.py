@@ -27,6 +27,7 @@ from typing import TypeVar
 from ..gc_types import LogFloor
 from ..serialization import HEADER_SCHEMA, decode, encode
 from .checkpoint import CompletedCheckpoint
+from .driver_claim import DriverClaim, parse_driver_claim_key
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -131,6 +132,8 @@ class CheckpointStore(ABC):
         self._guard_times: dict[tuple[str, str], int] = {}
         #: Per application, (operator, subtask) -> the subtask's latest commit.
         self._subtask_commits: dict[str, dict[tuple[str, int], SubtaskCommit]] = {}
+        #: Per application, the driver holding it (``driver_claim.py``).
+        self._claims: dict[str, DriverClaim] = {}
 
     # -- the operations ------------------------------------------------------------------
 
@@ -278,6 +281,12 @@ class CheckpointStore(ABC):
                     in sorted(self._subtask_commits.get(application, {}).items())
                     if operator == operator_id}
 
+    def driver_claim(self, application: str) -> DriverClaim | None:
+        """The claim of the driver holding ``application`` (None: never claimed or reset)."""
+        with self._lock:
+            self._refresh()
+            return self._claims.get(application)
+
     def has_pointer(self, application: str) -> bool:
         """Whether the store holds a latest pointer of ``application``."""
         with self._lock:
@@ -391,6 +400,13 @@ class CheckpointStore(ABC):
             else:
                 commits[(operator_id, subtask)] = SubtaskCommit.from_bytes(value, where)
             return
+        claimed = parse_driver_claim_key(key)
+        if claimed is not None:
+            if value is None:
+                self._claims.pop(claimed, None)
+            else:
+                self._claims[claimed] = DriverClaim.from_bytes(value, where)
+            return
         if key.endswith(_LATEST_SUFFIX):
             application = key[: -len(_LATEST_SUFFIX)]
             if value is None:
@@ -412,7 +428,8 @@ class CheckpointStore(ABC):
             raise CheckpointFormatError(
                 f"unexpected record key {key!r} at {where}; expected "
                 "'{application}/checkpoint/{id:020d}', '{application}/latest', "
-                "'{application}/guard/{id}' or '{application}/subtask/{operator}/{subtask:05d}'"
+                "'{application}/guard/{id}', '{application}/driver' or "
+                "'{application}/subtask/{operator}/{subtask:05d}'"
             )
         application = match["application"]
         checkpoint_id = int(match["checkpoint_id"])

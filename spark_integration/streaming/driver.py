@@ -34,8 +34,6 @@ import pandas as pd
 
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore, high_watermark
-from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, check_output_topics, fence
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.subtask_backend import StateSource
@@ -64,13 +62,14 @@ from .columns import (
     RESULT_SCHEMA,
     SUBTASK_COLUMN,
 )
+from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
 from .ticks import without_ticks
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
-from .worker_resources import WorkerResources, subtask_transactional_id
+from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +155,6 @@ class StatefulProcessor:
         #: Batches this processor ran (its reports beyond the window included).
         self.batches_run = 0
         self._struct: Any = None
-        #: Whether this processor fenced its subtasks' transactional ids (once per process).
-        self._fenced = False
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
@@ -187,6 +184,8 @@ class StatefulProcessor:
         sink = self.sink
         kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
         query_id = _query_id(batch_df)
+        hold = hold_application(coordinator, config, query_id, kafka_sink,
+                                batch_df.sparkSession)
         batch_df = without_ticks(batch_df)
         columns, types = key_columns_of(batch_df.schema, self.key_columns)
         if self.event_time is not None:
@@ -205,10 +204,8 @@ class StatefulProcessor:
                                      query_id=query_id))
             return
         reused: dict[int, SubtaskCommit] = {}
-        floor = 0
         if kafka_sink is not None:
-            config, reused, floor = self._pending_commits(coordinator, kafka_sink, plan,
-                                                          query_id, batch_id)
+            config, reused = self._pending_commits(coordinator, plan, query_id, batch_id)
         if plan.base is None:
             # Before the first checkpoint: keep other applications' GC off what the tasks
             # are about to write (see CheckpointCoordinator.guard_first_writes).
@@ -229,8 +226,8 @@ class StatefulProcessor:
             config, self.fn, columns, self.order_by, plan.base,
             _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,
             output_struct.fieldNames(), batch_id,
-            TaskCommit(kafka_sink, output_struct, floor, query_id,
-                        {s: c.to_bytes() for s, c in reused.items()})
+            TaskCommit(kafka_sink, output_struct, hold.floor, query_id,
+                       {s: c.to_bytes() for s, c in reused.items()}, hold.holder)
             if kafka_sink is not None else None,
             outputs_to_driver, self.task_listener, vectorized=self.vectorized,
             time=TaskTime(context, self.event_time, self.on_timer, tuple(types)))
@@ -330,29 +327,14 @@ class StatefulProcessor:
                 [], self.output_schema).schema
         return self._struct
 
-    def _pending_commits(self, coordinator: CheckpointCoordinator, sink: KafkaOutputSink,
-                         plan: BatchPlan, query_id: str, batch_id: int
-                         ) -> tuple[StreamingStateConfig, dict[int, SubtaskCommit], int]:
+    def _pending_commits(self, coordinator: CheckpointCoordinator, plan: BatchPlan,
+                         query_id: str, batch_id: int
+                         ) -> tuple[StreamingStateConfig, dict[int, SubtaskCommit]]:
         """What subtasks of this batch committed already (an earlier run of the batch
-        crashed before the checkpoint completed): the config to run the batch with (the
-        earlier run's parallelism), those commits, and the checkpoint topic's end offset
-        (where the tasks look for commits of their own earlier attempts)."""
+        crashed before the checkpoint completed; the driver's hold read them): the config
+        to run the batch with (the earlier run's parallelism) and those commits."""
         config = self.config
         store = coordinator.checkpoints
-        assert isinstance(store, KafkaCheckpointStore)
-        if not self._fenced:
-            # A crashed driver may have left tasks behind: fence every subtask's id (of
-            # this and of the last committed parallelism) before looking.
-            last = store.latest(config.application)
-            old = {s.parallelism for s in last.subtasks_of(config.operator_id)} if last else set()
-            count = max([config.parallelism, *old,
-                         *(c.parallelism for c in store.subtask_commits(
-                             config.application, config.operator_id).values())])
-            check_output_topics(config.checkpoints(), [sink.topic])
-            fence(config.checkpoints(), [subtask_transactional_id(config, sink, s)
-                                         for s in range(count)], sink.producer_config)
-            self._fenced = True
-        store.catch_up(TRANSACTION_TIMEOUT_MS / 1000 + store.config.request_timeout_s)
         pending = store.subtask_commits(config.application, config.operator_id)
         reused = {s: c for s, c in pending.items()
                   if c.is_for(config.application, config.operator_id, plan.checkpoint_id,
@@ -379,7 +361,7 @@ class StatefulProcessor:
                 "" if earlier == config.parallelism else
                 f" (at their parallelism {earlier}; {config.parallelism} from the next batch)")
             config = dataclasses.replace(config, parallelism=earlier)
-        return config, reused, high_watermark(config.checkpoints())
+        return config, reused
 
 
 def _query_id(batch_df: Any) -> str:

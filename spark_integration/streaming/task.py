@@ -31,6 +31,7 @@ from kafka_changelog.state import host_store
 from kafka_changelog.state.acquire import AcquiredBackend, acquire, discard, keep
 from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.driver_claim import DriverHolder
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.materializer import MaterializationConfig
 from kafka_changelog.state.subtask_backend import StateSource, SubtaskPlacement
@@ -103,6 +104,9 @@ class TaskCommit:
     query_id: str
     #: ``SubtaskCommit`` bytes of subtasks an earlier run of the batch committed.
     reused: dict[int, bytes]
+    #: The driver that planned the batch: a task refuses to commit once another holds
+    #: the application (that driver is a zombie).
+    holder: DriverHolder | None = None
 
 
 class _SupersededError(Exception):
@@ -187,7 +191,8 @@ class SubtaskTask:
             committer = WorkerResources.task_committer(self.config, commit.sink, subtask)
             try:
                 # After this task's producer fenced every earlier attempt's.
-                found = committer.find(self._commit_key(subtask), commit.floor, self._same)
+                found = committer.find(self._commit_key(subtask), commit.floor, self._same,
+                                       commit.holder)
             except BaseException:
                 WorkerResources.drop_committer(self.config, commit.sink, subtask)
                 raise
@@ -212,7 +217,8 @@ class SubtaskTask:
                     self._output_records(outputs, commit),
                     self._subtask_commit(subtask, encoded, metrics, len(outputs), commit),
                     commit.floor,
-                    lambda: self._emit(TaskEvent.SUBTASK_IN_TRANSACTION, subtask))
+                    lambda: self._emit(TaskEvent.SUBTASK_IN_TRANSACTION, subtask),
+                    commit.holder)
                 if not ours:
                     raise _SupersededError
         except _SupersededError:
