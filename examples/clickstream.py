@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
@@ -49,11 +49,16 @@ EVENT_SCHEMA = "seq long, kind string, page string, amount double"
 
 
 def ensure_topic(settings: dict[str, Any], topic: str, partitions: int = 4) -> None:
-    """Create ``topic`` unless it exists (brokers may not auto-create topics)."""
+    """Create ``topic`` unless it exists (brokers may not auto-create topics; another job
+    creating it at the same moment is fine)."""
     admin = AdminClient(settings)
     if topic not in admin.list_topics(timeout=30).topics:
         for future in admin.create_topics([NewTopic(topic, partitions, -1)]).values():
-            future.result(30)
+            try:
+                future.result(30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
 
 
 def produce_events(settings: dict[str, Any], topic: str, count: int, users: int,

@@ -27,6 +27,9 @@ def job_parser(description: str, application: str, input_topic: str, output_topi
     parser.add_argument("--local-state-dir", default=None,
                         help="host-local state directory of the rocksdb backend (default: "
                              "a temporary directory)")
+    parser.add_argument("--driver-lease", type=float, default=None, metavar="SECONDS",
+                        help="how long the driver's hold on the application lasts without "
+                             "a heartbeat (default: StreamingStateConfig's)")
     parser.add_argument("--master", default=None,
                         help="Spark master: local[n] (default local[max(2, parallelism)]) or "
                              "spark://host:port")
@@ -44,7 +47,8 @@ def state_config(args: argparse.Namespace, operator_id: str) -> StreamingStateCo
         snapshot_topic=f"{args.topic_prefix}-snapshots",
         checkpoint_topic=f"{args.topic_prefix}-checkpoints",
         partitions=8, materialization_interval_s=args.materialization_interval,
-        local_state_dir=args.local_state_dir)
+        local_state_dir=args.local_state_dir,
+        **({"driver_lease_s": args.driver_lease} if args.driver_lease else {}))
 
 
 def spark_settings(args: argparse.Namespace) -> dict[str, str]:

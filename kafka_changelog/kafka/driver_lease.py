@@ -58,6 +58,10 @@ _FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PR
            KafkaError._FATAL)
 
 
+#: Writes fenced while this driver still holds the claim (see :meth:`DriverLease.write`).
+_WRITE_ATTEMPTS = 3
+
+
 def driver_transactional_id(application: str) -> str:
     """The transactional id of an application's driver: ``kafka-changelog-<application>-driver``
     (under the prefix ACL the tasks' ids need, ``kafka-changelog-<application>-``)."""
@@ -100,6 +104,8 @@ class DriverLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._running: Callable[[], bool] | None = None
+        #: The epoch of this lease's latest claim (kept once lost, for errors).
+        self._epoch: int | None = None
 
     @classmethod
     def of(cls, store: KafkaCheckpointStore, application: str, lease_s: float,
@@ -120,9 +126,9 @@ class DriverLease:
         """Hold the application for a driver running Spark query ``query_id``.
 
         Returns at once when this lease holds it already. Otherwise waits while a live
-        driver of another query holds it (up to ``wait_s``, default the lease plus the
-        request timeout: long enough for a dead holder's lease to run out), then claims
-        it with the next epoch. Raises :class:`ApplicationHeldError` naming the holder.
+        driver of another query holds it (up to ``wait_s``, default twice the lease: long
+        enough for a dead holder's lease to run out), then claims it with the next epoch.
+        Raises :class:`ApplicationHeldError` naming the holder.
         ``running`` tells the heartbeat thread whether the query still runs (once it
         does not, the lease is released); without it no thread beats and the claim
         lasts the lease after the last write.
@@ -132,9 +138,7 @@ class DriverLease:
             if self.claim is not None and self._still_mine():
                 return self.claim
             self.claim = None
-            timeout = self.store.config.request_timeout_s
-            deadline = time.monotonic() + (wait_s if wait_s is not None
-                                           else self.lease_s + timeout)
+            deadline = time.monotonic() + (wait_s if wait_s is not None else 2 * self.lease_s)
             told = False
             while True:
                 found = self._current()
@@ -187,6 +191,7 @@ class DriverLease:
             self._drop_producer()
             return None
         self.claim = claim
+        self._epoch = claim.epoch
         return claim
 
     def _current(self) -> DriverClaim | None:
@@ -218,18 +223,37 @@ class DriverLease:
         claim; blocks until committed. :class:`DriverFencedError` when another driver
         took over: nothing of it is visible then."""
         with self._lock:
-            claim = self.claim
-            if claim is None:
-                raise self._fenced(what, self.store.driver_claim(self.application))
-            try:
-                self._transaction(records, dataclasses.replace(claim, heartbeat_ms=_now_ms()),
-                                  what)
-            except TransactionFencedError:
-                self._drop_producer()
-                self.claim = None
-                self._stop.set()
-                self.store.catch_up(self.store.config.request_timeout_s * 2)
-                raise self._fenced(what, self.store.driver_claim(self.application)) from None
+            for _ in range(_WRITE_ATTEMPTS):
+                claim = self.claim
+                if claim is None:
+                    raise self._fenced(f"write {what}", self.store.driver_claim(self.application))
+                try:
+                    self._transaction(records, dataclasses.replace(
+                        claim, heartbeat_ms=_now_ms()), what)
+                    return
+                except TransactionFencedError:
+                    # A driver that meant to take over (and then saw this claim, or lost a
+                    # race) may have fenced the producer without claiming: still the holder,
+                    # this one fences in turn and writes again.
+                    self._drop_producer()
+                    if self._current_is_mine():
+                        self._start_producer()
+                        if self._current_is_mine():
+                            continue
+                    self._lose()
+                    raise self._fenced(f"write {what}",
+                                       self.store.driver_claim(self.application)) from None
+            self._lose()
+            raise self._fenced(f"write {what}", self.store.driver_claim(self.application))
+
+    def _current_is_mine(self) -> bool:
+        found = self._current()
+        return found is not None and self._is_mine(found)
+
+    def _lose(self) -> None:
+        self._drop_producer()
+        self.claim = None
+        self._stop.set()
 
     def heartbeat(self) -> None:
         """Refresh the claim (a transaction with the claim alone)."""
@@ -253,7 +277,7 @@ class DriverLease:
 
     def _fenced(self, doing: str, found: DriverClaim | None) -> DriverFencedError:
         holder = found.describe() if found is not None else "nobody (the claim was reset)"
-        mine = f"epoch {self.claim.epoch}" if self.claim is not None else "no claim"
+        mine = f"epoch {self._epoch}" if self._epoch is not None else "no claim yet"
         return DriverFencedError(
             f"cannot {doing}: application {self.application!r} is now held by {holder}, "
             f"not by this driver ({self.identity.host}, pid {self.identity.pid}, {mine}): "
@@ -315,7 +339,9 @@ class DriverLease:
         running = self._running
         try:
             return running is None or running()
-        except Exception:  # the session is gone: so is the query
+        except Exception as exc:  # the session is gone: so is the query
+            logger.info("application %s: cannot tell whether the query runs (%s): taken "
+                        "as stopped", self.application, exc)
             return False
 
     # -- heartbeats between batches --------------------------------------------------------------

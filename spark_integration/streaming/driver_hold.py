@@ -62,9 +62,15 @@ def hold_application(coordinator: CheckpointCoordinator, config: StreamingStateC
 
 
 def _query_running(session: Any, query_id: str) -> Callable[[], bool]:
-    """Whether Spark query ``query_id`` is still active in ``session``."""
+    """Whether Spark query ``query_id`` is still active in ``session``'s Spark application.
+
+    Asked of the state all sessions share: a ``foreachBatch`` function gets a clone of
+    the query's session, whose own query manager knows no query.
+    """
     def running() -> bool:
-        return session.streams.get(query_id) is not None
+        jvm = session.sparkContext._jvm
+        return bool(session._jsparkSession.sharedState().activeStreamingQueries()
+                    .containsKey(jvm.java.util.UUID.fromString(query_id)))
     return running
 
 
