@@ -53,8 +53,8 @@ OPTIONS: dict[str, str] = {
     "operator": "one operator id (default: every operator of the checkpoint)",
     "checkpoint": "checkpoint id (default: the latest complete one)",
     "mode": "'changes' (default) or 'state'",
-    "changelog.topic": f"changelog topic (default {DEFAULT_CHANGELOG_TOPIC})",
-    "snapshot.topic": f"snapshot topic (default {DEFAULT_SNAPSHOT_TOPIC})",
+    "changelog.topic": "changelog topic (default: the one the checkpoint's handles name)",
+    "snapshot.topic": "snapshot topic (default: the one the checkpoint's handles name)",
     "checkpoint.topic": f"checkpoint topic (default {DEFAULT_CHECKPOINT_TOPIC})",
     "slice.offsets": f"max offsets per input partition in changes mode "
                      f"(default {DEFAULT_SLICE_OFFSETS})",
@@ -89,8 +89,10 @@ class ReaderOptions:
     operator: str | None = None
     checkpoint_id: int | None = None
     mode: str = MODE_CHANGES
-    changelog_topic: str = DEFAULT_CHANGELOG_TOPIC
-    snapshot_topic: str = DEFAULT_SNAPSHOT_TOPIC
+    #: The changelog and snapshot topics the checkpoint must use (None: whichever its
+    #: handles name; each handle names its topic).
+    changelog_topic: str | None = None
+    snapshot_topic: str | None = None
     checkpoint_topic: str = DEFAULT_CHECKPOINT_TOPIC
     slice_offsets: int = DEFAULT_SLICE_OFFSETS
     slice_key_groups: int = DEFAULT_SLICE_KEY_GROUPS
@@ -124,14 +126,18 @@ class ReaderOptions:
         return self.connection().common()
 
     def changelog_config(self, max_parallelism: int = 128) -> KafkaChangelogConfig:
-        """Config of changelog readers (consumer settings only are used)."""
-        return KafkaChangelogConfig.on(self.connection(), topic=self.changelog_topic,
-                                       max_parallelism=max_parallelism)
+        """Config of changelog readers (consumer settings only are used: each handle
+        names its topic)."""
+        return KafkaChangelogConfig.on(
+            self.connection(), topic=self.changelog_topic or DEFAULT_CHANGELOG_TOPIC,
+            max_parallelism=max_parallelism)
 
-    def snapshot_config(self, max_parallelism: int = 128) -> SnapshotStoreConfig:
-        """Config of snapshot chunk readers."""
-        return SnapshotStoreConfig.on(self.connection(), topic=self.snapshot_topic,
-                                      max_parallelism=max_parallelism)
+    def snapshot_config(self, max_parallelism: int = 128, topic: str | None = None
+                        ) -> SnapshotStoreConfig:
+        """Config of snapshot chunk readers of ``topic`` (default: the option's)."""
+        return SnapshotStoreConfig.on(
+            self.connection(), topic=topic or self.snapshot_topic or DEFAULT_SNAPSHOT_TOPIC,
+            max_parallelism=max_parallelism)
 
     def checkpoint_config(self) -> CheckpointStoreConfig:
         """Config of the checkpoint topic reader."""
@@ -191,8 +197,8 @@ def parse_options(options: Mapping[str, str]) -> ReaderOptions:
         operator=operator,
         checkpoint_id=checkpoint_id,
         mode=mode,
-        changelog_topic=lowered.get("changelog.topic", "").strip() or DEFAULT_CHANGELOG_TOPIC,
-        snapshot_topic=lowered.get("snapshot.topic", "").strip() or DEFAULT_SNAPSHOT_TOPIC,
+        changelog_topic=lowered.get("changelog.topic", "").strip() or None,
+        snapshot_topic=lowered.get("snapshot.topic", "").strip() or None,
         checkpoint_topic=lowered.get("checkpoint.topic", "").strip() or DEFAULT_CHECKPOINT_TOPIC,
         slice_offsets=_int_option(lowered, "slice.offsets", "slice.offsets",
                                   DEFAULT_SLICE_OFFSETS),
@@ -417,21 +423,23 @@ def referenced_topics(checkpoint: CompletedCheckpoint, operators: Iterable[str],
 
 def check_topics(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                  options: ReaderOptions, existing: set[str]) -> None:
-    """The checkpoint's data must be in the topics the options name, and they must exist."""
+    """The checkpoint's data must be in the topics the options name (when they name one),
+    and those topics must exist."""
     expected = {"changelog": (options.changelog_topic, "changelog.topic"),
                 "snapshot": (options.snapshot_topic, "snapshot.topic")}
     where = (f"checkpoint {checkpoint.checkpoint_id} of application "
              f"{checkpoint.application!r}")
     for kind, topics in referenced_topics(checkpoint, operators, options.mode).items():
         topic, option = expected[kind]
-        others = sorted(topics - {topic})
+        others = sorted(topics - {topic}) if topic is not None else []
         if others:
             raise UnreadableCheckpointError(
                 f"{where} keeps its {kind} in topic(s) {', '.join(others)}, not in {topic!r} "
                 f"(option {option}); set {option} to the topic the job wrote to")
-        if topics and topic not in existing:
+        missing = sorted(topics - existing)
+        if missing:
             raise UnreadableCheckpointError(
-                f"{kind} topic {topic!r} of {where} does not exist on "
+                f"{kind} topic {missing[0]!r} of {where} does not exist on "
                 f"{options.bootstrap_servers}: it was deleted, or the options point at "
                 "another cluster")
 

@@ -327,7 +327,9 @@ def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
                                       task.slice, batch_rows, task.key_types)
         return
     table = StateTable()
-    chunks = ChunkReader(options.snapshot_config())
+    snapshot = task.handle.snapshot
+    chunks = ChunkReader(options.snapshot_config(
+        topic=snapshot.topic if snapshot is not None else None))
     with SliceReader(options.changelog_config()) as reader:
         load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
     yield from state_batches(table, task.operator, batch_rows, task.key_types, task.at_ms)

@@ -6,7 +6,9 @@ importing one another.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,28 @@ from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
 from kafka_changelog.state.rocksdb_options import RocksDBOptions
+
+#: Characters Kafka allows in a topic name.
+_TOPIC_CHARACTERS = re.compile(r"[^a-zA-Z0-9._-]")
+#: Kafka's longest topic name.
+_MAX_TOPIC_LENGTH = 249
+
+
+def application_topics(application: str) -> tuple[str, str]:
+    """The default changelog and snapshot topics of ``application``:
+    ``kafka-changelog-<application>-changelog`` and ``...-snapshots``.
+
+    An application of its own topics pins only its own records: a stopped application that
+    was never reset keeps what its checkpoints need, and no other application's log grows
+    for it. Characters Kafka does not allow become ``-``, and an application name changed
+    that way, or too long, gets a hash of the name, so two names never share topics.
+    """
+    name = _TOPIC_CHARACTERS.sub("-", application)
+    longest = _MAX_TOPIC_LENGTH - len("kafka-changelog--snapshots") - 9
+    if name != application or len(name) > longest:
+        digest = hashlib.sha256(application.encode()).hexdigest()[:8]
+        name = f"{name[:longest]}-{digest}"
+    return f"kafka-changelog-{name}-changelog", f"kafka-changelog-{name}-snapshots"
 
 
 @dataclass(frozen=True)
@@ -35,8 +59,11 @@ class StreamingStateConfig:
     max_parallelism: int = 128
     #: Tasks per micro-batch; may change between runs (state follows key groups).
     parallelism: int = 2
-    changelog_topic: str = "kafka-changelog"
-    snapshot_topic: str = "kafka-changelog-snapshots"
+    #: The changelog and snapshot topics ("": the application's own,
+    #: :func:`application_topics`; name shared ones to share them, with the checkpoint topic).
+    changelog_topic: str = ""
+    snapshot_topic: str = ""
+    #: Shared by default: applications sharing changelog or snapshot topics must share it.
     checkpoint_topic: str = "kafka-changelog-checkpoints"
     #: Partitions of the changelog and snapshot topics when they are created.
     partitions: int = 16
@@ -74,6 +101,11 @@ class StreamingStateConfig:
     rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
 
     def __post_init__(self) -> None:
+        own_changelog, own_snapshots = application_topics(self.application)
+        if not self.changelog_topic:
+            object.__setattr__(self, "changelog_topic", own_changelog)
+        if not self.snapshot_topic:
+            object.__setattr__(self, "snapshot_topic", own_snapshots)
         object.__setattr__(self, "state_backend",
                            BackendKind.of(self.state_backend, "state_backend"))
         if not isinstance(self.rocksdb_options, RocksDBOptions):

@@ -32,11 +32,9 @@ from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
 from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
 from kafka_changelog.state.table import StateTable
 from spark_integration.planning import (
-    DEFAULT_CHANGELOG_TOPIC,
     DEFAULT_CHECKPOINT_TOPIC,
     DEFAULT_SLICE_KEY_GROUPS,
     DEFAULT_SLICE_OFFSETS,
-    DEFAULT_SNAPSHOT_TOPIC,
     ChangesTask,
     CheckpointSelectionError,
     ReaderOptionError,
@@ -75,8 +73,8 @@ def test_options_have_the_documented_defaults() -> None:
     assert options.application == "shop"
     assert options.operator is None and options.checkpoint_id is None
     assert options.mode == "changes"
-    assert options.changelog_topic == DEFAULT_CHANGELOG_TOPIC == "kafka-changelog"
-    assert options.snapshot_topic == DEFAULT_SNAPSHOT_TOPIC == "kafka-changelog-snapshots"
+    # The data topics: whichever the checkpoint's handles name.
+    assert options.changelog_topic is None and options.snapshot_topic is None
     assert options.checkpoint_topic == DEFAULT_CHECKPOINT_TOPIC == "kafka-changelog-checkpoints"
     assert options.slice_offsets == DEFAULT_SLICE_OFFSETS == 200_000
     assert options.slice_key_groups == DEFAULT_SLICE_KEY_GROUPS == 16
@@ -267,10 +265,14 @@ def test_topics_must_be_the_ones_the_options_name_and_exist() -> None:
     check_topics(checkpoint, ops, parse_options(ok), {"log-a", "snap-a"})
     # Changes mode does not need the snapshot topic.
     check_topics(checkpoint, ops, parse_options({**ok, "snapshot.topic": "x"}), {"log-a"})
+    # Without the options, the topics the handles name are read.
+    check_topics(checkpoint, ops, parse_options(BASE), {"log-a"})
+    check_topics(checkpoint, ops, parse_options({**BASE, "mode": "state"}), {"log-a", "snap-a"})
     with pytest.raises(UnreadableCheckpointError) as caught:
-        check_topics(checkpoint, ops, parse_options(BASE), {"log-a"})
+        check_topics(checkpoint, ops, parse_options({**BASE, "changelog.topic": "log-b"}),
+                     {"log-a"})
     assert ("checkpoint 7 of application 'shop' keeps its changelog in topic(s) log-a, not in "
-            "'kafka-changelog' (option changelog.topic)") in str(caught.value)
+            "'log-b' (option changelog.topic)") in str(caught.value)
     with pytest.raises(UnreadableCheckpointError, match=r"option snapshot\.topic"):
         check_topics(checkpoint, ops, parse_options({**ok, "mode": "state",
                                                      "snapshot.topic": "x"}), {"log-a"})
