@@ -10,6 +10,7 @@ from .reader import KafkaChangelogReader
 from .snapshot_store import KafkaSnapshotStore, KafkaSnapshotView, SnapshotStoreConfig
 from .storage import KafkaChangelogStorage
 from .task_commit import OutputTopicMissingError
+from .topic_owners import SharedTopicError
 from .transactional_commit import (
     OutputRecord,
     TransactionAbortedError,
@@ -34,6 +35,7 @@ __all__ = [
     "OutputRecord",
     "OutputTopicMissingError",
     "PartitionRange",
+    "SharedTopicError",
     "SnapshotStoreConfig",
     "TransactionAbortedError",
     "TransactionFencedError",

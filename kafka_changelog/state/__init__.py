@@ -19,6 +19,7 @@ from .descriptors import (
     reducing_state,
     value_state,
 )
+from .driver_claim import ApplicationHeldError, DriverFencedError
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -49,6 +50,7 @@ __all__ = [
     "INT64",
     "JSON",
     "UTF8",
+    "ApplicationHeldError",
     "AvroSerializer",
     "BackendKind",
     "BulkState",
@@ -60,6 +62,7 @@ __all__ = [
     "CheckpointStore",
     "CheckpointStoreError",
     "CompletedCheckpoint",
+    "DriverFencedError",
     "GarbageReport",
     "InMemoryCheckpointStore",
     "InMemorySnapshotStore",

@@ -20,6 +20,7 @@ from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.kafka.job_process import spawn_job
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.kafka.task_commit import SubtaskCommitter
+from kafka_changelog.kafka.topic_owners import claim_topics
 from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.local_store import remove_operator_stores
@@ -83,6 +84,8 @@ class WorkerResources:
         """The driver's coordinator of ``config``'s application."""
         key = resource_key(config)
         if key not in cls.coordinators:
+            claim_topics(config.connection(), config.checkpoint_topic,
+                         {"changelog": config.changelog_topic, "snapshot": config.snapshot_topic})
             storage, snapshots = cls.stores(config)
             cls.coordinators[key] = CheckpointCoordinator(
                 config.application, KafkaCheckpointStore(config.checkpoints()), snapshots,

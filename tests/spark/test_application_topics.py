@@ -7,6 +7,7 @@ application's state without being told its topics (each handle names its topic).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pandas as pd
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from kafka_changelog.kafka.topic_owners import SharedTopicError
 from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.serializers import INT64
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
@@ -84,3 +86,28 @@ def test_default_topics_are_read_by_the_reader_and_the_cli_without_naming_them(
     assert shown.returncode == 0, shown.stderr
     found = json.loads(shown.stdout)
     assert found["found"] and {s["state"]: s["value"] for s in found["states"]} == {"count": 4}
+
+
+@pytest.mark.broker
+def test_a_driver_sharing_topics_under_another_checkpoint_topic_is_refused(
+        kafka_cluster: Any) -> None:
+    prefix = f"shared-{uuid.uuid4().hex[:8]}"
+    first = StreamingStateConfig(f"{prefix}-a", "op", kafka_cluster.bootstrap_servers,
+                                 changelog_topic=f"{prefix}-log", snapshot_topic=f"{prefix}-snap",
+                                 checkpoint_topic=f"{prefix}-checkpoints", partitions=2)
+    coordinator = WorkerResources.coordinator(first)
+    coordinator.guard_first_writes()  # a guard names the changelog topic
+    other = StreamingStateConfig(f"{prefix}-b", "op", kafka_cluster.bootstrap_servers,
+                                 changelog_topic=f"{prefix}-log", snapshot_topic=f"{prefix}-snap",
+                                 checkpoint_topic=f"{prefix}-elsewhere", partitions=2)
+    try:
+        with pytest.raises(SharedTopicError) as refused:
+            WorkerResources.coordinator(other)
+        assert (f"changelog topic '{prefix}-log' is used by applications whose checkpoint "
+                f"topic is '{prefix}-checkpoints', not '{prefix}-elsewhere'") in str(refused.value)
+        # Sharing the checkpoint topic too is fine.
+        together = dataclasses.replace(other, checkpoint_topic=f"{prefix}-checkpoints")
+        WorkerResources.coordinator(together)
+        WorkerResources.release(together)
+    finally:
+        WorkerResources.release(first)
