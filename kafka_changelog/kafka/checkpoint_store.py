@@ -135,6 +135,8 @@ class KafkaCheckpointView(CheckpointStore):
         self.config = config
         self.topic = config.topic
         self._consumer = Consumer(config.consumer())
+        #: Looks at records uncommitted (see :meth:`catch_up`); opened on first use.
+        self._uncommitted: Consumer | None = None
         self._position: int | None = None
         self._closed = False
 
@@ -192,23 +194,22 @@ class KafkaCheckpointView(CheckpointStore):
         prefix = f"{application}/".encode()
         own = DriverIdentity.of_this_process().driver_id.encode()
         latest = self._latest_id(application)
-        reader = Consumer({**self.config.consumer(), "isolation.level": "read_uncommitted"})
-        try:
-            for message in consume_range(reader, self.topic, self.PARTITION, self._position,
-                                         end, self.config.request_timeout_s,
-                                         self._on_read_error):
-                key = message.key() or b""
-                if not key.startswith(prefix) or writer_of(message) == own:
-                    continue
-                value = message.value()
-                if (latest is not None and value is not None
-                        and parse_subtask_commit_key(key.decode(errors="replace"))
-                        and SubtaskCommit.from_bytes(value, "-").checkpoint_id <= latest):
-                    continue
-                return True
-            return False
-        finally:
-            reader.close()
+        if self._uncommitted is None:
+            self._uncommitted = Consumer({**self.config.consumer(),
+                                          "isolation.level": "read_uncommitted"})
+        for message in consume_range(self._uncommitted, self.topic, self.PARTITION,
+                                     self._position, end, self.config.request_timeout_s,
+                                     self._on_read_error):
+            key = message.key() or b""
+            if not key.startswith(prefix) or writer_of(message) == own:
+                continue
+            value = message.value()
+            if (latest is not None and value is not None
+                    and parse_subtask_commit_key(key.decode(errors="replace"))
+                    and SubtaskCommit.from_bytes(value, "-").checkpoint_id <= latest):
+                continue
+            return True
+        return False
 
     def _refresh(self, until: int | None = None, wait_s: float | None = None) -> None:
         self._check_open()
@@ -242,11 +243,16 @@ class KafkaCheckpointView(CheckpointStore):
                   f"{position} failed: {describe(error)}")
 
     def close(self) -> None:
-        """Close the consumer (idempotent)."""
+        """Close the consumers (idempotent)."""
         with self._lock:
             if not self._closed:
                 self._closed = True
-                self._consumer.close()
+                self._close_consumers()
+
+    def _close_consumers(self) -> None:
+        self._consumer.close()
+        if self._uncommitted is not None:
+            self._uncommitted.close()
 
 
 class KafkaCheckpointStore(KafkaCheckpointView):
@@ -331,4 +337,4 @@ class KafkaCheckpointStore(KafkaCheckpointView):
             self.leases.clear()
             self._closed = True
             self._producer.close(self.config.request_timeout_s)
-            self._consumer.close()
+            self._close_consumers()
