@@ -109,7 +109,7 @@ def test_of_two_drivers_started_together_one_runs_and_the_other_is_refused(
     settings = kafka_cluster.client_config()
     first = Job(f"double-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
                 tmp_path / "checkpoint-1", EVENT_COUNT, per_batch=100,
-                options=("--driver-lease", "4"))
+                options=("--driver-lease", "10"))
     second = dataclasses.replace(first, checkpoint_dir=tmp_path / "checkpoint-2")
     produce_events(settings, first.input_topic, EVENT_COUNT, USERS)
     # Whichever driver holds the application stalls in its first task, so the other one
