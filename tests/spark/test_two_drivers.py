@@ -69,15 +69,21 @@ def check_exactly_once(job: Job, settings: dict[str, Any]) -> None:
     assert commits and set(commits.values()) == {1}, commits
 
 
+def a_job(kafka_cluster: Any, name: str, checkpoint_dir: Path, *options: str) -> Job:
+    """A clickstream application named after ``name``, its input written."""
+    job = Job(f"{name}-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
+              checkpoint_dir, EVENT_COUNT, per_batch=100, options=options)
+    produce_events(kafka_cluster.client_config(), job.input_topic, EVENT_COUNT, USERS)
+    return job
+
+
 def test_a_zombie_driver_commits_nothing_once_the_same_query_restarted(
         kafka_cluster: Any, tmp_path: Path) -> None:
     settings = kafka_cluster.client_config()
     # In memory: with "rocksdb" the zombie's stalled task would hold its subtask's store on
     # this host, and the new driver's task would wait for the store's lock.
-    job = Job(f"zombie-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-              tmp_path / "spark-checkpoint", EVENT_COUNT, per_batch=100,
-              options=("--state-backend", "memory"))
-    produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
+    job = a_job(kafka_cluster, "zombie", tmp_path / "spark-checkpoint",
+                "--state-backend", "memory")
     checkpoints = WorkerResources.coordinator(job.config()).checkpoints
     stall = tmp_path / "stall"
     stall.mkdir()
@@ -107,11 +113,8 @@ def test_a_zombie_driver_commits_nothing_once_the_same_query_restarted(
 def test_of_two_drivers_started_together_one_runs_and_the_other_is_refused(
         kafka_cluster: Any, tmp_path: Path) -> None:
     settings = kafka_cluster.client_config()
-    first = Job(f"double-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-                tmp_path / "checkpoint-1", EVENT_COUNT, per_batch=100,
-                options=("--driver-lease", "10"))
+    first = a_job(kafka_cluster, "double", tmp_path / "checkpoint-1", "--driver-lease", "10")
     second = dataclasses.replace(first, checkpoint_dir=tmp_path / "checkpoint-2")
-    produce_events(settings, first.input_topic, EVENT_COUNT, USERS)
     # Whichever driver holds the application stalls in its first task, so the other one
     # meets a live holder.
     stall = tmp_path / "stall"
