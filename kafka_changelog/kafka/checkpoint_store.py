@@ -9,7 +9,7 @@ The records and the view built from them are ``kafka_changelog.state.checkpoint_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError
 
@@ -37,8 +37,21 @@ from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
 
 if TYPE_CHECKING:
+    from ..state.driver_claim import DriverClaim
     from ..state.records import OutRecord
-    from .driver_lease import DriverLease
+
+
+class ApplicationLease(Protocol):
+    """What the store needs of a driver's hold on an application (``driver_lease.py``)."""
+
+    #: The claim held (None: not, or no longer, held).
+    claim: DriverClaim | None
+
+    def write(self, records: list[OutRecord], what: str) -> None:
+        """Write ``records`` as the holder (raises once another driver took over)."""
+
+    def release(self) -> None:
+        """Free the application."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +288,7 @@ class KafkaCheckpointStore(KafkaCheckpointView):
                                        config.request_timeout_s)
         #: Per application, the driver lease this process holds it with
         #: (``driver_lease.py``): its records are written through the lease then.
-        self.leases: dict[str, DriverLease] = {}
+        self.leases: dict[str, ApplicationLease] = {}
         try:
             with self._lock:
                 self._refresh()
