@@ -1,94 +1,109 @@
-"""Reading handles back: fetch the ranges together, keep the writer's changes, merge them."""
+"""Reading handles back: seek each range, keep the writer's changes, restore their order."""
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..change import META_KEY_GROUP, StateChange, new_unchecked
 from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
 from ..reader import StateChangelogReader, wrong_handle
 from .config import KafkaChangelogConfig
-from .consume import consume_range, end_of_partition
+from .consume import BATCH, consume_range, end_of_partition
 from .error_text import describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
 from .offsets import watermarks
-from .range_fetch import BUFFER_BYTES, RangeFetcher
 from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
-
-#: A decoded entry: (sequence number, index in its change set, key group, payload).
-Entry = tuple[int, int, int, bytes]
+from .spill_sort import BUDGET_BYTES, Entry, SpillingSorter
 
 
 class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
-    """Reads the changes of Kafka handles with a reused consumer (read-only: READ ACLs).
+    """Reads the changes of Kafka handles with reused consumers (read-only: READ ACLs).
 
-    A handle's ranges are fetched together by one consumer and merged as they arrive
-    (each partition's changes come in sequence order), so reading streams: memory is
-    bounded by ``buffer_bytes`` of record values per partition of the handle, plus
-    one consume call (at most 1,000 records) and librdkafka's prefetch queue
-    (``queued.max.messages.kbytes``), whatever the length of the handle's tail.
+    A handle of several ranges is read with two consumers: while one reads a range, the
+    other is already fetching the next one, so each move to another partition costs no
+    fetch round trip.
+
+    Memory is bounded whatever the length of a handle's tail: the changes read are
+    held up to ``memory_budget_bytes`` (payloads plus ~100 bytes a change), then sorted
+    and spilled to a temporary file in ``spill_directory`` (default: the system's
+    temporary directory) as a sorted run; the runs are merged while iterating, one
+    64-KiB chunk of each in memory (see :mod:`.spill_sort`). Records are fetched at
+    most ``memory_budget_bytes / 4`` at a time (by ``max_record_bytes``). So a read
+    holds at most about 1.25 x the budget plus 64 KiB per spilled run (tail / budget
+    runs), plus librdkafka's prefetch queue (``queued.max.messages.kbytes``). Below the
+    budget nothing is written to disk.
     """
 
     def __init__(self, config: KafkaChangelogConfig, timeout_s: float | None = None,
-                 buffer_bytes: int = BUFFER_BYTES) -> None:
+                 memory_budget_bytes: int = BUDGET_BYTES,
+                 spill_directory: str | None = None) -> None:
+        self._budget = memory_budget_bytes
+        self._spill_directory = spill_directory
+        #: Sorted runs the last :meth:`read` spilled to disk, and its peak of bytes held.
+        self.spilled_runs = 0
+        self.peak_held_bytes = 0
         self._config = config
         self._timeout = timeout_s if timeout_s is not None else config.request_timeout_s
-        self._buffer_bytes = buffer_bytes
         self._consumer = Consumer(config.consumer())
+        self._spare: Consumer | None = None
+        self._last_value_bytes = 0
+        # Records held at once by a consume call: a quarter of the budget at most.
+        self._batch = min(BATCH, max(1, memory_budget_bytes // 4 // config.max_record_bytes))
         self.records_read = 0
         self.bytes_read = 0
-        #: Most record-value bytes buffered at once by the last :meth:`read` (for tests).
-        self.peak_buffered_bytes = 0
 
     def read(self, handle: KafkaChangelogHandle) -> Iterator[StateChange]:
         """The handle's changes in sequence order (append order within a change set).
 
-        Streams: a k-way merge of the partitions' sorted runs, each fetched into a
-        buffer of at most ``buffer_bytes`` (see the class). Equal (sequence number,
-        index) pairs are copies from retried uploads: one is kept. Raises
+        Partitions are not sorted runs (a writer may persist later change sets before
+        earlier ones, and a retried upload sends sets again), so every change of the
+        handle is read before the first is yielded: memory stays within the reader's
+        budget by spilling sorted runs to disk (see the class). Raises
         :class:`ChangelogTruncatedError` when a range starts below the partition's log
-        start offset, :class:`ChangelogError` when records past the log end were lost
-        or a partition's changes are out of sequence order, and
-        :class:`RecordDecodeError` naming the offset of a record that cannot be decoded.
+        start offset, and :class:`RecordDecodeError` naming the offset of a record that
+        cannot be decoded.
         """
         if not isinstance(handle, KafkaChangelogHandle):
             raise wrong_handle(self, handle)
+        collected = SpillingSorter(self._budget, self._spill_directory)
         ranges = [r for r in handle.ranges if r.end_offset > r.start_offset]
-        topic, log_id = handle.topic, handle.log_id
-
-        def on_error(error: KafkaError, r: PartitionRange, position: int) -> int:
-            return self._after_error(topic, r, log_id, position, error)
-
-        fetcher = RangeFetcher(self._consumer, topic, ranges, self._timeout,
-                               self._record_decoder(handle), on_error, self._buffer_bytes)
+        consumers = [self._consumer]
+        if len(ranges) > 1:
+            if self._spare is None:
+                self._spare = Consumer(self._config.consumer())
+            consumers.append(self._spare)
         try:
-            runs = [_sorted_run(topic, r.partition, fetcher) for r in ranges]
-            merged: Iterator[Entry] = runs[0] if len(runs) == 1 else heapq.merge(*runs)
+            for index, partition_range in enumerate(ranges):
+                consumer = consumers[index % len(consumers)]
+                if index == 0:
+                    _assign(consumer, handle.topic, partition_range)
+                if index + 1 < len(ranges):  # fetched while this one is read
+                    _assign(consumers[(index + 1) % 2], handle.topic, ranges[index + 1])
+                self._read_range(handle, partition_range, collected, consumer)
+            self.spilled_runs = collected.spilled_runs
+            # Equal (sequence number, position) pairs are copies from retried uploads.
             previous = None
-            for sqn, position, key_group, payload in merged:
+            for sqn, position, key_group, payload in collected.sorted():
                 if (sqn, position) != previous:
                     previous = (sqn, position)
                     yield new_unchecked(StateChange, (key_group, payload))
         finally:
-            self.peak_buffered_bytes = fetcher.peak_buffered_bytes
-            fetcher.close()
+            self.peak_held_bytes = collected.peak_held_bytes
+            collected.close()  # deletes the spilled runs, also on errors
 
-    def _record_decoder(
-        self, handle: KafkaChangelogHandle
-    ) -> Callable[[PartitionRange, Message], tuple[int, list[Entry]] | None]:
-        """(offset, kept entries) of a record of the handle's log; None for others'."""
+    def _read_range(
+        self,
+        handle: KafkaChangelogHandle,
+        r: PartitionRange,
+        collected: SpillingSorter,
+        consumer: Consumer,
+    ) -> None:
         first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
         lowest, highest = handle.key_group_range.start, handle.key_group_range.end
-        topic, log_id, log_key = handle.topic, handle.log_id, handle.log_id.encode()
-
-        def decode(r: PartitionRange, message: Message) -> tuple[int, list[Entry]] | None:
-            if message.key() != log_key:
-                return None
-            offset, changes = self._decode(topic, r.partition, log_id, message)
+        for _, changes in self.log_records(handle.topic, r, handle.log_id, consumer):
             kept: list[Entry] = []
             keep = kept.append
             for c in changes:
@@ -97,9 +112,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                     key_group == META_KEY_GROUP or lowest <= key_group <= highest
                 ):
                     keep((sqn, c["index"], key_group, c["payload"]))
-            return (offset, kept) if kept else None
-
-        return decode
+            # The record's value bounds its kept payloads: counted once per record.
+            collected.extend(kept, self._last_value_bytes)
 
     def log_records(
         self, topic: str, r: PartitionRange, log_id: str, consumer: Consumer | None = None,
@@ -120,28 +134,27 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
 
         for message in consume_range(consumer or self._consumer, topic, r.partition,
                                      r.start_offset, r.end_offset, self._timeout, on_error,
-                                     assigned=consumer is not None):
-            if message.key() == log_key:
-                yield self._decode(topic, r.partition, log_id, message)
-
-    def _decode(
-        self, topic: str, partition: int, log_id: str, message: Message
-    ) -> tuple[int, list[dict[str, Any]]]:
-        """(offset, changes) of a record of ``log_id``; undecodable: an error naming it."""
-        offset = message.offset() or 0
-        value = message.value() or b""
-        self.records_read += 1
-        self.bytes_read += len(value)
-        try:
-            headers = message.headers()
-            check_schema_header(list(headers.items()) if isinstance(headers, dict) else headers)
-            found, changes = decode_record_fields(value)
-        except (UnknownSchemaError, ValueError) as exc:
-            raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
-        if found != log_id:
-            raise RecordDecodeError(
-                topic, partition, offset, f"record key says log {log_id} but value says {found}")
-        return offset, changes
+                                     assigned=consumer is not None, batch=self._batch):
+            if message.key() != log_key:
+                continue
+            offset = message.offset() or 0
+            value = message.value() or b""
+            self.records_read += 1
+            self.bytes_read += len(value)
+            self._last_value_bytes = len(value)
+            try:
+                headers = message.headers()
+                check_schema_header(
+                    list(headers.items()) if isinstance(headers, dict) else headers)
+                found, changes = decode_record_fields(value)
+            except (UnknownSchemaError, ValueError) as exc:
+                raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
+            if found != log_id:
+                raise RecordDecodeError(
+                    topic, r.partition, offset,
+                    f"record key says log {log_id} but value says {found}",
+                )
+            yield offset, changes
 
     def _after_error(
         self, topic: str, r: PartitionRange, log_id: str, position: int, error: KafkaError
@@ -183,21 +196,11 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         return watermarks(self._consumer, topic, partition, self._timeout)
 
     def close(self) -> None:
-        """Close the consumer."""
+        """Close the consumers."""
         self._consumer.close()
+        if self._spare is not None:
+            self._spare.close()
 
 
-def _sorted_run(topic: str, partition: int, fetcher: RangeFetcher[tuple[int, list[Entry]]],
-                ) -> Iterator[Entry]:
-    """One partition's entries, checked to be in sequence order (the merge needs it)."""
-    last: Entry | None = None
-    while (record := fetcher.next_record(partition)) is not None:
-        offset, entries = record
-        for entry in entries:
-            if last is not None and entry < last:
-                # A merge cannot put it back in place: say so rather than misorder.
-                raise ChangelogError(
-                    f"changelog {topic}[{partition}]@{offset}: change {entry[0]}/{entry[1]} "
-                    f"comes after {last[0]}/{last[1]}: the partition is out of sequence order")
-            last = entry
-            yield entry
+def _assign(consumer: Consumer, topic: str, r: PartitionRange) -> None:
+    consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
