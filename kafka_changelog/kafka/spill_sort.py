@@ -4,8 +4,8 @@
 ``budget_bytes``, then sorts them and writes them to an unnamed temporary file as one
 sorted run; :meth:`SpillingSorter.sorted` merges the runs (``heapq.merge``), reading
 each back :data:`CHUNK_BYTES` at a time. Memory is therefore bounded by the budget
-plus one 64-KiB chunk per spilled run (``tail / budget`` runs: 10 MiB for a 10-GiB
-tail with the default 64-MiB budget); below the budget nothing touches the disk and
+plus one 64-KiB chunk per spilled run (``tail / budget`` runs: 2.5 MiB for a 10-GiB
+tail with the default 256-MiB budget); below the budget nothing touches the disk and
 the cost is one in-memory sort, as before.
 """
 
@@ -21,7 +21,7 @@ from typing import IO
 Entry = tuple[int, int, int, bytes]
 
 #: Payload bytes held in memory before the entries are spilled as a sorted run (default).
-BUDGET_BYTES = 64 * 1024 * 1024
+BUDGET_BYTES = 256 * 1024 * 1024
 #: Payload bytes of a spilled run read back at once (the merge holds one per run).
 CHUNK_BYTES = 64 * 1024
 #: Counted per entry on top of its payload (tuple and ints), so tiny payloads spill too.
