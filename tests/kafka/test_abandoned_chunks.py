@@ -30,7 +30,7 @@ def latest_values(config: SnapshotStoreConfig) -> dict[bytes, bytes | None]:
             consumer.assign([TopicPartition(config.topic, partition, OFFSET_BEGINNING)])
             done = False
             while not done:
-                for m in consumer.consume(500, timeout=5):
+                for m in consumer.consume(500, timeout=0.2):  # returns after the timeout
                     error = m.error()
                     if error is not None:
                         assert error.code() == KafkaError._PARTITION_EOF, error

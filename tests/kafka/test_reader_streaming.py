@@ -15,7 +15,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.kafka import (
@@ -64,13 +64,18 @@ def read(config: KafkaChangelogConfig, handle: KafkaChangelogHandle,
 
 
 def records_of(config: KafkaChangelogConfig, r: PartitionRange, topic: str) -> list[Message]:
-    consumer = Consumer({**config.consumer(), "enable.partition.eof": False})
+    """The records of ``topic`` in range ``r`` (up to the partition's end)."""
+    consumer = Consumer(config.consumer())  # partition-end events end the read
     try:
         consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
         found: list[Message] = []
-        while len(found) < r.offset_count:
-            found.extend(m for m in consumer.consume(100, timeout=5) if m.error() is None)
-        return [m for m in found if (m.offset() or 0) < r.end_offset]
+        while True:
+            for m in consumer.consume(100, timeout=0.2):  # returns after the timeout
+                error = m.error()
+                if error is not None:
+                    assert error.code() == KafkaError._PARTITION_EOF, error
+                    return [m for m in found if (m.offset() or 0) < r.end_offset]
+                found.append(m)
     finally:
         consumer.close()
 
