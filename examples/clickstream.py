@@ -257,12 +257,14 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               fn: StatefulFunction | VectorizedFunction = update_user,
               master: str | None = None, spark_config: dict[str, str] | None = None,
               task_listener: TaskListener | None = None,
-              vectorized: bool = False) -> dict[str, Any]:
+              vectorized: bool = False, sink: Any = None) -> dict[str, Any]:
     """Run the streaming query until ``expected_events`` were processed; returns a summary.
 
     ``master``: ``local[n]`` (default: ``local[max(2, parallelism)]``) or a cluster's
     URL; ``spark_config``: extra session settings (e.g. a cluster's executor settings).
     ``vectorized``: ``fn`` is a vectorised function (e.g. :func:`update_users`).
+    ``sink``: a sink function instead of the exactly-once ``KafkaOutputSink`` (at least
+    once: see docs/spark.md).
     """
     from spark_integration.session import spark_session
 
@@ -272,7 +274,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
                           spark_config)
     # Each task commits its outputs with its part of the checkpoint (one transaction).
     processor = stateful_foreach_batch(config, fn, "user", OUTPUT_SCHEMA,
-                                       sink=KafkaOutputSink(output_topic, key_column="user"),
+                                       sink=sink if sink is not None else KafkaOutputSink(
+                                           output_topic, key_column="user"),
                                        order_by=["seq"], listener=listener,
                                        task_listener=task_listener, vectorized=vectorized)
     stream = kafka_input(spark, settings["bootstrap.servers"], input_topic, max_per_batch)
@@ -351,12 +354,13 @@ def _processed_offsets(query: Any) -> int:
 
 
 def main(argv: list[str] | None = None, listener: BatchListener | None = None,
-         fn: StatefulFunction = update_user, task_listener: TaskListener | None = None
-         ) -> int:
+         fn: StatefulFunction = update_user, task_listener: TaskListener | None = None,
+         sink: Any = None) -> int:
     """Run the query in this process (the demo runs it as a child it can kill -9).
 
     ``listener`` hears the driver's batch events, ``task_listener`` the tasks' and ``fn``
-    replaces the stateful function (crash tests inject faults through them).
+    replaces the stateful function (crash tests inject faults through them); ``sink``
+    replaces the Kafka output sink.
     """
     parser = job_parser("the clickstream streaming query", "clickstream", "clicks",
                         "user-totals", 2000)
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
                         args.checkpoint_dir, args.expected_events, args.max_per_batch,
                         listener=listener, fn=update_users if args.vectorized else fn,
                         master=args.master, spark_config=spark_config,
-                        task_listener=task_listener, vectorized=args.vectorized)
+                        task_listener=task_listener, vectorized=args.vectorized, sink=sink)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -30,7 +30,7 @@ def end_of_partition(error: KafkaError) -> bool:
 
 def consume_range(
     consumer: Consumer, topic: str, partition: int, start: int, end: int, timeout_s: float,
-    on_error: ErrorHandler, *, assigned: bool = False,
+    on_error: ErrorHandler, *, assigned: bool = False, batch: int = BATCH,
 ) -> Iterator[Message]:
     """The messages of ``topic[partition]`` at offsets ``start <= offset < end``, in order.
 
@@ -38,7 +38,8 @@ def consume_range(
     naming the position). A partition-end event moves the position to the log end;
     every other error goes to ``on_error``. The consumer is unassigned afterwards.
     ``assigned``: the caller assigned the consumer to ``topic[partition]`` at ``start``
-    already (to have it fetch while it read something else).
+    already (to have it fetch while it read something else). ``batch``: messages
+    fetched per consume call at most (what is held at once: bounds memory).
     """
     if end <= start:
         return
@@ -49,7 +50,7 @@ def consume_range(
     try:
         while position < end:
             # Ask for no more than the range holds, so a full batch returns at once.
-            messages = consumer.consume(min(BATCH, end - position), timeout=0.5)
+            messages = consumer.consume(min(batch, end - position), timeout=0.5)
             if not messages:
                 if time.monotonic() > deadline:
                     raise ChangelogError(

@@ -56,7 +56,7 @@ from .ops import (
     encode_ops,
 )
 from .snapshot import ChunkRef, SnapshotHandle
-from .snapshot_store import SnapshotStore
+from .snapshot_store import SnapshotStore, finish_or_abandon
 from .state_objects import (
     AggregatingState,
     ListState,
@@ -605,6 +605,7 @@ class ChangelogKeyedStateBackend:
             try:
                 writer.add(key_group, data)
             except Exception as exc:
+                writer.abandon()  # its chunks would be in no checkpoint, ever
                 return _raising(exc)
             if local is not None:
                 try:
@@ -614,7 +615,7 @@ class ChangelogKeyedStateBackend:
                     logger.warning("no task-local copy of materialization %d of backend %s: "
                                    "%s", materialization_id, self.backend_id, exc)
                     local = None
-        return lambda: writer.finish(reused)
+        return lambda: finish_or_abandon(writer, reused)
 
     def materialize_now(self, timeout: float = 120.0) -> SnapshotHandle | None:
         """Materialize and wait until the result is applied (tests, shutdown, restore)."""

@@ -10,7 +10,9 @@ raises :class:`SnapshotMissingError`. See ``docs/snapshots-and-checkpoints.md``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import threading
 import zlib
 from abc import ABC, abstractmethod
@@ -23,6 +25,8 @@ from ..serialization import HEADER_SCHEMA, decode, encode
 from .errors import SnapshotCorruptError, SnapshotMissingError
 from .records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from .snapshot import ChunkRef, SnapshotHandle, chunk_key
+
+logger = logging.getLogger(__name__)
 
 CHUNK_SCHEMA = "snapshot_chunk"
 CHUNK_SCHEMA_VERSION = 1
@@ -278,6 +282,35 @@ class SnapshotWriter:
             self._refs.append(ref)
         self.bytes_added += len(state)
 
+    def abandon(self) -> int:
+        """Tombstone every chunk this writer produced (its materialization failed), after
+        waiting for the ones in flight so that no chunk lands after its tombstone.
+
+        Safe: the chunks' keys carry this backend's id and this materialization's id, for
+        which no handle was (or will be) returned, so no checkpoint of any application
+        refers to them; a retry gets a newer materialization id. Best effort: an error is
+        logged, and the chunks then stay until the topic is reset (space, never
+        correctness). Returns how many chunk keys were tombstoned.
+        """
+        if self._appender is not None:
+            # Some never landed: tombstoning their keys anyway is harmless.
+            with contextlib.suppress(Exception):
+                self._appender.finish()
+            self._appender = None
+        refs, self._refs = self._refs, []
+        if not refs:
+            return 0
+        try:
+            self._store.delete(refs, self.backend_id)
+        except Exception as exc:
+            logger.warning("backend %s: could not tombstone %d chunks of failed "
+                           "materialization %d: %s", self.backend_id, len(refs),
+                           self.materialization_id, exc)
+            return 0
+        logger.info("backend %s: tombstoned %d chunks of failed materialization %d",
+                    self.backend_id, len(refs), self.materialization_id)
+        return len(refs)
+
     def finish(self, reused: Mapping[int, Sequence[ChunkRef]]) -> SnapshotHandle:
         """Wait for every chunk written; the handle, with ``reused`` (earlier chunks of
         key groups not written, see :meth:`SnapshotStore.write`)."""
@@ -288,7 +321,8 @@ class SnapshotWriter:
         _check_write(self.backend_id, self.materialization_id, self.key_group_range,
                      dict.fromkeys(self._written - self._deltas, b""), reused,
                      self._store.max_parallelism)
-        offsets = self._appender.finish() if self._appender is not None else []
+        appender, self._appender = self._appender, None  # waited for once (see abandon)
+        offsets = appender.finish() if appender is not None else []
         written = [
             ChunkRef(ref.key_group, ref.materialization_id, ref.chunk_no, ref.chunk_count,
                      ref.partition, offset, ref.size, ref.crc32)
@@ -478,3 +512,14 @@ class _MemorySource(RecordSource):
 
     def close(self) -> None:
         pass
+
+
+def finish_or_abandon(writer: SnapshotWriter,
+                      reused: Mapping[int, Sequence[ChunkRef]]) -> SnapshotHandle:
+    """``writer.finish(reused)``; if it fails, its chunks are tombstoned before the error
+    is raised (see :meth:`SnapshotWriter.abandon`)."""
+    try:
+        return writer.finish(reused)
+    except BaseException:
+        writer.abandon()
+        raise

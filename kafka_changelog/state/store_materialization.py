@@ -46,7 +46,7 @@ from .local_store import (
 )
 from .rocksdb_table import RocksDBStateTable
 from .snapshot import ChunkRef, SnapshotHandle
-from .snapshot_store import SnapshotStore
+from .snapshot_store import SnapshotStore, finish_or_abandon
 
 logger = logging.getLogger(__name__)
 
@@ -215,30 +215,34 @@ def write_snapshot(table: RocksDBStateTable, job: MaterializationJob,
     (``job.epoch`` set) and the delta is worth it."""
     writer = snapshots.begin_write(job.backend_id, job.materialization_id,
                                    job.key_group_range, job.checkpoint_id)
-    reused = job.reused()
-    previous = job.covered.snapshot
-    incremental = (job.epoch is not None and previous is not None
-                   and previous.backend_id == job.backend_id and table.changes_complete)
-    # The marks of every key group in one pass (they are stored by key group).
-    marks = table.changed_keys_by_group() if incremental else iter(())
-    marked: tuple[int, list[tuple[str, bytes]]] = (-1, [])
-    for key_group in sorted(job.changed):
-        if not table.has_entries(key_group):
-            continue  # emptied: neither written nor reused
-        while marked[0] < key_group:
-            marked = next(marks, (job.key_group_range.end + 1, []))
-        # A changed key group without marks is written whole (nothing says what changed).
-        if incremental and marked[0] == key_group:
-            assert previous is not None
-            layers = previous.layers_of(key_group)
-            if layers:
-                delta = encode_delta(table, key_group, marked[1])
-                if worth_a_delta(layers, len(delta)):
-                    writer.add(key_group, delta, delta=True)
-                    reused[key_group] = previous.chunks_of(key_group)
-                    continue
-        writer.add(key_group, table.serialize_group(key_group))
-    return writer.finish(reused)
+    try:
+        reused = job.reused()
+        previous = job.covered.snapshot
+        incremental = (job.epoch is not None and previous is not None
+                       and previous.backend_id == job.backend_id and table.changes_complete)
+        # The marks of every key group in one pass (they are stored by key group).
+        marks = table.changed_keys_by_group() if incremental else iter(())
+        marked: tuple[int, list[tuple[str, bytes]]] = (-1, [])
+        for key_group in sorted(job.changed):
+            if not table.has_entries(key_group):
+                continue  # emptied: neither written nor reused
+            while marked[0] < key_group:
+                marked = next(marks, (job.key_group_range.end + 1, []))
+            # A changed key group without marks is written whole (nothing says what changed).
+            if incremental and marked[0] == key_group:
+                assert previous is not None
+                layers = previous.layers_of(key_group)
+                if layers:
+                    delta = encode_delta(table, key_group, marked[1])
+                    if worth_a_delta(layers, len(delta)):
+                        writer.add(key_group, delta, delta=True)
+                        reused[key_group] = previous.chunks_of(key_group)
+                        continue
+            writer.add(key_group, table.serialize_group(key_group))
+    except BaseException:
+        writer.abandon()  # a half-written job (e.g. its store removed): in no checkpoint
+        raise
+    return finish_or_abandon(writer, reused)
 
 
 def cancel(started: StartedJob) -> None:

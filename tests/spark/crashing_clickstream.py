@@ -15,7 +15,13 @@
   ``subtask_committed``: its outputs are committed, the driver does not know yet);
 - ``--kill-task-at EVENT:BATCH:SUBTASK`` (repeatable): a task listener that kills the
   Python worker running the task (SIGKILL) at that task event, once (across retries:
-  a marker file in ``--fault-dir``); Spark then runs the task again.
+  a marker file in ``--fault-dir``); Spark then runs the task again;
+- ``--sink-dir DIR``: outputs go to a sink function instead of ``KafkaOutputSink``,
+  idempotent by checkpoint id as docs/spark.md tells users: each call writes the batch's
+  outputs to ``DIR/<checkpoint id>.json`` (replacing what a re-run of the checkpoint
+  wrote) and appends ``<checkpoint id> <batch id>`` to ``DIR/calls.log``; with
+  ``--kill-after-sink BATCH`` the driver is killed (once: a marker in ``DIR``) right
+  after the sink's call for batch ``BATCH``, before Spark commits the batch.
 
 ``python -m tests.spark.crashing_clickstream EVENT:BATCH <clickstream args...>`` is
 short for ``--kill-at EVENT:BATCH --``. Fault injection lives here, in the tests; the
@@ -26,6 +32,7 @@ stalling function is pickled by value, so executors need not import this module.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -121,6 +128,26 @@ def stall_at(directory: str, event: str) -> TaskListener:
     return listener
 
 
+def file_sink(directory: str, kill_after_batch: int | None) -> Any:
+    """The sink function of ``--sink-dir`` (see the module docstring)."""
+    folder = Path(directory)
+
+    def sink(outputs: Any, batch_id: int, checkpoint_id: int) -> None:
+        rows = sorted([r["user"], r["events"], r["spent"]] for r in outputs.collect())
+        written = folder / f".{checkpoint_id}-{os.getpid()}.tmp"
+        written.write_text(json.dumps(rows))
+        os.replace(written, folder / f"{checkpoint_id}.json")  # a re-run replaces it
+        with open(folder / "calls.log", "a") as calls:
+            calls.write(f"{checkpoint_id} {batch_id}\n")
+        if batch_id == kill_after_batch:
+            marker = folder / "killed"
+            if not marker.exists():
+                marker.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return sink
+
+
 def fault_parser(description: str) -> argparse.ArgumentParser:
     """The options of the faults every crashing job takes: a driver kill at a batch event,
     task kills at task events (once each, across retries)."""
@@ -154,6 +181,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = fault_parser("the clickstream job with a fault injected")
     parser.add_argument("--stall-dir")
     parser.add_argument("--stall-at", metavar="TASK_EVENT")
+    parser.add_argument("--sink-dir")
+    parser.add_argument("--kill-after-sink", type=int, metavar="BATCH")
     return split_arguments(parser, argv)
 
 
@@ -170,4 +199,5 @@ if __name__ == "__main__":
         if not faults.fault_dir or task_listener is not None:
             raise SystemExit("--kill-task-at needs --fault-dir and no --stall-at")
         task_listener = kill_tasks_at(faults.kill_task_at, faults.fault_dir)
-    sys.exit(main(job_args, listener=listener, fn=fn, task_listener=task_listener))
+    sink = file_sink(faults.sink_dir, faults.kill_after_sink) if faults.sink_dir else None
+    sys.exit(main(job_args, listener=listener, fn=fn, task_listener=task_listener, sink=sink))

@@ -77,7 +77,8 @@ class Job:
     def command(self, parallelism: int, kill_at: str | None = None,
                 stall_dir: Path | None = None, stall_at: str | None = None,
                 task_kills: tuple[str, ...] = (), fault_dir: Path | None = None,
-                master: str | None = None) -> list[str]:
+                master: str | None = None, sink_dir: Path | None = None,
+                kill_after_sink: int | None = None) -> list[str]:
         """The job's command line (with faults injected, if any; see
         ``tests.spark.crashing_clickstream``)."""
         faults = []
@@ -91,6 +92,10 @@ class Job:
             faults += ["--kill-task-at", point]
         if fault_dir:
             faults += ["--fault-dir", str(fault_dir)]
+        if sink_dir:
+            faults += ["--sink-dir", str(sink_dir)]
+        if kill_after_sink is not None:
+            faults += ["--kill-after-sink", str(kill_after_sink)]
         module = (["-m", "tests.spark.crashing_clickstream", *faults, "--"] if faults
                   else ["-m", "examples.clickstream"])
         return [
@@ -115,11 +120,13 @@ class Job:
 
     def run(self, parallelism: int, kill_at: str | None = None,
             timeout_s: float = 600, task_kills: tuple[str, ...] = (),
-            fault_dir: Path | None = None, master: str | None = None
+            fault_dir: Path | None = None, master: str | None = None,
+            sink_dir: Path | None = None, kill_after_sink: int | None = None,
             ) -> subprocess.CompletedProcess[str]:
         """Run the job to its end (or its kill)."""
         command = self.command(parallelism, kill_at, task_kills=task_kills,
-                               fault_dir=fault_dir, master=master)
+                               fault_dir=fault_dir, master=master, sink_dir=sink_dir,
+                               kill_after_sink=kill_after_sink)
         return subprocess.run(command, cwd=REPO,
                               capture_output=True, text=True, timeout=timeout_s,
                               preexec_fn=die_with_parent())
