@@ -330,18 +330,16 @@ class Soak:
         node = fault.target % self.kafka.node_count
         if fault.kind is FaultKind.BROKER_KILL:
             self.kafka.kill_node(node)
-            try:
-                self._keep_producing(fault.seconds)
-            finally:
-                self.kafka.restart_node(node)
-            injected.detail = f"node {node} down {fault.seconds} s"
+            undo: Callable[[int], None] = self.kafka.restart_node
+            how = "down"
         else:
             self.kafka.pause_node(node)
-            try:
-                self._keep_producing(fault.seconds)
-            finally:
-                self.kafka.resume_node(node)
-            injected.detail = f"node {node} paused {fault.seconds} s"
+            undo, how = self.kafka.resume_node, "paused"
+        try:
+            self._keep_producing(fault.seconds)
+        finally:
+            undo(node)
+        injected.detail = f"node {node} {how} {fault.seconds} s"
 
     def _keep_producing(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
