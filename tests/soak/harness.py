@@ -245,9 +245,10 @@ class Soak:
             elif not pending and latest >= settings.batches:
                 break
             time.sleep(0.3)
+        # Measured while the job is busy (PySpark ends Python workers idle for a minute).
+        self.result.last = self._measure(latest)
         self._catch_up()
         self.result.batches = self._latest()
-        self.result.last = self._measure(self.result.batches)
         self.driver.stop()
         self.result.local_state_after_stop = directory_bytes(self.local_state)
         expected = self.model.expected()
