@@ -75,6 +75,9 @@ class SoakSettings:
     catch_up_s: float = 300.0
     #: Seconds without a new checkpoint before the soak gives up.
     stall_s: float = 300.0
+    #: Wall-clock time (epoch seconds) after which no more faults are injected and the run
+    #: ends as if it had reached ``batches`` (None: no deadline).
+    deadline: float | None = None
 
     def command(self) -> str:
         """The command that reruns this seed's schedule."""
@@ -128,6 +131,8 @@ class SoakResult:
     last: Figures | None = None
     #: Host-local state left after the driver stopped (bytes).
     local_state_after_stop: int | None = None
+    #: Whether the deadline ended the run before its batches and faults.
+    cut_short: bool = False
 
     @property
     def passed(self) -> bool:
@@ -145,6 +150,7 @@ class SoakResult:
         return {"seed": self.settings.seed, "command": self.settings.command(),
                 "settings": asdict(self.settings), "variants": self.variants,
                 "passed": self.passed, "problems": self.problems, "batches": self.batches,
+                "cut_short_by_deadline": self.cut_short,
                 "events_produced": self.events_produced, "seconds": round(self.seconds, 1),
                 "faults_planned": len(self.schedule),
                 "faults_injected": [f.to_json() for f in self.injected],
@@ -240,6 +246,9 @@ class Soak:
             self._produce()
             if self.result.first is None and latest >= settings.measure_at:
                 self.result.first = self._measure(latest)
+            if settings.deadline is not None and time.time() > settings.deadline:
+                self.result.cut_short = True
+                break
             if pending and latest >= pending[0].batch:
                 self._inject(pending.pop(0))
             elif not pending and latest >= settings.batches:

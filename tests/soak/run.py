@@ -9,6 +9,7 @@ Exit code 0 when every seed passed.
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import sys
@@ -65,9 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-at", type=int, default=50)
     parser.add_argument("--output", type=Path, default=None,
                         help="where to write the JSON result (default: print it)")
+    parser.add_argument("--until", default=None, metavar="YYYY-MM-DDTHH:MM",
+                        help="a UTC deadline: inject no more faults then and end the seed "
+                             "(its checks and last figures) as if it had run its batches")
     parser.add_argument("--no-spark-check", action="store_true",
                         help="skip reading the outputs with Spark's connector")
     args = parser.parse_args(argv)
+    deadline = (calendar.timegm(time.strptime(args.until, "%Y-%m-%dT%H:%M"))
+                if args.until else None)
     seeds = args.seed or [1]
     if len(seeds) == 1 and args.seeds > 1:
         seeds = list(range(seeds[0], seeds[0] + args.seeds))
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
           tempfile.TemporaryDirectory(prefix="soak-") as workdir):
         for seed in seeds:
             settings = SoakSettings(seed, args.batches, args.faults, args.per_batch,
-                                    args.users, args.measure_at)
+                                    args.users, args.measure_at, deadline=deadline)
             soak = Soak(settings, kafka, spark, Path(workdir) / str(seed),
                         lambda partial: write([*results, partial.to_json()], False))
             result = soak.run()
