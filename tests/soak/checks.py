@@ -69,3 +69,23 @@ def spark_problems(spark: Any, config: StreamingStateConfig, topic: str) -> list
     if theirs != ours:
         return [f"Spark's connector reads {len(theirs)} outputs, ours {len(ours)}"]
     return []
+
+
+def restart_output_problems(rows: list[tuple[int, str, int, float]],
+                            found: dict[str, dict[str, Any]], latest: int) -> list[str]:
+    """The committed outputs against the state at checkpoint ``latest`` (taken while the
+    job ran): no user's output twice in a checkpoint, and each user's last output up to
+    ``latest`` shows its state then (outputs of a later checkpoint may be committed
+    already: its subtasks committed, the driver not yet)."""
+    problems = []
+    pairs = [(checkpoint, user) for checkpoint, user, _, _ in rows]
+    if len(pairs) != len(set(pairs)):
+        problems.append(f"{len(pairs) - len(set(pairs))} outputs of a batch written twice")
+    last = {user: (events, spent) for checkpoint, user, events, spent in sorted(rows)
+            if checkpoint <= latest}
+    wrong = [user for user, totals in last.items()
+             if totals != (found[user]["events"], found[user]["spent"])]
+    if wrong:
+        problems.append(f"the last outputs up to checkpoint {latest} of {len(wrong)} users "
+                        f"differ from their state, e.g. {wrong[0]}: {last[wrong[0]]}")
+    return problems

@@ -4,9 +4,11 @@ at every restart and at the end, resources measured at batch ``measure_at`` and 
 end.
 
 Input is produced as the job goes, a few batches ahead of it, so that batches are full
-and a fault lands in the middle of work. After every fault that restarts the driver,
-production pauses until the job caught up: the state at its latest checkpoint and the
-committed outputs must then equal the model of everything produced.
+and a fault lands in the middle of work. At every restart (the driver just killed), the
+state at the latest checkpoint must be, for every user, the fold of its first events (a
+checkpoint covers a prefix of every input partition), and the committed outputs must show
+it. Before a fresh checkpointLocation and at the end, production pauses until the job
+caught up: state and outputs must then equal the model of everything produced.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ class Injected:
     #: Seconds since the seed's start.
     at_s: float
     detail: str
-    #: Seconds until the job caught up again (faults that restart the driver).
+    #: Seconds from the restart to the first new checkpoint (faults that restart the
+    #: driver).
     recovered_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -193,6 +196,8 @@ class Soak:
         self.producer = Producer({**kafka.client_config(), "acks": "all",
                                   "enable.idempotence": True, "linger.ms": 5})
         self.driver: Driver | None = None
+        #: The last restart: its fault, the latest checkpoint then, when (monotonic).
+        self.recovering: tuple[Injected, int, float] | None = None
         self.runs = 0
         self.started = time.monotonic()
 
@@ -244,6 +249,10 @@ class Soak:
                                   f"checkpoint {latest}")
             self.driver.check_alive()
             self._produce()
+            if self.recovering is not None and latest > self.recovering[1]:
+                self.recovering[0].recovered_s = round(
+                    time.monotonic() - self.recovering[2], 1)
+                self.recovering = None
             if self.result.first is None and latest >= settings.measure_at:
                 self.result.first = self._measure(latest)
             if settings.deadline is not None and time.time() > settings.deadline:
@@ -325,10 +334,9 @@ class Soak:
             injected.detail += f"; variant {fault.variant}"
             self.result.variants.append(fault.variant)
             self.driver.kill()
+            self._check_at_restart()
             self.driver = self._start()
-            begun = time.monotonic()
-            self._catch_up()
-            injected.recovered_s = round(time.monotonic() - begun, 1)
+            self.recovering = (injected, self._latest(), time.monotonic())
         self.result.injected.append(injected)
         with open(self.history, "a") as history:
             history.write(json.dumps(injected.to_json()) + "\n")
@@ -358,6 +366,18 @@ class Soak:
             time.sleep(0.5)
 
     # -- checks --------------------------------------------------------------------
+
+    def _check_at_restart(self) -> None:
+        """The state and outputs at the latest checkpoint, taken while the job ran (its
+        driver was just killed): every user's state the fold of its first events, its last
+        outputs that state, no output twice."""
+        users = sorted({event["user"] for event in self.model.applied()})
+        found = state_of(self.config, users)
+        latest = self._latest()
+        problems = self.model.prefix_problems(found) + checks.restart_output_problems(
+            checks.outputs(self.config, self.job.output_topic), found, latest)
+        if problems:
+            raise SoakFailure(f"at the restart after checkpoint {latest}: {problems}")
 
     def _catch_up(self) -> None:
         """Wait (producing nothing) until the latest checkpoint's state equals the model of

@@ -50,6 +50,26 @@ class InputModel:
                         for e in self._all[:count]]
         return applied
 
+    def prefix_problems(self, found: dict[str, dict[str, Any]]) -> list[str]:
+        """How ``found`` (users' states at a checkpoint taken while the job ran) differs from
+        the fold of each user's first events: a checkpoint covers a prefix of every input
+        partition, hence of every user's events, as many as its ``events`` count."""
+        per_user: dict[str, list[dict[str, Any]]] = {}
+        for event in self.applied():
+            per_user.setdefault(event["user"], []).append(event)
+        problems = []
+        for user, state in sorted(found.items()):
+            count = state["events"] or 0
+            mine = per_user.get(user, [])
+            if count > len(mine):
+                problems.append(f"{user} counts {count} events, the input has {len(mine)}")
+            elif not count and any(state.values()):
+                problems.append(f"{user} has state {state} without events")
+            elif count and expected_state(iter(mine[:count]))[user] != state:
+                problems.append(f"{user}: {state} is not the fold of its first {count} "
+                                f"events, {expected_state(iter(mine[:count]))[user]}")
+        return problems
+
     def expected(self) -> dict[str, dict[str, Any]]:
         """Every user's state once the application processed everything produced."""
         return expected_state(iter(self.applied()))

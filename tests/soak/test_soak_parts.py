@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,30 @@ def test_the_model_folds_a_new_query_s_events_after_the_earlier_ones() -> None:
     assert expected != once and sum(s["events"] for s in once.values()) == 60
     assert overcounted(expected, once) != []
     assert overcounted(once, expected) == []
+
+
+def test_a_checkpoint_s_state_is_each_user_s_fold_of_its_first_events() -> None:
+    model = InputModel(60, users=5)
+    model.next_events(30)
+    model.ended_queries.append(30)
+    model.next_events(60)
+    full = model.expected()
+    assert model.prefix_problems(full) == []
+    # Every user's first events (a checkpoint in the middle of the second query).
+    per_user: dict[str, list[dict[str, Any]]] = {}
+    for event in model.applied():
+        per_user.setdefault(event["user"], []).append(event)
+    partial = {user: expected_state(iter(mine[:len(mine) - 3]))[user]
+               for user, mine in per_user.items()}
+    assert model.prefix_problems(partial) == []
+    user = sorted(partial)[0]
+    doubled = {**partial, user: {**partial[user], "spent": (partial[user]["spent"] or 0) + 1}}
+    assert len(model.prefix_problems(doubled)) == 1
+    more = {**full, user: {**full[user], "events": full[user]["events"] + 1}}
+    assert "the input has" in model.prefix_problems(more)[0]
+    empty: dict[str, Any] = {"events": None, "spent": None, "kinds": {}, "last_pages": []}
+    assert model.prefix_problems({"user-x": empty}) == []
+    assert model.prefix_problems({"user-x": {**empty, "kinds": {"view": 1}}}) != []
 
 
 def test_a_figure_is_flat_within_its_tolerance() -> None:
