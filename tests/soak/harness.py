@@ -54,6 +54,8 @@ BROKER_OVERRIDES = {"log.segment.bytes": str(SEGMENT_BYTES), "log.roll.ms": "600
                     "log.retention.check.interval.ms": "10000",
                     "log.segment.delete.delay.ms": "1000",
                     "log.cleaner.backoff.ms": "1000"}
+#: Seconds a Python worker or executor kill waits for one to run.
+PROCESS_WAIT_S = 120.0
 #: The job's parallelism until a rescale.
 FIRST_PARALLELISM = 2
 #: ``reports_kept`` of the job's processor (the driver's default).
@@ -319,8 +321,10 @@ class Soak:
         elif kind is FaultKind.DRIVER_KILL:
             injected.detail = f"driver pid {self.driver.pid}"
         elif kind in (FaultKind.PYTHON_WORKER_KILL, FaultKind.EXECUTOR_KILL):
-            found = (python_workers(self.spark) if kind is FaultKind.PYTHON_WORKER_KILL
-                     else executors(self.spark))
+            find = python_workers if kind is FaultKind.PYTHON_WORKER_KILL else executors
+            deadline = time.monotonic() + PROCESS_WAIT_S
+            while not (found := find(self.spark)) and time.monotonic() < deadline:
+                self._keep_producing(0.5)  # e.g. a new driver's executors are starting
             if found:
                 victim = found[fault.target % len(found)]
                 kill_tree(victim)
