@@ -75,7 +75,8 @@ class SoakSettings:
     measure_at: int = 50
     #: Input produced ahead of the latest checkpoint, in batches.
     lead: int = 3
-    #: Seconds the job may take to catch up after a restart.
+    #: Seconds a catch-up may go without a new checkpoint (a new query may read the whole
+    #: input again: it takes long, but it makes checkpoints).
     catch_up_s: float = 300.0
     #: Seconds without a new checkpoint before the soak gives up.
     stall_s: float = 300.0
@@ -389,8 +390,12 @@ class Soak:
         assert self.driver is not None
         expected = self.model.expected()
         deadline = time.monotonic() + self.settings.catch_up_s
+        seen = self._latest()
         while True:
             self.driver.check_alive()
+            if (latest := self._latest()) > seen:
+                # Still working (e.g. a new query reading the whole input again): wait on.
+                seen, deadline = latest, time.monotonic() + self.settings.catch_up_s
             found = state_of(self.config, sorted(expected))
             if over := overcounted(found, expected):
                 raise SoakFailure(f"at checkpoint {self._latest()} the state counts more "
@@ -400,7 +405,8 @@ class Soak:
                 break
             if time.monotonic() > deadline:
                 wrong = [u for u in expected if found[u] != expected[u]]
-                raise SoakFailure(f"no catch-up within {self.settings.catch_up_s:.0f} s: "
+                raise SoakFailure(f"no catch-up: no new checkpoint for "
+                                  f"{self.settings.catch_up_s:.0f} s and "
                                   f"{len(wrong)} users differ at checkpoint {self._latest()}")
             time.sleep(1.0)
         problems = output_problems(checks.outputs(self.config, self.job.output_topic),
