@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -257,7 +258,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               fn: StatefulFunction | VectorizedFunction = update_user,
               master: str | None = None, spark_config: dict[str, str] | None = None,
               task_listener: TaskListener | None = None,
-              vectorized: bool = False, sink: Any = None) -> dict[str, Any]:
+              vectorized: bool = False, sink: Any = None,
+              status_file: str | None = None) -> dict[str, Any]:
     """Run the streaming query until ``expected_events`` were processed; returns a summary.
 
     ``master``: ``local[n]`` (default: ``local[max(2, parallelism)]``) or a cluster's
@@ -265,6 +267,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     ``vectorized``: ``fn`` is a vectorised function (e.g. :func:`update_users`).
     ``sink``: a sink function instead of the exactly-once ``KafkaOutputSink`` (at least
     once: see docs/spark.md).
+    ``status_file``: rewritten every half second with the driver's figures (see
+    :func:`write_status`), for a harness watching the job from outside.
     """
     from spark_integration.session import spark_session
 
@@ -286,11 +290,17 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     started_at = time.time()
 
     def report(done: int) -> None:
-        print(f"\r[job] batches {processor.batches_run}, events read {done}/{expected_events}",
-              end="", flush=True)
+        if progress:
+            print(f"\r[job] batches {processor.batches_run}, events read "
+                  f"{done}/{expected_events}", end="", flush=True)
+        if status_file:
+            write_status(status_file, {"pid": os.getpid(), "batches": processor.batches_run,
+                                       "reports": len(processor.reports),
+                                       "events_read": done})
 
     try:
-        await_records(query, expected_events, timeout_s, report if progress else None)
+        await_records(query, expected_events, timeout_s,
+                      report if progress or status_file else None)
     finally:
         if progress:
             print(flush=True)
@@ -318,6 +328,15 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             "seconds": time.monotonic() - started,
             # Wall-clock time (epoch seconds) from the query's start to its end.
             "span_s": [started_at, time.time()]}
+
+
+def write_status(path: str, status: dict[str, Any]) -> None:
+    """Replace the JSON file ``path`` with ``status`` atomically (readers never see half
+    of it)."""
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as out:
+        json.dump(status, out)
+    os.replace(partial, path)
 
 
 def await_records(query: Any, expected: int, timeout_s: float,
@@ -369,6 +388,11 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
                              "per-key one")
     parser.add_argument("--state-backend", choices=("memory", "rocksdb"), default=None,
                         help="the subtasks' working copy (default: StreamingStateConfig's)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds to wait for --expected-events (default 600)")
+    parser.add_argument("--status-file", default=None,
+                        help="a JSON file rewritten every half second with the driver's pid, "
+                             "batches run, reports kept and events read")
     args = parser.parse_args(argv)
     spark_config = spark_settings(args)
     settings = {"bootstrap.servers": args.bootstrap_servers}
@@ -379,7 +403,8 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
                         args.checkpoint_dir, args.expected_events, args.max_per_batch,
                         listener=listener, fn=update_users if args.vectorized else fn,
                         master=args.master, spark_config=spark_config,
-                        task_listener=task_listener, vectorized=args.vectorized, sink=sink)
+                        task_listener=task_listener, vectorized=args.vectorized, sink=sink,
+                        timeout_s=args.timeout, status_file=args.status_file)
     print(json.dumps(summary), flush=True)
     return 0
 

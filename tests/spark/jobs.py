@@ -131,10 +131,11 @@ class Job:
                               capture_output=True, text=True, timeout=timeout_s,
                               preexec_fn=die_with_parent())
 
-    def start(self, parallelism: int, stall_dir: Path, log: Path,
+    def start(self, parallelism: int, stall_dir: Path | None, log: Path,
               stall_at: str | None = None) -> subprocess.Popen[str]:
-        """Start the job with a stalling task (see ``crashing_clickstream``); its stdout
-        goes to ``log``, its stderr to ``log`` + ``.err``."""
+        """Start the job (with a stalling task unless ``stall_dir`` is None: see
+        ``crashing_clickstream``); its stdout goes to ``log``, its stderr to ``log`` +
+        ``.err``."""
         command = self.command(parallelism, stall_dir=stall_dir, stall_at=stall_at)
         with open(log, "w") as out, open(f"{log}.err", "w") as err:
             return subprocess.Popen(command, cwd=REPO,
