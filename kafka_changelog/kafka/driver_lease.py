@@ -48,14 +48,16 @@ from ..state.records import OutRecord
 from .checkpoint_store import WRITER_HEADER, KafkaCheckpointStore
 from .error_text import describe
 from .task_commit import TRANSACTION_TIMEOUT_MS, transaction_error
-from .transaction_calls import commit_transaction_retrying, let_go, produce_waiting
+from .transaction_calls import (
+    commit_transaction_retrying,
+    let_go,
+    produce_waiting,
+    producer_fenced,
+)
 from .transactional_commit import TransactionFencedError
 
 logger = logging.getLogger(__name__)
 
-#: Errors after which the driver's producer can commit nothing: another one took its id.
-_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-           KafkaError._FATAL)
 
 
 #: Writes fenced while this driver still holds the claim (see :meth:`DriverLease.write`).
@@ -318,7 +320,7 @@ class DriverLease:
             commit_transaction_retrying(producer, self.store.config.request_timeout_s)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if error.code() in _FENCED or error.fatal():
+            if producer_fenced(error):
                 raise TransactionFencedError(
                     f"writing {what} with transactional id {self.transactional_id!r}: "
                     f"{describe(error)}") from exc

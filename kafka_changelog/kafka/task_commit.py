@@ -41,7 +41,12 @@ from ..state.subtask_commit import SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import describe, is_access_error
-from .transaction_calls import commit_transaction_retrying, let_go, produce_waiting
+from .transaction_calls import (
+    commit_transaction_retrying,
+    let_go,
+    produce_waiting,
+    producer_fenced,
+)
 from .transactional_commit import OutputRecord, TransactionAbortedError, TransactionFencedError
 
 logger = logging.getLogger(__name__)
@@ -51,13 +56,6 @@ logger = logging.getLogger(__name__)
 #: of the task aborts it at once).
 TRANSACTION_TIMEOUT_MS = 60_000
 
-#: Errors after which the producer is unusable: fenced by another one with the same
-#: transactional id, or fatal (a call on a producer whose fatal error librdkafka saw in the
-#: background, e.g. its fencing, fails with ``_FATAL``, which ``fatal()`` may not flag).
-#: The committer drops the producer and starts a new one (which fails clearly if the cause
-#: remains, e.g. a missing ACL).
-_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
-           KafkaError._FATAL)
 
 
 def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
@@ -256,7 +254,7 @@ class SubtaskCommitter:
             self._commit_transaction()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if error.code() in _FENCED or error.fatal():
+            if producer_fenced(error):
                 raise transaction_error(f"committing {what}", error, self.transactional_id) from exc
             if error.txn_requires_abort():
                 self._abort()
@@ -286,7 +284,7 @@ class SubtaskCommitter:
             self._producer.abort_transaction(self.config.request_timeout_s)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if error.code() in _FENCED or error.fatal():
+            if producer_fenced(error):
                 self._drop_producer()
                 return
             raise transaction_error("aborting a transaction", error, self.transactional_id) from exc
@@ -323,7 +321,7 @@ def transaction_error(doing: str, error: KafkaError, transactional_id: str
     message = f"{doing} with transactional id {transactional_id!r} failed: {describe(error)}"
     if is_access_error(error):
         return KafkaAccessError(message)
-    if error.code() in _FENCED or error.fatal():
+    if producer_fenced(error):
         return TransactionFencedError(
             f"{message}; another attempt with this transactional id took over")
     return CheckpointStoreError(message)

@@ -44,6 +44,19 @@ def commit_transaction_retrying(producer: Producer, timeout_s: float) -> None:
                 raise
 
 
+#: Errors after which a transactional producer is unusable: fenced by another one with the
+#: same transactional id, or fatal (a call on a producer whose fatal error librdkafka saw in
+#: the background, e.g. its fencing, fails with ``_FATAL``, which ``fatal()`` may not flag).
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+           KafkaError._FATAL)
+
+
+def producer_fenced(error: KafkaError) -> bool:
+    """Whether ``error`` leaves the transactional producer unusable (see :data:`_FENCED`):
+    its owner drops it, and a new one fails clearly if the cause remains (a missing ACL)."""
+    return error.code() in _FENCED or error.fatal()
+
+
 def let_go(producer: Producer, timeout_s: float = 0) -> None:
     """Flush ``producer`` for the last time. A fenced producer is in a fatal state and
     librdkafka raises that error from ``flush`` (sometimes): it has nothing left to
