@@ -20,6 +20,7 @@ from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.state.backend_config import BackendKind
 from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
+from kafka_changelog.state.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
 from kafka_changelog.state.rocksdb_options import RocksDBOptions
 
 #: Characters Kafka allows in a topic name.
@@ -90,6 +91,12 @@ class StreamingStateConfig:
     #: ``kafka-changelog-state-<uid>`` under the system temp dir): an absolute path on a
     #: local disk of every executor host.
     local_state_dir: str | None = None
+    #: A host-local store that no task has used for this long (seconds) is deleted by the
+    #: next task of any application on that host that keeps its stores in the same
+    #: directory (stores of stopped applications; of subtasks that never came back).
+    #: None: never. Stores of subtasks that moved to another host are deleted sooner: once
+    #: a task of their operator on this host starts from a newer checkpoint.
+    local_state_retention_s: float | None = DEFAULT_IDLE_STORE_RETENTION_S
     #: How long (seconds) the driver's hold on the application lasts without a heartbeat
     #: (heartbeats go every quarter of it): another driver of another Spark query waits
     #: this long for a holder that died on another host before it takes over (at once
@@ -111,6 +118,9 @@ class StreamingStateConfig:
         if not isinstance(self.rocksdb_options, RocksDBOptions):
             raise TypeError(f"rocksdb_options must be RocksDBOptions, got "
                             f"{type(self.rocksdb_options).__name__}")
+        if self.local_state_retention_s is not None and not self.local_state_retention_s > 0:
+            raise ValueError(f"local_state_retention_s must be None or positive, got "
+                             f"{self.local_state_retention_s!r}")
         if not self.driver_lease_s > 0:
             raise ValueError(f"driver_lease_s must be positive, got {self.driver_lease_s!r}")
         if self.materialization_nice is not None and not 0 <= self.materialization_nice <= 19:

@@ -44,6 +44,7 @@ from ..storage import StateChangelogStorage
 from . import store_materialization as jobs
 from .checkpoint import KeyedStateHandle, SubtaskState
 from .keyed_backend import ChangelogKeyedStateBackend
+from .local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S, remove_superseded, sweep_idle
 from .local_store import StoreManifest, SubtaskStore
 from .materialization import materialized_at
 from .materializer import MaterializationConfig
@@ -78,6 +79,9 @@ class HostStoreSettings:
     root: Path
     #: How the stores' RocksDB is tuned.
     rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
+    #: A store (of any application under ``root``) that no task locked for this long is
+    #: deleted by the next task attaching on the host (None: never; see local_cleanup).
+    idle_store_retention_s: float | None = DEFAULT_IDLE_STORE_RETENTION_S
 
     def open_table(self, path: Path) -> HostStoreTable:
         """The store's table at ``path`` (created empty when missing), marking changes."""
@@ -219,6 +223,9 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
     store.lock(LOCK_TIMEOUT_S)
     try:
         store.remove_stale()
+        if base is not None:
+            remove_superseded(store, base)
+        sweep_idle(settings.root, settings.idle_store_retention_s)
         # Only the base can be started from again: a copy of any other checkpoint is
         # superseded (older) or of a batch that is being re-run (newer).
         store.prune_retained(base)

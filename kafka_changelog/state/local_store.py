@@ -155,7 +155,8 @@ class SubtaskStore:
         self.db_path = self.directory / "db"
         self.manifest_path = self.directory / "manifest.json"
         self.retained_path = self.directory / "retained"
-        self._parallelism = parallelism
+        #: The parallelism of the subtask whose store this is.
+        self.parallelism = parallelism
         self._lock_fd: int | None = None
 
     # -- the lock ---------------------------------------------------------------------------
@@ -163,23 +164,30 @@ class SubtaskStore:
     def lock(self, timeout_s: float = 120.0) -> None:
         """Take the store's exclusive lock, waiting up to ``timeout_s`` for its holder (an
         earlier attempt of the task still running) to let go."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + timeout_s
         delay = 0.005
         while True:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
+                os.close(fd)
                 if time.monotonic() >= deadline:
-                    os.close(fd)
                     raise LocalStateError(
                         f"the local state store {self.directory} is still locked by another "
                         f"task after {timeout_s:.0f} s") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
+                continue
+            if _same_file(fd, self.directory / "lock"):
+                break
+            # A cleanup deleted the directory (renamed it away) between our open and our
+            # lock: the lock is on the old one; take it again on a new directory.
+            os.close(fd)
         self._lock_fd = fd
+        # The directory's modification time is the store's last use (local_cleanup).
+        os.utime(self.directory)
 
     def unlock(self) -> None:
         """Let go of the lock (no-op when not held)."""
@@ -197,7 +205,7 @@ class SubtaskStore:
 
     def read_manifest(self) -> StoreManifest | None:
         """The manifest, or None when there is none (or it cannot be read: logged)."""
-        return _read_manifest(self.manifest_path)
+        return read_manifest(self.manifest_path)
 
     def write_manifest(self, manifest: StoreManifest) -> None:
         """Write the manifest atomically and durably (the store must be flushed first)."""
@@ -239,7 +247,7 @@ class SubtaskStore:
 
     def read_retained_manifest(self, checkpoint_id: int) -> StoreManifest | None:
         """The manifest of the copy kept at ``checkpoint_id`` (None: no such copy)."""
-        return _read_manifest(self._retained(checkpoint_id) / "manifest.json")
+        return read_manifest(self._retained(checkpoint_id) / "manifest.json")
 
     def prune_retained(self, keep: int | None) -> None:
         """Delete every copy but the one of checkpoint ``keep``, and what a crash left
@@ -301,7 +309,7 @@ class SubtaskStore:
                 continue
             if (not path.is_dir() or path == self.directory
                     or not path.name.startswith("p")
-                    or path.name.startswith(f"p{self._parallelism}-")):
+                    or path.name.startswith(f"p{self.parallelism}-")):
                 continue
             if remove_store_directory(path):
                 removed.append(path)
@@ -326,7 +334,8 @@ def _sync(directory: Path) -> None:
         os.close(fd)
 
 
-def _read_manifest(path: Path) -> StoreManifest | None:
+def read_manifest(path: Path) -> StoreManifest | None:
+    """The manifest at ``path``; None when missing or unreadable (logged)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -381,6 +390,15 @@ def _link_immutable(source: str, target: str) -> None:
         except OSError:
             pass  # another file system, or no hard links: copy
     shutil.copy2(source, target)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (found.st_dev, found.st_ino)
 
 
 def lock_held(directory: Path) -> bool:
@@ -451,5 +469,6 @@ def remove_operator_stores(root: str | os.PathLike[str], application: str,
 
 
 __all__ = ["JOBS_DIRECTORY", "TRASH_PREFIX", "StoreManifest", "SubtaskStore",
-           "discard_directory", "jobs_running", "lock_held", "remove_operator_stores",
+           "discard_directory", "jobs_running", "lock_held", "read_manifest",
+           "remove_operator_stores",
            "remove_store_directory", "write_atomically"]

@@ -88,7 +88,8 @@ def host_store_settings(config: StreamingStateConfig) -> host_store.HostStoreSet
     """The host-local stores of ``state_backend="rocksdb"`` (None: in memory)."""
     if config.state_backend != BackendKind.ROCKSDB:
         return None
-    return host_store.HostStoreSettings(config.local_state_root(), config.rocksdb_options)
+    return host_store.HostStoreSettings(config.local_state_root(), config.rocksdb_options,
+                                        config.local_state_retention_s)
 
 
 @dataclass(frozen=True)
