@@ -99,5 +99,50 @@ class TopicConfigError(ChangelogError):
     """A topic exists with settings the changelog cannot work with."""
 
 
-class KafkaAccessError(ChangelogError):
-    """The broker refused or could not be reached (authentication, authorization, network)."""
+class KafkaConnectionError(ChangelogError):
+    """A client could not reach Kafka, or Kafka did not accept it. The subclasses say which
+    cause (retrying with the same settings does not help any of them but the first)."""
+
+
+class KafkaUnreachableError(KafkaConnectionError):
+    """No broker answered at the configured addresses (refused, timed out, unknown host),
+    or none answered in the protocol the client speaks."""
+
+
+class KafkaTlsError(KafkaConnectionError):
+    """The TLS handshake with a broker failed."""
+
+
+class UntrustedBrokerCertificateError(KafkaTlsError):
+    """The broker's certificate is not signed by an authority the client trusts
+    (``ssl.ca.location`` / ``ssl.ca.pem``, else the system's)."""
+
+
+class BrokerHostnameMismatchError(KafkaTlsError):
+    """The broker's certificate is trusted but does not name the host the client connected
+    to (``ssl.endpoint.identification.algorithm=https``)."""
+
+
+class ClientCertificateRejectedError(KafkaTlsError):
+    """The broker requires a client certificate and refused the one given (or none)."""
+
+
+class KafkaAccessError(KafkaConnectionError):
+    """The broker refused the client's credentials or an operation (authentication,
+    authorization)."""
+
+
+class KafkaAuthenticationError(KafkaAccessError):
+    """SASL authentication failed: user, password or mechanism."""
+
+
+class KafkaAuthorizationError(KafkaAccessError):
+    """The principal lacks an ACL: ``operation`` on ``resource_type`` ``resource``
+    (``resource`` is empty where Kafka does not say which one)."""
+
+    def __init__(self, message: str, *, operation: str = "", resource_type: str = "",
+                 resource: str = "") -> None:
+        self.operation = operation
+        self.resource_type = resource_type
+        self.resource = resource
+        super().__init__(message)

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ChangelogError, KafkaAccessError
+from ..errors import ChangelogError, KafkaConnectionError
 from ..kafka.handle import KafkaChangelogHandle
 from ..state.checkpoint import CompletedCheckpoint, SubtaskState
 from ..state.table_protocol import KeyedStateTable
@@ -147,7 +147,7 @@ def verify(connected: Connection, checkpoint: CompletedCheckpoint, changelog_top
             records_before = loader.changelog.records_read
             try:
                 state = loader.load(subtask.operator_id, kgs)
-            except KafkaAccessError:
+            except KafkaConnectionError:
                 raise  # not a problem of the data: the broker refused or is away
             except (ChangelogError, ValueError) as exc:
                 result.problem = f"{type(exc).__name__}: {exc}"

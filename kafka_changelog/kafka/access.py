@@ -1,4 +1,5 @@
-"""Connecting with a clear answer: authentication failures surface within seconds."""
+"""Connecting with a clear answer: a cause that retrying cannot cure surfaces within
+seconds, as its own exception type (see :mod:`.connection_diagnosis`)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,44 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
-from ..errors import KafkaAccessError
-from .error_text import describe, is_access_error, principal_of
+from .connection_diagnosis import decisive_error, unreachable_error
+from .error_text import access_error, is_access_error
 
 
 def connect_admin(
     settings: dict[str, Any], timeout_s: float
 ) -> tuple[AdminClient, ClusterMetadata]:
-    """An admin client that has seen cluster metadata, or a :class:`KafkaAccessError`.
+    """An admin client that has seen cluster metadata.
 
-    librdkafka retries a failed SASL handshake forever; this watches its error
-    callback and gives up at the first authentication error instead of hanging.
+    librdkafka retries a failed SASL or TLS handshake forever; this watches its error
+    callback and gives up at the first error retrying cannot cure.
+
+    Raises:
+        KafkaAuthenticationError / KafkaAuthorizationError: credentials or ACLs refused.
+        KafkaTlsError (a subclass per cause): the TLS handshake failed.
+        KafkaUnreachableError: no broker answered within ``timeout_s``, or the listener
+            speaks another protocol than ``security.protocol``.
     """
     errors: list[KafkaError] = []
     client_settings: dict[str, Any] = {**settings, "error_cb": errors.append}
     admin = AdminClient(client_settings)
     deadline = time.monotonic() + timeout_s
-    who = principal_of(settings)
-    servers = settings.get("bootstrap.servers")
+    probed_protocol = False
     while True:
         try:
             return admin, admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
         except KafkaException as exc:
             last: KafkaError | None = exc.args[0] if exc.args else None
         admin.poll(0)
-        denied = [e for e in errors if is_access_error(e)]
+        denied = [e for e in errors if is_access_error(e)
+                  and e.code() not in (KafkaError._AUTHENTICATION,
+                                       KafkaError.SASL_AUTHENTICATION_FAILED)]
         if denied:
-            raise KafkaAccessError(
-                f"Kafka at {servers} refused {who}: {describe(denied[0])}"
-            )
+            raise access_error(denied[0], "reading the cluster's metadata", settings)
+        all_down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in errors)
+        found = decisive_error(settings, errors, probe_protocol=all_down and not probed_protocol)
+        probed_protocol = probed_protocol or all_down
+        if found is not None:
+            raise found
         if time.monotonic() >= deadline:
-            seen = "; ".join(describe(e) for e in errors[-3:]) or (
-                describe(last) if last else "no answer")
-            raise KafkaAccessError(
-                f"no answer from Kafka at {servers} as {who} within {timeout_s:.0f} s: {seen}"
-            )
+            raise unreachable_error(settings, errors or ([last] if last else []), timeout_s)

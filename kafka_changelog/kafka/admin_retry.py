@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ..errors import ChangelogError, KafkaAccessError
-from .error_text import describe, is_access_error, is_retriable
+from ..errors import ChangelogError
+from .error_text import access_error, describe, is_access_error, is_retriable
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -113,7 +113,7 @@ def retry_call(
             if error is None:
                 raise error_type(f"cannot {what}: {exc}") from exc
             if is_access_error(error):
-                raise KafkaAccessError(f"cannot {what}: {describe(error)}") from exc
+                raise access_error(error, f"trying to {what}") from exc
             if not _transient(error, transient_codes):
                 raise error_type(f"cannot {what}: {describe(error)}") from exc
             last, cause = describe(error), exc

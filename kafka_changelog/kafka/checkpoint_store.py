@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError
 
-from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
+from ..errors import ChangelogError, TopicConfigError
 from ..gc_types import LogFloor
 from ..state.checkpoint import CompletedCheckpoint
 from ..state.checkpoint_store import (
@@ -31,7 +31,7 @@ from ..state.subtask_commit import SubtaskCommit, parse_subtask_commit_key
 from .access import connect_admin
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
-from .error_text import describe, is_access_error
+from .error_text import access_error, describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
@@ -251,9 +251,12 @@ class KafkaCheckpointView(CheckpointStore):
     def _on_read_error(self, error: KafkaError, position: int) -> int:
         if end_of_partition(error) or error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
             return position  # the log's end; a group lookup readers do not need
-        cls = KafkaAccessError if is_access_error(error) else CheckpointStoreError
-        raise cls(f"reading checkpoint topic {self.topic}[{self.PARTITION}] at offset "
-                  f"{position} failed: {describe(error)}")
+        where = f"checkpoint topic {self.topic}[{self.PARTITION}]"
+        if is_access_error(error):
+            raise access_error(error, f"reading {where}", operation="READ",
+                               resource=self.topic)
+        raise CheckpointStoreError(f"reading {where} at offset {position} failed: "
+                                   f"{describe(error)}")
 
     def close(self) -> None:
         """Close the consumers (idempotent)."""

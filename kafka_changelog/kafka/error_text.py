@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError
 
-from ..errors import KafkaAccessError, PersistError
+from ..errors import (
+    KafkaAccessError,
+    KafkaAuthenticationError,
+    KafkaAuthorizationError,
+    PersistError,
+)
 
 _AUTH_CODES = {KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+#: Per authorization error: the resource type and the operation its ACL must allow (a
+#: topic's operation depends on what was done: the caller says).
+_ACL_OF: dict[int, tuple[str, str]] = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: ("Topic", ""),
+    KafkaError.GROUP_AUTHORIZATION_FAILED: ("Group", "READ"),
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ("TransactionalId", "WRITE"),
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: ("Cluster", "IDEMPOTENT_WRITE"),
+}
 _AUTHZ_HINTS = {
     KafkaError.TOPIC_AUTHORIZATION_FAILED: "the principal lacks an ACL for this topic operation",
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: (
@@ -72,16 +86,56 @@ def describe(error: KafkaError) -> str:
     return text
 
 
-def delivery_error(topic: str, partition: int, error: KafkaError) -> Exception:
+def access_error(error: KafkaError, doing: str, settings: Mapping[str, Any] | None = None,
+                 *, operation: str = "", resource: str = "") -> KafkaAccessError:
+    """The exception for an access error met while ``doing`` something:
+    :class:`KafkaAuthenticationError` for credentials, :class:`KafkaAuthorizationError`
+    naming the missing ACL (``operation`` on the resource: a topic's operation and name
+    come from the caller; a transactional id, group or the cluster from ``settings``)."""
+    known = settings is not None and any(
+        k in settings for k in ("security.protocol", "sasl.username", "ssl.certificate.location"))
+    who = principal_of(settings) if settings is not None and known else "the principal"
+    if error.code() in _AUTH_CODES:
+        return KafkaAuthenticationError(f"{doing} failed: Kafka refused {who}: "
+                                        f"{describe(error)}")
+    resource_type, default_operation = _ACL_OF.get(error.code(), ("", ""))
+    also = ""
+    if error.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+        # An idempotent (or transactional) producer's id: WRITE on the topic implies it.
+        if operation == "WRITE" and resource:
+            also = f", or WRITE on Topic {resource!r}, which implies it"
+        operation, resource = default_operation, ""
+    operation = operation or default_operation
+    if not resource and settings is not None:
+        if resource_type == "TransactionalId":
+            resource = str(settings.get("transactional.id", ""))
+        elif resource_type == "Group":
+            resource = str(settings.get("group.id", ""))
+    if resource_type == "Cluster":
+        resource = resource or "kafka-cluster"
+    acl = (f"the ACL {operation}" if operation else "an ACL") + (
+        f" on {resource_type}" if resource_type else "") + (f" {resource!r}" if resource else "")
+    return KafkaAuthorizationError(
+        f"{doing} failed: {who} lacks {acl}{also} ({error.name()}: {error.str()})",
+        operation=operation, resource_type=resource_type, resource=resource)
+
+
+def delivery_error(topic: str, partition: int, error: KafkaError,
+                   settings: Mapping[str, Any] | None = None) -> Exception:
     """The exception a failed record delivery turns into."""
-    message = f"producing to {topic}[{partition}] failed: {describe(error)}"
+    doing = f"producing to {topic}[{partition}]"
     if is_access_error(error):
-        return KafkaAccessError(message)
-    return PersistError(message)
+        return access_error(error, doing, settings, operation="WRITE", resource=topic)
+    return PersistError(f"{doing} failed: {describe(error)}")
 
 
-def principal_of(settings: dict[str, Any]) -> str:
+def principal_of(settings: Mapping[str, Any]) -> str:
     """Who the settings authenticate as, for error messages (never the password)."""
     user = settings.get("sasl.username")
     protocol = settings.get("security.protocol", "PLAINTEXT")
-    return f"{protocol} user {user!r}" if user else str(protocol)
+    if user:
+        return f"{protocol} user {user!r}"
+    certificate = settings.get("ssl.certificate.location")
+    if certificate:
+        return f"{protocol} client certificate {certificate}"
+    return str(protocol)

@@ -22,10 +22,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from ..errors import BackpressureTimeoutError, ChangelogError, KafkaAccessError
+from ..errors import BackpressureTimeoutError, ChangelogError
 from ..state.records import OutRecord, RecordAppender
 from .config import KafkaChangelogConfig
-from .error_text import delivery_error, describe, is_access_error
+from .error_text import access_error, delivery_error, describe, is_access_error
 from .record_format import EncodedRecord
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class SharedProducer:
                 error = self._last_fatal  # name the real cause, not "fatal" or "purged"
             if error is not None:
                 outcome: tuple[int | None, Exception | None] = (
-                    None, delivery_error(topic, partition, error))
+                    None, delivery_error(topic, partition, error, self._config.producer()))
             else:
                 outcome = (message.offset(), None)
             self._completions.submit(on_done, *outcome)
@@ -99,7 +99,8 @@ class SharedProducer:
                 self._producer.poll(0.05)
             except KafkaException as exc:
                 self._release(record_id, size)
-                raise delivery_error(topic, partition, exc.args[0]) from exc
+                raise delivery_error(topic, partition, exc.args[0],
+                                     self._config.producer()) from exc
 
     def wait_for_records_before_now(self, timeout: float) -> bool:
         """Wait until every record produced before this call is acknowledged and its
@@ -249,7 +250,8 @@ class AckedProducer:
     def _failure(self, partition: int, what: str, error: KafkaError) -> ChangelogError:
         message = f"producing {what} to {self._topic}[{partition}] failed: {describe(error)}"
         if is_access_error(error):
-            return KafkaAccessError(message)
+            return access_error(error, f"producing {what} to {self._topic}[{partition}]",
+                                self._settings, operation="WRITE", resource=self._topic)
         return self._error_type(message)
 
     def close(self, timeout_s: float = 30.0) -> None:

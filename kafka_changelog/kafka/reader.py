@@ -8,11 +8,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from ..change import META_KEY_GROUP, StateChange, new_unchecked
-from ..errors import ChangelogError, ChangelogTruncatedError, KafkaAccessError, RecordDecodeError
+from ..errors import ChangelogError, ChangelogTruncatedError, RecordDecodeError
 from ..reader import StateChangelogReader, wrong_handle
 from .config import KafkaChangelogConfig
 from .consume import BATCH, consume_range, end_of_partition
-from .error_text import describe, is_access_error
+from .error_text import access_error, describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
 from .offsets import watermarks
 from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
@@ -174,7 +174,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
             low = self._check_range(topic, r, log_id)
             raise ChangelogTruncatedError(topic, r.partition, position, low)
         if is_access_error(error):
-            raise KafkaAccessError(f"reading {topic}[{r.partition}] failed: {describe(error)}")
+            raise access_error(error, f"reading {topic}[{r.partition}]", operation="READ",
+                               resource=topic)
         raise ChangelogError(
             f"reading {topic}[{r.partition}] at offset {position} failed: {describe(error)}"
         )

@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from ..errors import ChangelogError, KafkaAccessError, TopicConfigError
+from ..errors import ChangelogError, TopicConfigError
 from ..state.errors import SnapshotWriteError
 from ..state.records import OutRecord, RecordAppender, RecordSource, StoredRecord
 from ..state.snapshot_store import (
@@ -21,7 +21,7 @@ from ..state.snapshot_store import (
 )
 from .access import connect_admin
 from .client_settings import KafkaConnection
-from .error_text import describe, is_access_error
+from .error_text import access_error, describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
@@ -275,8 +275,8 @@ class KafkaRecordSource(RecordSource):
             return (f"no record at offset {offset}: the log holds offsets {low} to {high - 1} "
                     "(deleted records or a recreated topic)")
         if is_access_error(error):
-            raise KafkaAccessError(
-                f"reading {self._topic}[{partition}] failed: {describe(error)}")
+            raise access_error(error, f"reading {self._topic}[{partition}]",
+                               operation="READ", resource=self._topic)
         raise ChangelogError(
             f"reading {self._topic}[{partition}] at offset {offset} failed: {describe(error)}"
         )

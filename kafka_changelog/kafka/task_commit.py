@@ -40,7 +40,7 @@ from ..state.errors import CheckpointStoreError
 from ..state.subtask_commit import SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
-from .error_text import describe, is_access_error
+from .error_text import access_error, describe, is_access_error
 from .transaction_calls import (
     commit_transaction_retrying,
     let_go,
@@ -159,8 +159,10 @@ class SubtaskCommitter:
         def on_error(error: KafkaError, position: int) -> int:
             if end_of_partition(error):
                 return position
-            cls = KafkaAccessError if is_access_error(error) else CheckpointStoreError
-            raise cls(f"reading {where} at offset {position} failed: {describe(error)}")
+            if is_access_error(error):
+                raise access_error(error, f"reading {where}", operation="READ", resource=topic)
+            raise CheckpointStoreError(f"reading {where} at offset {position} failed: "
+                                       f"{describe(error)}")
 
         def relevant(message: Any) -> bool:
             value = message.value()
@@ -320,7 +322,8 @@ def transaction_error(doing: str, error: KafkaError, transactional_id: str
     """The error of a transactional call that failed: access, fenced, or other."""
     message = f"{doing} with transactional id {transactional_id!r} failed: {describe(error)}"
     if is_access_error(error):
-        return KafkaAccessError(message)
+        return access_error(error, f"{doing} with transactional id {transactional_id!r}",
+                            {"transactional.id": transactional_id})
     if producer_fenced(error):
         return TransactionFencedError(
             f"{message}; another attempt with this transactional id took over")

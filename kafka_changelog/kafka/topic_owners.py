@@ -28,7 +28,7 @@ from .access import connect_admin
 from .checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
-from .error_text import describe, is_access_error
+from .error_text import access_error, describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import ensure_topic
@@ -89,9 +89,11 @@ def _read_registry(connection: KafkaConnection) -> dict[str, str]:
     def on_error(error: KafkaError, position: int) -> int:
         if end_of_partition(error):
             return position
-        cls = KafkaAccessError if is_access_error(error) else ChangelogError
-        raise cls(f"reading {REGISTRY_TOPIC}[0] at offset {position} failed: "
-                  f"{describe(error)}")
+        if is_access_error(error):
+            raise access_error(error, f"reading {REGISTRY_TOPIC}[0]", operation="READ",
+                               resource=REGISTRY_TOPIC)
+        raise ChangelogError(f"reading {REGISTRY_TOPIC}[0] at offset {position} failed: "
+                             f"{describe(error)}")
 
     try:
         low, high = watermarks(consumer, REGISTRY_TOPIC, 0, timeout)

@@ -25,7 +25,7 @@ from ..errors import KafkaAccessError
 from ..state.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
-from .error_text import describe, is_access_error
+from .error_text import access_error, describe, is_access_error
 from .transaction_calls import commit_transaction_retrying, let_go, produce_waiting
 
 
@@ -155,7 +155,9 @@ class TransactionalCommitter:
         message = (f"{doing} with transactional id {self.transactional_id!r} failed: "
                    f"{describe(error)}")
         if is_access_error(error):
-            return KafkaAccessError(message)
+            return access_error(error, f"{doing} with transactional id "
+                                f"{self.transactional_id!r}",
+                                {"transactional.id": self.transactional_id})
         if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                             KafkaError.INVALID_PRODUCER_EPOCH):
             return TransactionFencedError(

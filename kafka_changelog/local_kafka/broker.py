@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -58,6 +59,7 @@ from kafka_changelog.local_kafka.probe import (
     wait_for_isr,
 )
 from kafka_changelog.local_kafka.security import SecurityConfig
+from kafka_changelog.local_kafka.tls import TlsFiles
 from kafka_changelog.local_kafka.workdir import make_cluster_root, release_cluster_root
 
 __all__ = ["BrokerStartError", "LocalKafkaCluster", "SecurityConfig"]
@@ -122,6 +124,9 @@ class LocalKafkaCluster:
             afterwards with the same controller ports); None: a temporary one.
         advertised_host: the host name clients are told (default: the loopback
             address the listeners bind, 127.0.0.1).
+        tls_hosts: with a TLS protocol, the names and addresses the brokers'
+            certificate is valid for (default: 127.0.0.1, localhost and the
+            advertised host); leave one out to see a hostname mismatch.
 
     ``stop()`` kills the nodes and deletes all their data (unless ``data_dir``
     keeps it); it also runs when ``start()`` fails, and at interpreter exit for
@@ -140,6 +145,7 @@ class LocalKafkaCluster:
         client_port: int | None = None,
         data_dir: Path | str | None = None,
         advertised_host: str | None = None,
+        tls_hosts: Sequence[str] | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, not {nodes}")
@@ -154,7 +160,9 @@ class LocalKafkaCluster:
         self.client_port = client_port
         self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         self.advertised_host = advertised_host
+        self.tls_hosts = tuple(tls_hosts) if tls_hosts is not None else None
         self._spec: ClusterSpec | None = None
+        self._tls: TlsFiles | None = None
         self._nodes: list[_Node] = []
         self._root: Path | None = None
         self._admin: AdminClient | None = None
@@ -229,6 +237,7 @@ class LocalKafkaCluster:
                 process.kill(node.process)
         self._nodes = []
         self._spec = None
+        self._tls = None
         root, self._root = self._root, None
         if root is not None and root == self.data_dir:
             return  # kept for the next start
@@ -254,10 +263,18 @@ class LocalKafkaCluster:
         """
         config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
         if self.security is not None:
-            config |= self.security.client_settings(user, password)
+            config |= self.security.client_settings(user, password, self._tls)
         elif user is not None or password is not None:
             raise ValueError(f"{self!r} has no security; it takes no user or password")
         return config
+
+    @property
+    def tls(self) -> TlsFiles:
+        """The certificates of a TLS-secured cluster (its authority, the brokers' and a
+        client certificate per user), made when it started."""
+        if self._tls is None:
+            raise KafkaHarnessError(f"{self!r} was not started with a TLS protocol")
+        return self._tls
 
     def admin_client(self, user: str | None = None, password: str | None = None) -> AdminClient:
         """A new AdminClient (as the admin user when security is on)."""
@@ -476,7 +493,12 @@ class LocalKafkaCluster:
             )
             for i in range(self.node_count)
         )
-        self._spec = ClusterSpec(specs, self.security, self.broker_overrides)
+        if self.security is not None and self.security.protocol.uses_tls:
+            hosts = self.tls_hosts or (LOOPBACK, "localhost",
+                                       *([self.advertised_host] if self.advertised_host
+                                         else []))
+            self._tls = TlsFiles.create(root / "tls", self.security.users, hosts)
+        self._spec = ClusterSpec(specs, self.security, self.broker_overrides, tls=self._tls)
         for i, spec in enumerate(specs):
             node = _Node(i, spec, root / f"node-{spec.node_id}")
             Path(spec.log_dir).mkdir(parents=True, exist_ok=self.data_dir is not None)

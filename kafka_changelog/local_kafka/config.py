@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from kafka_changelog.local_kafka.security import CLIENT_LISTENER, SecurityConfig
+from kafka_changelog.local_kafka.security import SecurityConfig
+from kafka_changelog.local_kafka.tls import TlsFiles
 
 CONTROLLER_LISTENER = "CONTROLLER"
 PLAIN_LISTENER = "PLAINTEXT"
@@ -100,6 +101,8 @@ class ClusterSpec:
     security: SecurityConfig | None = None
     overrides: Mapping[str, str] = field(default_factory=dict)
     static_quorum: bool | None = None  # None: static for more than one node
+    #: The certificates of a TLS listener (security with a TLS protocol).
+    tls: TlsFiles | None = None
 
     @property
     def uses_static_quorum(self) -> bool:
@@ -109,7 +112,7 @@ class ClusterSpec:
     @property
     def client_listener(self) -> str:
         """Listener name (= security protocol) clients and other brokers use."""
-        return CLIENT_LISTENER if self.security else PLAIN_LISTENER
+        return self.security.listener if self.security else PLAIN_LISTENER
 
     @property
     def bootstrap_servers(self) -> str:
@@ -148,7 +151,7 @@ def broker_properties(node: NodeSpec, cluster: ClusterSpec) -> dict[str, str]:
     else:
         props["controller.quorum.bootstrap.servers"] = node.controller_address
     if cluster.security is not None:
-        props |= cluster.security.broker_settings()
+        props |= cluster.security.broker_settings(cluster.tls)
     props |= dict(cluster.overrides)
     return props
 

@@ -129,11 +129,14 @@ def kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
 
 @pytest.fixture(scope="module")
 def secure_kafka_cluster() -> Iterator[LocalKafkaCluster]:
-    """A started local single node with SASL/SCRAM-SHA-256 and ACLs (users: SECURE_USERS)."""
+    """A started local single node speaking SASL_SSL (SCRAM-SHA-256 over TLS, the brokers'
+    certificate signed by the cluster's own authority: ``cluster.tls``) with ACLs (users:
+    SECURE_USERS): what managed Kafka services speak."""
     from kafka_changelog.local_kafka.broker import LocalKafkaCluster
-    from kafka_changelog.local_kafka.security import SecurityConfig
+    from kafka_changelog.local_kafka.security import SecurityConfig, SecurityProtocol
 
-    security = SecurityConfig(mechanism="SCRAM-SHA-256", users=dict(SECURE_USERS), admin="admin")
+    security = SecurityConfig(mechanism="SCRAM-SHA-256", users=dict(SECURE_USERS), admin="admin",
+                              protocol=SecurityProtocol.SASL_SSL)
     with LocalKafkaCluster(nodes=1, security=security) as cluster:
         yield cluster
 

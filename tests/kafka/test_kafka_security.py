@@ -1,4 +1,5 @@
-"""The Kafka storage against a SASL/SCRAM broker with ACLs: clear, fast access errors."""
+"""The Kafka storage against a SASL_SSL (SCRAM over TLS) broker with ACLs: clear, fast
+access errors naming the missing ACL."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog import KafkaAccessError, KeyGroupRange
+from kafka_changelog import (
+    KafkaAccessError,
+    KafkaAuthenticationError,
+    KafkaAuthorizationError,
+    KeyGroupRange,
+)
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
@@ -40,7 +46,7 @@ def topic(secure_kafka_cluster: Any) -> str:
 def test_wrong_password_fails_fast_with_a_clear_error(secure_kafka_cluster: Any) -> None:
     config = secure_config(secure_kafka_cluster, "alice", "wrong-password", "any")
     started = time.monotonic()
-    with pytest.raises(KafkaAccessError) as caught:
+    with pytest.raises(KafkaAuthenticationError) as caught:
         KafkaChangelogStorage(config)
     assert time.monotonic() - started < 8
     message = str(caught.value)
@@ -63,9 +69,13 @@ def test_missing_write_acl_fails_the_persist_with_the_topic_named(
             writer.persist(writer.initial_sequence_number(), 1).result(30)
         assert time.monotonic() - started < 15
         cause = caught.value.__cause__ or caught.value
-        assert isinstance(cause, KafkaAccessError)
+        assert isinstance(cause, KafkaAuthorizationError)
         assert f"producing to {topic}[" in str(cause)
-        assert "AUTHORIZATION_FAILED" in str(cause)
+        # An idempotent producer without WRITE on the topic is refused its producer id.
+        assert ("SASL_SSL user 'alice' lacks the ACL IDEMPOTENT_WRITE on Cluster "
+                f"'kafka-cluster', or WRITE on Topic '{topic}', which implies it") in str(cause)
+        assert (cause.operation, cause.resource_type, cause.resource) == (
+            "IDEMPOTENT_WRITE", "Cluster", "kafka-cluster")
 
         # Granting WRITE makes the retried persist go through.
         secure_kafka_cluster.grant("alice", "TOPIC", topic, ["WRITE"])
@@ -84,11 +94,11 @@ def test_missing_read_acl_fails_the_restore_with_the_topic_named(
         writer.append(1, b"x")
         handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
     started = time.monotonic()
-    with pytest.raises(KafkaAccessError) as caught:
+    with pytest.raises(KafkaAuthorizationError) as caught:
         changes_of(handle, config)
     assert time.monotonic() - started < 15
-    assert f"{topic}[" in str(caught.value)
-    assert "AUTHORIZATION_FAILED" in str(caught.value)
+    assert f"reading {topic}[" in str(caught.value)
+    assert f"lacks the ACL READ on Topic '{topic}'" in str(caught.value)
 
 
 def test_a_transactional_sink_without_its_transactional_id_acl_is_named(
@@ -110,10 +120,14 @@ def test_a_transactional_sink_without_its_transactional_id_acl_is_named(
     with KafkaCheckpointStore(config) as store:
         started = time.monotonic()
         with pytest.raises(KafkaAccessError, match=(
-                rf"^starting transactions with transactional id '{tid}' failed: "
-                r"TRANSACTIONAL_ID_AUTHORIZATION_FAILED.*transactional-id ACL")):
+                rf"^starting transactions with transactional id '{tid}' failed: .* lacks the "
+                rf"ACL WRITE on TransactionalId '{tid}' \(TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+                )) as refused:
             TransactionalCommitter(store, tid)
         assert time.monotonic() - started < 15
+        assert isinstance(refused.value, KafkaAuthorizationError)
+        assert (refused.value.operation, refused.value.resource_type,
+                refused.value.resource) == ("WRITE", "TransactionalId", tid)
         # Granted, the same committer commits (brokers apply a new ACL a moment later).
         secure_kafka_cluster.grant("bob", "TRANSACTIONAL_ID", tid, ["WRITE", "DESCRIBE"])
         deadline = time.monotonic() + 15
