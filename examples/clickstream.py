@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -183,19 +183,20 @@ def read_committed(settings: dict[str, Any], topic: str, timeout_s: float = 30.0
         consumer.close()
 
 
-def outputs_with_spark(spark: Any, bootstrap_servers: str, topic: str,
+def outputs_with_spark(spark: Any, kafka_options: Mapping[str, str], topic: str,
                        streaming: bool = False, committed: bool = True) -> Any:
     """The outputs in ``topic`` read with Spark's Kafka connector, as a DataFrame of
     ``checkpoint, user, events, spent`` (like :func:`read_outputs`; streaming when
     ``streaming``). Outputs are written in Kafka transactions: only a
     ``read_committed`` consumer sees each batch's outputs exactly once (Spark's
     default, ``read_uncommitted``, also returns those of aborted transactions, e.g. of
-    a driver killed while committing); ``committed=False`` shows that."""
+    a driver killed while committing); ``committed=False`` shows that.
+    ``kafka_options``: the brokers and security, as ``StreamingStateConfig.spark_kafka_options``
+    gives them."""
     from pyspark.sql import functions as F
 
     reader = spark.readStream if streaming else spark.read
-    source = (reader.format("kafka")
-              .option("kafka.bootstrap.servers", bootstrap_servers)
+    source = (reader.format("kafka").options(**kafka_options)
               .option("subscribe", topic)
               .option("startingOffsets", "earliest")
               .option("includeHeaders", "true")
@@ -232,15 +233,16 @@ def output_problems(rows: list[tuple[int, str, int, float]],
     return problems
 
 
-def kafka_input(spark: Any, bootstrap_servers: str, topic: str, max_per_batch: int) -> Any:
+def kafka_input(spark: Any, kafka_options: Mapping[str, str], topic: str,
+                max_per_batch: int) -> Any:
     """The clickstream as a streaming DataFrame ``user, seq, kind, page, amount``, read
     with Spark's Kafka connector from the beginning of ``topic``, at most
-    ``max_per_batch`` records per micro-batch. Input must never be skipped (the state
-    would silently miss events), hence ``failOnDataLoss``."""
+    ``max_per_batch`` records per micro-batch (``kafka_options``: the brokers and
+    security, as ``StreamingStateConfig.spark_kafka_options`` gives them). Input must
+    never be skipped (the state would silently miss events), hence ``failOnDataLoss``."""
     from pyspark.sql import functions as F
 
-    raw = (spark.readStream.format("kafka")
-           .option("kafka.bootstrap.servers", bootstrap_servers)
+    raw = (spark.readStream.format("kafka").options(**kafka_options)
            .option("subscribe", topic)
            .option("startingOffsets", "earliest")
            .option("failOnDataLoss", "true")
@@ -282,7 +284,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
                                            output_topic, key_column="user"),
                                        order_by=["seq"], listener=listener,
                                        task_listener=task_listener, vectorized=vectorized)
-    stream = kafka_input(spark, settings["bootstrap.servers"], input_topic, max_per_batch)
+    stream = kafka_input(spark, config.spark_kafka_options(), input_topic, max_per_batch)
     query = (stream.writeStream.foreachBatch(processor)
              .option("checkpointLocation", checkpoint_dir)
              .trigger(processingTime="500 milliseconds").start())
@@ -395,8 +397,8 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
                              "batches run, reports kept and events read")
     args = parser.parse_args(argv)
     spark_config = spark_settings(args)
-    settings = {"bootstrap.servers": args.bootstrap_servers}
     config = state_config(args, "user-sessions")
+    settings = {"bootstrap.servers": args.bootstrap_servers, **config.client_config}
     if args.state_backend is not None:
         config = dataclasses.replace(config, state_backend=args.state_backend)
     summary = run_query(config, settings, args.input_topic, args.output_topic,

@@ -35,7 +35,22 @@ def job_parser(description: str, application: str, input_topic: str, output_topi
                              "spark://host:port")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable)")
+    parser.add_argument("-X", "--kafka-setting", action="append", default=[],
+                        metavar="KEY=VALUE", dest="kafka_settings",
+                        help="a librdkafka setting for every Kafka client, security included "
+                             "(repeatable); Spark's Kafka connector gets the same security")
     return parser
+
+
+def kafka_settings(args: argparse.Namespace) -> dict[str, str]:
+    """``-X KEY=VALUE`` options as a dict (``ValueError`` naming one without ``=``)."""
+    settings = {}
+    for item in args.kafka_settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"-X takes KEY=VALUE, got {item!r}")
+        settings[key] = value
+    return settings
 
 
 def state_config(args: argparse.Namespace, operator_id: str) -> StreamingStateConfig:
@@ -47,7 +62,7 @@ def state_config(args: argparse.Namespace, operator_id: str) -> StreamingStateCo
         snapshot_topic=f"{args.topic_prefix}-snapshots",
         checkpoint_topic=f"{args.topic_prefix}-checkpoints",
         partitions=8, materialization_interval_s=args.materialization_interval,
-        local_state_dir=args.local_state_dir,
+        local_state_dir=args.local_state_dir, client_config=kafka_settings(args),
         **({"driver_lease_s": args.driver_lease} if args.driver_lease else {}))
 
 

@@ -228,7 +228,8 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
     parser.add_argument("--lateness-minutes", type=float, default=5.0)
     args = parser.parse_args(argv)
     config = state_config(args, "sessions")
-    summary = run_query(config, {"bootstrap.servers": args.bootstrap_servers},
+    summary = run_query(config, {"bootstrap.servers": args.bootstrap_servers,
+                                 **config.client_config},
                         args.input_topic, args.output_topic, args.checkpoint_dir,
                         args.expected_events, args.max_per_batch,
                         dt.timedelta(minutes=args.lateness_minutes),

@@ -23,6 +23,8 @@ from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
 from kafka_changelog.state.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
 from kafka_changelog.state.rocksdb_options import RocksDBOptions
 
+from .kafka_options import java_kafka_options, reader_options
+
 #: Characters Kafka allows in a topic name.
 _TOPIC_CHARACTERS = re.compile(r"[^a-zA-Z0-9._-]")
 #: Kafka's longest topic name.
@@ -137,6 +139,20 @@ class StreamingStateConfig:
         root = Path(tempfile.gettempdir()) / f"kafka-changelog-state-{os.getuid()}"
         root.mkdir(mode=0o700, exist_ok=True)
         return root
+
+    def spark_kafka_options(self, java_overrides: dict[str, str] | None = None
+                            ) -> dict[str, str]:
+        """The options of Spark's Kafka connector (``format("kafka")``, reading the input
+        or writing with Spark) for the same brokers with the same security as the
+        state's clients: ``client_config``'s SASL and TLS settings as Java client
+        settings (see :mod:`spark_integration.kafka_options`); ``java_overrides`` win."""
+        return java_kafka_options(self.bootstrap_servers, self.client_config, java_overrides)
+
+    def reader_options(self) -> dict[str, str]:
+        """The options of ``format("kafka-changelog")`` for this application: the brokers,
+        ``client_config`` and the application."""
+        return {**reader_options(self.bootstrap_servers, self.client_config),
+                "application": self.application, "checkpoint.topic": self.checkpoint_topic}
 
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""

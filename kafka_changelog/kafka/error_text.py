@@ -98,21 +98,21 @@ def access_error(error: KafkaError, doing: str, settings: Mapping[str, Any] | No
     if error.code() in _AUTH_CODES:
         return KafkaAuthenticationError(f"{doing} failed: Kafka refused {who}: "
                                         f"{describe(error)}")
-    resource_type, default_operation = _ACL_OF.get(error.code(), ("", ""))
-    also = ""
-    if error.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED:
+    resource_type, acl_operation = _ACL_OF.get(error.code(), ("", ""))
+    given = settings or {}
+    name, also = "", ""
+    if resource_type == "Topic":
+        acl_operation, name = operation, resource
+    elif resource_type == "Cluster":
         # An idempotent (or transactional) producer's id: WRITE on the topic implies it.
+        name = "kafka-cluster"
         if operation == "WRITE" and resource:
             also = f", or WRITE on Topic {resource!r}, which implies it"
-        operation, resource = default_operation, ""
-    operation = operation or default_operation
-    if not resource and settings is not None:
-        if resource_type == "TransactionalId":
-            resource = str(settings.get("transactional.id", ""))
-        elif resource_type == "Group":
-            resource = str(settings.get("group.id", ""))
-    if resource_type == "Cluster":
-        resource = resource or "kafka-cluster"
+    elif resource_type == "TransactionalId":
+        name = str(given.get("transactional.id", ""))
+    elif resource_type == "Group":
+        name = str(given.get("group.id", ""))
+    operation, resource = acl_operation, name
     acl = (f"the ACL {operation}" if operation else "an ACL") + (
         f" on {resource_type}" if resource_type else "") + (f" {resource!r}" if resource else "")
     return KafkaAuthorizationError(

@@ -65,7 +65,7 @@ def spark_problems(spark: Any, config: StreamingStateConfig, topic: str) -> list
     """The outputs read with Spark's Kafka connector (``read_committed``) against ours."""
     ours = sorted(outputs(config, topic))
     theirs = sorted(tuple(row) for row in outputs_with_spark(
-        spark, config.bootstrap_servers, topic).collect())
+        spark, config.spark_kafka_options(), topic).collect())
     if theirs != ours:
         return [f"Spark's connector reads {len(theirs)} outputs, ours {len(ours)}"]
     return []

@@ -68,6 +68,8 @@ class Job:
     options: tuple[str, ...] = ()
     #: Prefix of the state topics (default: ``prefix``; applications may share them).
     topic_prefix: str | None = None
+    #: librdkafka settings of every client (security), given to the job as ``-X``.
+    client_config: tuple[tuple[str, str], ...] = ()
 
     @property
     def topics(self) -> str:
@@ -107,6 +109,7 @@ class Job:
             "--max-per-batch", str(self.per_batch),
             "--materialization-interval", str(self.materialization_s),
             *self.engine.arguments(), *(["--master", master] if master else []),
+            *[arg for key, value in self.client_config for arg in ("-X", f"{key}={value}")],
             *self.options,
         ]
 
@@ -149,7 +152,8 @@ class Job:
             bootstrap_servers=self.bootstrap_servers,
             changelog_topic=f"{self.topics}-changelog",
             snapshot_topic=f"{self.topics}-snapshots",
-            checkpoint_topic=f"{self.topics}-checkpoints", partitions=8)
+            checkpoint_topic=f"{self.topics}-checkpoints", partitions=8,
+            client_config=dict(self.client_config))
 
 
 def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[str, Any]]:

@@ -69,7 +69,8 @@ def test_a_second_query_reads_each_batch_once_with_read_committed(
     ghost.abort_transaction(30)
 
     seen: list[tuple[Any, ...]] = []
-    query = (outputs_with_spark(spark, servers, output_topic, streaming=True)
+    query = (outputs_with_spark(spark, config.spark_kafka_options(), output_topic,
+                                streaming=True)
              .writeStream.foreachBatch(lambda df, _: seen.extend(tuple(r) for r in df.collect()))
              .option("checkpointLocation", str(tmp_path / "consumer"))
              .trigger(availableNow=True).start())
@@ -88,6 +89,6 @@ def test_a_second_query_reads_each_batch_once_with_read_committed(
         assert sorted(user for c, user, *_ in seen if c == checkpoint) == sorted(
             {e["user"] for e in chunk})
     uncommitted = [tuple(r) for r in outputs_with_spark(
-        spark, servers, output_topic, committed=False).collect()]
+        spark, config.spark_kafka_options(), output_topic, committed=False).collect()]
     assert sorted(uncommitted) == sorted(
         [*committed, (99, "ghost-1", 1, 0.0), (99, "ghost-2", 1, 0.0)])

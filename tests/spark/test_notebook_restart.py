@@ -43,7 +43,7 @@ def start(spark: Any, config: StreamingStateConfig, servers: str, input_topic: s
     processor = stateful_foreach_batch(
         config, update_user, "user", OUTPUT_SCHEMA,
         sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
-    query = (kafka_input(spark, servers, input_topic, max_per_batch=200)
+    query = (kafka_input(spark, config.spark_kafka_options(), input_topic, max_per_batch=200)
              .writeStream.foreachBatch(processor)
              .option("checkpointLocation", str(checkpoint))
              .trigger(processingTime="200 milliseconds").start())

@@ -249,5 +249,6 @@ def assert_exactly_once(job: Job, kafka_cluster: Any, spark: Any, users: int = U
     assert output_problems(outputs, expected) == []
     assert len({batch for batch, *_ in outputs}) >= 4
     # Spark's own connector, read_committed, sees exactly the same outputs.
-    with_spark = outputs_with_spark(spark, kafka_cluster.bootstrap_servers, job.output_topic)
+    with_spark = outputs_with_spark(spark, {"kafka.bootstrap.servers":
+                                            kafka_cluster.bootstrap_servers}, job.output_topic)
     assert sorted(tuple(row) for row in with_spark.collect()) == sorted(outputs)

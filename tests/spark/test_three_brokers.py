@@ -102,7 +102,7 @@ def test_a_broker_killed_mid_batch_loses_and_repeats_nothing(
     assert state_of(config, sorted(expected)) == expected
     outputs = read_outputs(settings, job.output_topic)
     assert output_problems(outputs, expected) == []
-    with_spark = outputs_with_spark(spark, cluster.bootstrap_servers, job.output_topic)
+    with_spark = outputs_with_spark(spark, config.spark_kafka_options(), job.output_topic)
     assert sorted(tuple(row) for row in with_spark.collect()) == sorted(outputs)
     # Materialization went on: the latest checkpoint's snapshots were made after the kill.
     latest = WorkerResources.coordinator(config).checkpoint()
