@@ -4,6 +4,7 @@ exception, naming what to fix."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from kafka_changelog import (
     UntrustedBrokerCertificateError,
 )
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.access import connect_admin
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from kafka_changelog.local_kafka.net import free_ports
 from kafka_changelog.local_kafka.security import SecurityConfig, SecurityProtocol
@@ -137,3 +139,63 @@ def test_nothing_listening_is_unreachable_not_an_access_error() -> None:
     assert str(caught.value).startswith(
         f"no answer from Kafka at 127.0.0.1:{port} as PLAINTEXT within 3 s (nothing listens "
         f"at 127.0.0.1:{port}): ")
+
+
+# -- docs/security.md's profiles --------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+
+
+def profiles() -> dict[str, tuple[bool, dict[str, str]]]:
+    """docs/security.md's ``# profile: NAME [(tested)]`` blocks: whether each is marked
+    tested, and its ``client_config``."""
+    found = {}
+    for block in re.findall(r"```python\n(# profile: .*?)```", DOCS.read_text(), re.S):
+        header = block.splitlines()[0].removeprefix("# profile: ")
+        scope: dict[str, Any] = {}
+        exec(block, scope)  # the documentation's own example
+        found[header.split()[0]] = ("(tested)" in header, scope["client_config"])
+    return found
+
+
+def filled(profile: dict[str, str], cluster: LocalKafkaCluster, user: str
+           ) -> dict[str, str]:
+    """A profile's settings with its placeholders for ``cluster`` and ``user``."""
+    assert cluster.security is not None
+    tls, password = cluster.tls, cluster.security.users[user]
+    values = {"<user>": user, "<password>": password, "<ca.pem>": str(tls.authority.certificate),
+              "<service.cert>": str(tls.clients[user].certificate),
+              "<service.key>": str(tls.clients[user].key)}
+    settings = {k: values.get(v, v) for k, v in profile.items()}
+    assert not [v for v in settings.values() if v.startswith("<")], settings
+    return {"bootstrap.servers": cluster.bootstrap_servers, **settings}
+
+
+def test_the_documented_profiles_are_all_there_and_translate_for_spark(tmp_path: Path) -> None:
+    from spark_integration.kafka_options import java_kafka_options
+
+    documented = profiles()
+    assert sorted(documented) == ["aiven-mtls", "aiven-sasl", "confluent-cloud", "msk-mtls",
+                                  "msk-scram", "on-premises"]
+    assert sorted(n for n, (tested, _) in documented.items() if tested) == [
+        "aiven-mtls", "aiven-sasl", "on-premises"]
+    pem = tmp_path / "any.pem"
+    pem.write_text("PEM")
+    for name, (_, profile) in documented.items():
+        settings = {k: (str(pem) if v.startswith("<") and k.endswith("location") else v)
+                    for k, v in profile.items()}
+        options = java_kafka_options("broker:9093", settings)
+        assert options["kafka.security.protocol"] == profile["security.protocol"], name
+
+
+def test_the_tested_sasl_ssl_profiles_connect(secure_kafka_cluster: LocalKafkaCluster) -> None:
+    for name in ("aiven-sasl", "on-premises"):
+        _, profile = profiles()[name]
+        _, metadata = connect_admin(filled(profile, secure_kafka_cluster, "alice"), 15)
+        assert metadata.brokers, name
+
+
+def test_the_tested_mutual_tls_profile_connects(mtls_cluster: LocalKafkaCluster) -> None:
+    _, profile = profiles()["aiven-mtls"]
+    _, metadata = connect_admin(filled(profile, mtls_cluster, "alice"), 15)
+    assert metadata.brokers

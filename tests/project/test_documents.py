@@ -18,9 +18,14 @@ RUN_EXAMPLES = {"README.md", "docs/spark.md", "docs/state.md"}
 #: Documents whose ``python`` blocks are fragments, not programs (a record's ``value`` from
 #: elsewhere), so no test runs them.
 FRAGMENTS = {"docs/kafka-storage.md"}
+#: Documents whose ``python`` blocks need a secured broker: docs/security.md's profiles are
+#: connected with by tests/kafka/test_kafka_tls.py, its configuration example is what
+#: tests/spark/test_secured_streaming.py runs against a SASL_SSL broker.
+SECURED = {"docs/security.md"}
 #: The documents whose links are checked.
 LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/spark-internals.md",
           "docs/state.md", "docs/kafka-storage.md", "docs/snapshots-and-checkpoints.md",
+          "docs/security.md", "docs/operations.md",
           "benchmarks/README.md", "benchmarks/HISTORY.md")
 
 RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\]", re.M)
@@ -48,7 +53,7 @@ def test_the_version_is_the_latest_release_in_the_changelog() -> None:
 def test_every_document_with_python_examples_has_them_run_by_a_test() -> None:
     with_examples = {str(path.relative_to(ROOT)) for path in markdown_files()
                      if "```python\n" in path.read_text(encoding="utf-8")}
-    expected = RUN_EXAMPLES | FRAGMENTS
+    expected = RUN_EXAMPLES | FRAGMENTS | SECURED
     assert with_examples == expected, (
         "documents with python examples that no test runs (or a runner without examples): "
         f"{sorted(with_examples ^ expected)}")
