@@ -56,6 +56,11 @@ BROKER_OVERRIDES = {"log.segment.bytes": str(SEGMENT_BYTES), "log.roll.ms": "600
                     "log.cleaner.backoff.ms": "1000"}
 #: Seconds a Python worker or executor kill waits for one to run.
 PROCESS_WAIT_S = 120.0
+#: A micro-batch reads up to this many batches' input: normal batches find only the few
+#: produced ahead, and a fresh checkpointLocation, which reads the whole input again from
+#: its start, catches up in a tenth of the batches (else the late ones take longer than
+#: the rest of the soak).
+READ_AHEAD = 10
 #: The job's parallelism until a rescale.
 FIRST_PARALLELISM = 2
 #: ``reports_kept`` of the job's processor (the driver's default).
@@ -189,7 +194,8 @@ class Soak:
         self.history = workdir / "history.jsonl"
         prefix = f"soak{settings.seed}-{uuid.uuid4().hex[:6]}"
         self.job = Job(prefix, kafka.bootstrap_servers, workdir / "checkpoint-0", ENDLESS,
-                       cluster_engine(spark), settings.per_batch, materialization_s=1.0,
+                       cluster_engine(spark), settings.per_batch * READ_AHEAD,
+                       materialization_s=1.0,
                        options=self._options(variant))
         self.config = self.job.config()
         # Input enough for every batch to be full until the last (faults never find an
