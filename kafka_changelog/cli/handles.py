@@ -19,10 +19,11 @@ from ..errors import ChangelogError
 from ..handle import ChangelogHandle
 from ..kafka import KafkaChangelogConfig, KafkaChangelogHandle, KafkaChangelogReader
 from ..kafka.access import connect_admin
+from ..kafka.handle import KCAT_SECRET_VARIABLES
 from ..kafka.topics import describe_topic
 from ..memory import InMemoryChangelogReader
 from ..reader import StateChangelogReader
-from .options import DEFAULT_CHANGELOG_TOPIC, bootstrap_servers, connection
+from .options import DEFAULT_CHANGELOG_TOPIC, bootstrap_servers, client_settings, connection
 
 
 def load_handle(argument: str) -> ChangelogHandle:
@@ -105,8 +106,13 @@ def _kcat(args: argparse.Namespace) -> int:
     if not isinstance(handle, KafkaChangelogHandle):
         raise ChangelogError(f"a {handle.kind} handle has no Kafka records to replay")
     servers = bootstrap_servers(args) or "BROKER"
-    for command in handle.kcat_commands(servers):
+    settings = client_settings(args)
+    for command in handle.kcat_commands(servers, settings):
         print(command)
+    secrets = sorted(KCAT_SECRET_VARIABLES[k] for k in settings if k in KCAT_SECRET_VARIABLES)
+    if secrets:
+        print(f"kafka-changelog: kcat: the commands read {', '.join(secrets)} from the "
+              "environment: export them before running them", file=sys.stderr)
     return 0
 
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..handle import ChangelogHandle
 from ..keygroups import KeyGroupRange
 
+#: Secret librdkafka settings that printed kcat commands read from the environment.
+KCAT_SECRET_VARIABLES: dict[str, str] = {
+    "sasl.password": "KAFKA_SASL_PASSWORD",
+    "ssl.key.password": "KAFKA_SSL_KEY_PASSWORD",
+    "ssl.keystore.password": "KAFKA_SSL_KEYSTORE_PASSWORD",
+}
 
 @dataclass(frozen=True, slots=True)
 class PartitionRange:
@@ -100,10 +107,20 @@ class KafkaChangelogHandle(ChangelogHandle):
         ending = {self.topic: {str(r.partition): r.end_offset for r in self.ranges}}
         return json.dumps(starting), json.dumps(ending)
 
-    def kcat_commands(self, bootstrap_servers: str) -> list[str]:
-        """kcat commands that print exactly the records of each range (key, headers, offset)."""
+    def kcat_commands(self, bootstrap_servers: str,
+                      client_settings: Mapping[str, Any] | None = None) -> list[str]:
+        """kcat commands that print exactly the records of each range (key, headers, offset).
+
+        ``client_settings`` (librdkafka, security included) go on as ``-X key=value``;
+        secrets are not printed: the shell takes them from the environment variables
+        :data:`KCAT_SECRET_VARIABLES` names (``$KAFKA_SASL_PASSWORD``, ...)."""
+        options = "".join(
+            f" -X {shlex.quote(key + '=')}"
+            + (f'"${KCAT_SECRET_VARIABLES[key]}"' if key in KCAT_SECRET_VARIABLES
+               else shlex.quote(str(value)))
+            for key, value in (client_settings or {}).items() if not callable(value))
         return [
-            f"kcat -C -b {bootstrap_servers} -t {self.topic} -p {r.partition} "
+            f"kcat -C -b {bootstrap_servers}{options} -t {self.topic} -p {r.partition} "
             f"-o {r.start_offset} -c {r.offset_count} -e -f '%p@%o key=%k headers=%h bytes=%S\\n'"
             for r in self.ranges
             if r.offset_count > 0

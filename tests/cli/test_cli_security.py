@@ -59,3 +59,56 @@ def test_read_only_commands_with_read_and_describe_acls_only(secure_kafka_cluste
             f"'kafka-cluster', or WRITE on Topic '{topics.snapshot}', which implies it "
             "(CLUSTER_AUTHORIZATION_FAILED") in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+
+def test_handle_and_topic_commands_over_sasl_ssl(secure_kafka_cluster: Any) -> None:
+    """``dump`` and ``topics`` as alice over TLS; ``kcat`` prints commands with her settings
+    and no password (the shell takes it from $KAFKA_SASL_PASSWORD). (Real kcat replays
+    over TLS in tests/kafka/test_kafka_tls.py: Debian's kcat, librdkafka 2.0.2, cannot do
+    SCRAM with Kafka 4 brokers.)"""
+    import base64
+    import uuid
+
+    from kafka_changelog import KeyGroupRange
+    from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+
+    topic = f"cli-tls-{uuid.uuid4().hex[:8]}"
+    alice = dict(secure_kafka_cluster.client_config(user="alice",
+                                                    password=SECURE_USERS["alice"]))
+    servers = alice.pop("bootstrap.servers")
+    admin = dict(secure_kafka_cluster.client_config())
+    admin.pop("bootstrap.servers")
+    config = KafkaChangelogConfig(bootstrap_servers=servers, client_config=admin, topic=topic,
+                                  partitions=2, max_parallelism=8)
+    with KafkaChangelogStorage(config) as storage, storage.create_writer(
+            "op", KeyGroupRange.of(0, 7)) as writer:
+        for kg in range(8):
+            writer.append(kg, b"value-%d" % kg)
+        handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
+    secure_kafka_cluster.grant("alice", "TOPIC", topic, ["READ", "DESCRIBE",
+                                                         "DESCRIBE_CONFIGS"])
+    as_alice = ["-b", servers, *[a for k, v in alice.items() for a in ("-X", f"{k}={v}")]]
+    encoded = base64.b64encode(handle.to_bytes()).decode()
+
+    dumped = cli(*as_alice, "dump", encoded)
+    assert dumped.returncode == 0, dumped.stderr
+    assert sorted(json.loads(line).get("payload_utf8") for line in
+                  dumped.stdout.splitlines()) == sorted(f"value-{kg}" for kg in range(8))
+
+    shown = cli(*as_alice, "topics", "--topic", topic, "--partitions", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["partitions"] == 2
+
+    printed = cli(*as_alice, "kcat", encoded)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stderr.strip() == (
+        "kafka-changelog: kcat: the commands read KAFKA_SASL_PASSWORD from the environment: "
+        "export them before running them")
+    commands = printed.stdout.splitlines()
+    assert len(commands) == 2
+    for command in commands:
+        assert SECURE_USERS["alice"] not in command  # the secret is never printed
+        assert (" -X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-256 -X "
+                "sasl.username=alice -X sasl.password=\"$KAFKA_SASL_PASSWORD\" -X "
+                f"ssl.ca.location={alice['ssl.ca.location']} -t {topic} ") in command

@@ -199,3 +199,38 @@ def test_the_tested_mutual_tls_profile_connects(mtls_cluster: LocalKafkaCluster)
     _, profile = profiles()["aiven-mtls"]
     _, metadata = connect_admin(filled(profile, mtls_cluster, "alice"), 15)
     assert metadata.brokers
+
+
+def test_kcat_replays_a_handle_over_mutual_tls_with_the_printed_commands(
+        mtls_cluster: LocalKafkaCluster) -> None:
+    """What ``kafka-changelog kcat`` prints for a handle carries the client's TLS settings:
+    real kcat, given them, replays exactly the handle's records."""
+    import base64
+    import subprocess
+    import sys
+
+    topic = f"mtls-kcat-{uuid.uuid4().hex[:8]}"
+    settings = mtls_cluster.client_config("alice")
+    KafkaChangelogStorage(config_of(mtls_cluster.client_config(), topic)).close()
+    mtls_cluster.grant("alice", "TOPIC", topic, ["DESCRIBE", "DESCRIBE_CONFIGS", "READ",
+                                                 "WRITE"])
+    with KafkaChangelogStorage(config_of(settings, topic)) as storage, storage.create_writer(
+            "op", KeyGroupRange.of(0, 127)) as writer:
+        for kg in (1, 70, 120):
+            writer.append(kg, b"value-%d" % kg)
+        handle = writer.persist(writer.initial_sequence_number(), 1).result(30).job_owned
+    options = [a for k, v in settings.items() if k != "bootstrap.servers"
+               for a in ("-X", f"{k}={v}")]
+    printed = subprocess.run([sys.executable, "-m", "kafka_changelog.cli", "-b",
+                              settings["bootstrap.servers"], *options, "kcat",
+                              base64.b64encode(handle.to_bytes()).decode()],
+                             capture_output=True, text=True, timeout=60)
+    assert printed.returncode == 0, printed.stderr
+    replayed = ""
+    for command in printed.stdout.splitlines():
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, command + "\n" + done.stderr[-600:]
+        replayed += done.stdout
+    assert replayed.count("key=op") == 2  # one record per partition range: 2 partitions
+    assert "kc.schema=change_batch/1" in replayed
