@@ -406,19 +406,10 @@ def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
 
 def referenced_topics(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                       mode: str) -> dict[str, set[str]]:
-    """The topics a read needs, by kind (``changelog``, ``snapshot``)."""
-    needed: dict[str, set[str]] = {"changelog": set(), "snapshot": set()}
-    for operator in operators:
-        for subtask in checkpoint.subtasks_of(operator):
-            keyed = subtask.keyed
-            if keyed is None:
-                continue
-            for handle in keyed.changelog:
-                if isinstance(handle, KafkaChangelogHandle) and not handle.is_empty:
-                    needed["changelog"].add(handle.topic)
-            if mode == MODE_STATE and keyed.snapshot is not None and keyed.snapshot.chunks:
-                needed["snapshot"].add(keyed.snapshot.topic)
-    return needed
+    """The topics a read needs, by kind (``changelog``, ``snapshot``: ``state`` mode only)."""
+    topics = checkpoint.topics(operators)
+    return {"changelog": set(topics.changelog),
+            "snapshot": set(topics.snapshot) if mode == MODE_STATE else set()}
 
 
 def check_topics(checkpoint: CompletedCheckpoint, operators: Iterable[str],

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..kafka.handle import KafkaChangelogHandle
-from ..state.checkpoint import CompletedCheckpoint, SubtaskState
+from ..state.checkpoint import CompletedCheckpoint, StateTopics, SubtaskState
 from .options import connection
 from .output import age, now_ms, print_json, size, table, when
 from .readonly import CheckpointTopicView, open_view, select_checkpoint
@@ -19,6 +19,9 @@ def application_summary(view: CheckpointTopicView, application: str,
     ids = view.checkpoint_ids(application)
     latest = view.latest(application) if ids else None
     guards = view.guards(application)
+    topics = StateTopics()
+    for stored in _stored(view, application, ids):
+        topics |= stored.topics()
     summary: dict[str, Any] = {
         "application": application,
         "latest_checkpoint": latest.checkpoint_id if latest else None,
@@ -30,11 +33,8 @@ def application_summary(view: CheckpointTopicView, application: str,
                       for op in latest.operators()] if latest else [],
         "checkpoint_ids": ids,
         "properties": dict(latest.properties) if latest else {},
-        "changelog_topics": sorted({h.topic for cp in _stored(view, application, ids)
-                                    for h in _kafka_handles(cp.subtasks)}),
-        "snapshot_topics": sorted({s.keyed.snapshot.topic for cp in _stored(view, application, ids)
-                                   for s in cp.subtasks
-                                   if s.keyed is not None and s.keyed.snapshot is not None}),
+        "changelog_topics": sorted(topics.changelog),
+        "snapshot_topics": sorted(topics.snapshot),
         "guards": [{"guard_id": g.guard_id, "timestamp_ms": g.timestamp_ms} for g in guards],
     }
     return summary

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ChangelogError, KafkaConnectionError
-from ..kafka.handle import KafkaChangelogHandle
-from ..state.checkpoint import CompletedCheckpoint, SubtaskState
+from ..state.checkpoint import CompletedCheckpoint, StateTopics, SubtaskState
 from ..state.table_protocol import KeyedStateTable
 from .options import Connection, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, size, table, when
@@ -84,30 +83,20 @@ def measure(state: KeyedStateTable, report: SubtaskReport) -> None:
     report.keys = len(keys)
 
 
-def _changelog_topics(subtask: SubtaskState) -> set[str]:
-    keyed = subtask.keyed
-    assert keyed is not None
-    return {h.topic for h in keyed.changelog if isinstance(h, KafkaChangelogHandle)}
-
-
-def _snapshot_topics(subtask: SubtaskState) -> set[str]:
-    keyed = subtask.keyed
-    assert keyed is not None
-    snapshot = keyed.snapshot
-    return {snapshot.topic} if snapshot is not None and snapshot.chunks else set()
-
-
 def _topics_of(subtask: SubtaskState) -> set[str]:
-    return _changelog_topics(subtask) | _snapshot_topics(subtask)
+    assert subtask.keyed is not None
+    return set(subtask.keyed.topics().all)
 
 
 def _notes(keyed: list[SubtaskState], changelog_topic: str, snapshot_topic: str) -> list[str]:
     notes = []
+    found = StateTopics()
+    for subtask in keyed:
+        if subtask.keyed is not None:
+            found |= subtask.keyed.topics()
     for kind, topics, option, expected in [
-        ("changelog", {t for s in keyed for t in _changelog_topics(s)}, "--changelog-topic",
-         changelog_topic),
-        ("snapshot", {t for s in keyed for t in _snapshot_topics(s)}, "--snapshot-topic",
-         snapshot_topic),
+        ("changelog", found.changelog, "--changelog-topic", changelog_topic),
+        ("snapshot", found.snapshot, "--snapshot-topic", snapshot_topic),
     ]:
         elsewhere = sorted(topics - {expected})
         if elsewhere:

@@ -125,14 +125,8 @@ def _still_used(connection: KafkaConnection, checkpoint_topic: str, topic: str) 
     view = KafkaCheckpointView(CheckpointStoreConfig.on(connection, topic=checkpoint_topic))
     try:
         for checkpoint in view.all_checkpoints():
-            for subtask in checkpoint.subtasks:
-                keyed = subtask.keyed
-                if keyed is None:
-                    continue
-                if keyed.snapshot is not None and keyed.snapshot.topic == topic:
-                    return True
-                if any(getattr(h, "topic", None) == topic for h in keyed.changelog):
-                    return True
+            if topic in checkpoint.topics().all:
+                return True
             if any(f.topic == topic for f in checkpoint.log_floors):
                 return True
         return any(f.topic == topic for application in view.known_applications()

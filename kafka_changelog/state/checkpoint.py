@@ -8,6 +8,7 @@ changelog state backend); operator state is small and stored inline. A
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,34 @@ class KeyedStateHandle:
         """Bytes of snapshot data plus changelog payload."""
         snapshot = self.snapshot.state_size if self.snapshot is not None else 0
         return snapshot + sum(handle.state_size for handle in self.changelog)
+
+    def topics(self) -> StateTopics:
+        """The topics holding this state's data: of the changelog handles that cover
+        records (handles of storages without topics have none) and of a snapshot with
+        chunks."""
+        changelog = frozenset(
+            topic for handle in self.changelog
+            if (topic := getattr(handle, "topic", None)) is not None
+            and not getattr(handle, "is_empty", False))
+        snapshot = (frozenset({self.snapshot.topic})
+                    if self.snapshot is not None and self.snapshot.chunks else frozenset())
+        return StateTopics(changelog, snapshot)
+
+
+@dataclass(frozen=True)
+class StateTopics:
+    """The changelog and snapshot topics some state's handles read from."""
+
+    changelog: frozenset[str] = frozenset()
+    snapshot: frozenset[str] = frozenset()
+
+    def __or__(self, other: StateTopics) -> StateTopics:
+        return StateTopics(self.changelog | other.changelog, self.snapshot | other.snapshot)
+
+    @property
+    def all(self) -> frozenset[str]:
+        """Every topic, of either kind."""
+        return self.changelog | self.snapshot
 
 
 @dataclass(frozen=True)
@@ -167,6 +196,15 @@ class CompletedCheckpoint:
     def operators(self) -> list[str]:
         """Ids of the operators with state in this checkpoint, sorted."""
         return sorted({subtask.operator_id for subtask in self.subtasks})
+
+    def topics(self, operators: Iterable[str] | None = None) -> StateTopics:
+        """The topics the keyed state of ``operators`` (None: all) reads from."""
+        wanted = None if operators is None else set(operators)
+        found = StateTopics()
+        for subtask in self.subtasks:
+            if subtask.keyed is not None and (wanted is None or subtask.operator_id in wanted):
+                found |= subtask.keyed.topics()
+        return found
 
     def subtasks_of(self, operator_id: str) -> list[SubtaskState]:
         """The subtasks of ``operator_id``, by subtask index (empty if unknown)."""
