@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Hashable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .descriptors import StateDescriptor, StateKind
+from .keyed_backend import ChangelogKeyedStateBackend
 
-if TYPE_CHECKING:  # bulk_state imports this module
-    from .bulk_state import BulkState
+
+class KeysView(Protocol):
+    """What a TTL'd bulk state needs of the batch's view of its keys (a ``BulkState``)."""
+
+    @property
+    def backend(self) -> ChangelogKeyedStateBackend:
+        """The backend the keys' state is in."""
+        ...
+
+    def resolve(self, keys: Iterable[Hashable]) -> tuple[list[int], list[bytes], bool]:
+        """Key groups and key bytes of ``keys``, in order, and whether they are distinct."""
+        ...
 
 
 class BulkTtlState:
     """One TTL'd state of many keys (the API of the bulk state objects of its kind)."""
 
-    def __init__(self, view: BulkState, descriptor: StateDescriptor) -> None:
+    def __init__(self, view: KeysView, descriptor: StateDescriptor) -> None:
         self.kind: StateKind = descriptor.kind
         self._view = view
         self._backend = view.backend

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import Enum
 from typing import Any, Generic, TypeVar
 
+from .kinds import StateKind as StateKind  # part of the descriptors API
 from .serializers import BYTES, Serializer
 from .ttl import StateTtl, ttl_serializer_name
 
@@ -17,16 +17,6 @@ TtlSetting = StateTtl | timedelta | float | None
 V = TypeVar("V")
 K = TypeVar("K")
 A = TypeVar("A")
-
-
-class StateKind(str, Enum):
-    """Kinds of keyed state (names as in ``schemas/state_meta.avsc``)."""
-
-    VALUE = "VALUE"
-    LIST = "LIST"
-    MAP = "MAP"
-    REDUCING = "REDUCING"
-    AGGREGATING = "AGGREGATING"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from ..avro_binary import (
     zigzag_varint,
 )
 from ..serialization import decode, encode
-from .descriptors import StateKind
+from .kinds import StateKind
 
 
 class OpKind(str, Enum):
