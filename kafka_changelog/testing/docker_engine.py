@@ -104,7 +104,7 @@ class DockerEngine:
         if not self.started_here:
             lock.close()
             return
-        with _locked(START_LOCK):
+        with locked(START_LOCK):
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -173,7 +173,8 @@ def _answers(host: str) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[IO[bytes]]:
+def locked(path: Path) -> Iterator[IO[bytes]]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -209,7 +210,7 @@ def acquire_engine(*, install: bool = True) -> DockerEngine:
             "no Docker engine answers and only root may start one here: start dockerd "
             "(sudo systemctl start docker) or use the local-process broker (--broker=local)"
         )
-    with _locked(START_LOCK):
+    with locked(START_LOCK):
         users = USERS_LOCK.open("ab")
         fcntl.flock(users, fcntl.LOCK_SH)
         if SOCKET.exists() and _answers(ours):

@@ -23,7 +23,7 @@ from pathlib import Path
 from kafka_changelog.local_kafka.errors import DockerUnavailableError
 from kafka_changelog.local_kafka.jars import KAFKA_VERSION, ensure_kafka_jars
 from kafka_changelog.local_kafka.maven import cache_root
-from kafka_changelog.testing.docker_engine import DockerEngine, docker_cli
+from kafka_changelog.testing.docker_engine import DockerEngine, docker_cli, locked
 
 BASE_IMAGE = "kafka-changelog/debian:bookworm"
 KAFKA_IMAGE = f"kafka-changelog/kafka:{KAFKA_VERSION}"
@@ -115,11 +115,19 @@ def kafka_inputs_digest(base_id: str, jars_dir: Path) -> str:
 def ensure_kafka_image(engine: DockerEngine, version: str = KAFKA_VERSION) -> str:
     """:data:`KAFKA_IMAGE` built on the base image (itself built if needed); returns its tag.
 
+    Processes building at once (parallel test workers) take turns: the later ones find
+    the images the first built.
+
     Raises:
         DockerUnavailableError: a build failed (the build's output is quoted).
     """
     if version != KAFKA_VERSION:
         raise ValueError(f"only Kafka {KAFKA_VERSION} has a local image recipe, not {version}")
+    with locked(docker_cache_dir() / "build.lock"):
+        return _ensure_kafka_image(engine, version)
+
+
+def _ensure_kafka_image(engine: DockerEngine, version: str) -> str:
     base_id = ensure_base_image(engine)
     jars_dir = ensure_kafka_jars(version)
     digest = kafka_inputs_digest(base_id, jars_dir)
