@@ -145,7 +145,14 @@ def _ensure_kafka_image(engine: DockerEngine, version: str) -> str:
         engine.docker("build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}",
                       "--label", f"{INPUTS_LABEL}={digest}", "-t", KAFKA_IMAGE, str(context),
                       timeout=1800)
+    prune_dangling_images(engine)
     return KAFKA_IMAGE
+
+
+def prune_dangling_images(engine: DockerEngine) -> None:
+    """Delete untagged images (those a rebuild replaced) and stopped build containers."""
+    engine.docker("container", "prune", "-f", check=False)
+    engine.docker("image", "prune", "-f", check=False)
 
 
 def _apt_install(package: str) -> None:

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 from kafka_changelog.local_kafka.errors import DockerUnavailableError
 from kafka_changelog.local_kafka.probe import produce_round_trip, quiet, wait_for_brokers
 from kafka_changelog.testing.docker_engine import DockerEngine, is_root
-from kafka_changelog.testing.images import BASE_IMAGE, ensure_base_image
+from kafka_changelog.testing.images import BASE_IMAGE, ensure_base_image, prune_dangling_images
 from tests.container.test_container_image import parse_properties
 from tests.testing.test_docker_compose import COMPOSE, compose_properties
 
@@ -95,6 +95,8 @@ def compose(docker_engine: DockerEngine, kafka_image: str) -> Iterator[Compose]:
         yield running
     finally:
         running("down", "-v", "--remove-orphans", timeout=120)
+        # A demo image replaced by a rebuild (its inputs changed) is not kept.
+        prune_dangling_images(docker_engine)
 
 
 def test_the_compose_broker_serves_clients_and_the_demo_runs_against_it(
