@@ -56,6 +56,8 @@ def compose_client() -> str:
 def require_free_ports(*ports: int) -> None:
     for port in ports:
         with socket.socket() as probe:
+            # As Kafka binds: connections of an earlier broker in TIME_WAIT do not count.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError as exc:
