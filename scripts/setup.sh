@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh Debian machine; safe to run again.
-#   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing
+#   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing; as root also
+#     docker.io, debootstrap and docker-compose (the container tests)
 #   - a virtualenv in .venv with the project and its extras (spark, test, dev)
 #   - the Apache Kafka broker jars and Spark's Kafka connector (format("kafka")) from Maven
 #     Central, in ~/.cache/kafka-changelog
@@ -18,10 +19,19 @@ missing=()
 command -v kcat >/dev/null || missing+=(kcat)
 command -v java >/dev/null || missing+=(default-jdk-headless)
 command -v mvn >/dev/null || missing+=(maven)
+# The container tests (tests/container, pytest -m container): Debian's Docker engine,
+# debootstrap (the images are built here from Debian packages) and its compose client.
+# Only as root (or with sudo); without them scripts/test.sh runs the other tests and says so.
+if [ "$(id -u)" = 0 ] || command -v sudo >/dev/null; then
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
+  command -v docker-compose >/dev/null || missing+=(docker-compose)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
 fi
 
 PYTHON=${PYTHON:-python3}

@@ -1,15 +1,28 @@
-"""The official ``apache/kafka`` image as a single-node test cluster, via testcontainers.
+"""A single-node Kafka cluster in a Docker container, on the host's network.
 
-For machines with a Docker engine; the local-JVM cluster in
-:mod:`kafka_changelog.local_kafka.broker` needs none. The broker settings are the
-same (:func:`~kafka_changelog.local_kafka.config.broker_properties`), handed to the
-image as ``KAFKA_*`` environment variables.
+The image defaults to the official ``apache/kafka:<version>``; any image that follows its
+conventions works, e.g. the locally built stand-in
+(:func:`kafka_changelog.testing.images.ensure_kafka_image`). The broker settings are those
+of the local-process cluster (:func:`~kafka_changelog.local_kafka.config.broker_properties`)
+handed to the image as ``KAFKA_*`` environment variables.
+
+Invariants:
+
+* The container runs with ``--network host`` and its listeners bind 127.0.0.1 only, on
+  free ports picked at :meth:`ContainerKafkaCluster.start`; no port is published, no
+  bridge network is used.
+* The broker's data is in a named volume that lives as long as the cluster object: after
+  :meth:`~ContainerKafkaCluster.kill` (SIGKILL) :meth:`~ContainerKafkaCluster.restart`
+  runs the same container (same ports, same settings) on the same data.
+* :meth:`~ContainerKafkaCluster.stop` removes the container and the volume.
 """
 
 from __future__ import annotations
 
-import importlib
+import os
 import time
+import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
@@ -24,7 +37,6 @@ from kafka_changelog.local_kafka.errors import (
     BrokerStartError,
     DockerUnavailableError,
     KafkaHarnessError,
-    ToolMissingError,
 )
 from kafka_changelog.local_kafka.jars import KAFKA_VERSION
 from kafka_changelog.local_kafka.jvm import new_cluster_id
@@ -35,36 +47,60 @@ from kafka_changelog.local_kafka.probe import (
     quiet,
     wait_for_brokers,
 )
+from kafka_changelog.testing.docker_engine import DEFAULT_SOCKET, DockerEngine
 
 DEFAULT_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
-_CLIENT_PORT = 9092  # inside the container
-_CONTROLLER_PORT = 9093
-_DATA_DIR = "/tmp/kraft-combined-logs"
+"""What users run; tests on machines without a registry use the locally built image."""
+IMAGE_ENV = "KAFKA_CHANGELOG_KAFKA_IMAGE"
+"""Environment variable naming the image instead of :data:`DEFAULT_IMAGE`."""
+DATA_DIR = "/var/lib/kafka/data"
+"""The broker's ``log.dirs`` inside the container (a named volume)."""
+CONTAINER_LABEL = "org.kafka-changelog.test-broker"
+NODE_ID = 1
+HEAP_OPTS = "-Xmx512m -Xms128m"
+
+
+def default_image() -> str:
+    """``$KAFKA_CHANGELOG_KAFKA_IMAGE`` if set, else :data:`DEFAULT_IMAGE`."""
+    return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def default_engine() -> DockerEngine:
+    """The engine of ``DOCKER_HOST``, or the default socket's."""
+    return DockerEngine(os.environ.get("DOCKER_HOST") or f"unix://{DEFAULT_SOCKET}")
 
 
 class ContainerKafkaCluster:
-    """One combined broker+controller node in a Docker container.
+    """One combined broker+controller node in a Docker container on the host network.
 
     Args:
-        image: the Kafka image to run.
+        image: the Kafka image (``apache/kafka`` conventions); default :func:`default_image`.
         broker_overrides: extra/overriding broker properties.
-        startup_timeout: seconds (including the image pull) until it must serve clients.
+        startup_timeout: seconds until it must serve clients (start and restart).
+        engine: the Docker engine; default ``DOCKER_HOST`` or the default socket.
     """
 
     def __init__(
         self,
-        image: str = DEFAULT_IMAGE,
-        broker_overrides: dict[str, str] | None = None,
-        startup_timeout: float = 180.0,
+        image: str | None = None,
+        broker_overrides: Mapping[str, str] | None = None,
+        startup_timeout: float = 120.0,
+        engine: DockerEngine | None = None,
     ) -> None:
-        self.image = image
+        self.image = image or default_image()
         self.broker_overrides = dict(broker_overrides or {})
         self.startup_timeout = startup_timeout
-        self._container: Any = None
-        self._bootstrap: str | None = None
+        self.engine = engine or default_engine()
+        suffix = uuid.uuid4().hex[:10]
+        self.name = f"kafka-changelog-broker-{suffix}"
+        self.volume = f"kafka-changelog-data-{suffix}"
+        self._node: NodeSpec | None = None
+        self._environment: dict[str, str] = {}
+        self._running = False
 
     def __repr__(self) -> str:
-        return f"ContainerKafkaCluster(image={self.image}, bootstrap={self._bootstrap})"
+        address = self._node.client_address if self._node else None
+        return f"ContainerKafkaCluster(image={self.image}, name={self.name}, bootstrap={address})"
 
     def __enter__(self) -> ContainerKafkaCluster:
         return self.start()
@@ -73,11 +109,26 @@ class ContainerKafkaCluster:
         self.stop()
 
     @property
-    def bootstrap_servers(self) -> str:
-        """``host:port`` of the container's published client port."""
-        if self._bootstrap is None:
+    def node(self) -> NodeSpec:
+        """Where the broker listens (host network: 127.0.0.1)."""
+        if self._node is None:
             raise KafkaHarnessError(f"{self!r} is not started")
-        return self._bootstrap
+        return self._node
+
+    @property
+    def cluster_spec(self) -> ClusterSpec:
+        """The cluster's settings, as the local-process cluster's are made."""
+        return ClusterSpec((self.node,), overrides=self.broker_overrides, static_quorum=True)
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """The ``KAFKA_*`` (and ``CLUSTER_ID``) variables the container runs with."""
+        return dict(self._environment)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``127.0.0.1:port`` of the broker."""
+        return self.node.client_address
 
     def client_config(self) -> dict[str, Any]:
         """librdkafka settings to connect."""
@@ -91,93 +142,98 @@ class ContainerKafkaCluster:
         """Run the container and wait until it acknowledges an ``acks=all`` produce.
 
         Raises:
-            ToolMissingError: testcontainers is not installed.
-            DockerUnavailableError: no Docker engine answers.
+            DockerUnavailableError: no Docker engine answers, or it cannot run the image.
             BrokerStartError: the broker died or was not ready in time.
         """
-        if self._container is not None:
+        if self._node is not None:
             raise KafkaHarnessError(f"{self!r} is already started")
-        deadline = time.monotonic() + self.startup_timeout
+        client_port, controller_port = free_ports(2)
+        self._node = NodeSpec(
+            node_id=NODE_ID, client_port=client_port, controller_port=controller_port,
+            log_dir=DATA_DIR, bind_host=LOOPBACK, controller_host=LOOPBACK,
+        )
+        self._environment = docker_environment(broker_properties(self._node, self.cluster_spec))
+        self._environment["CLUSTER_ID"] = new_cluster_id()
+        self._environment["KAFKA_HEAP_OPTS"] = HEAP_OPTS
         try:
-            self._run_container()
-            admin = AdminClient(quiet(self.client_config()))
-            wait_for_brokers(admin, [1], deadline, self._check_alive)
-            produce_round_trip(admin, self.client_config(), 1, deadline, self._check_alive)
-        except ProbeTimeout as exc:
-            tail = self._log_tail()
-            self.stop()
-            raise BrokerStartError(f"{self!r} was not ready: {exc}", log_tail=tail) from exc
+            self.engine.docker("volume", "create", "--label", CONTAINER_LABEL, self.volume)
+            env_args = [arg for key, value in self._environment.items()
+                        for arg in ("-e", f"{key}={value}")]
+            self.engine.docker(
+                "run", "-d", "--name", self.name, "--network", "host",
+                "--label", CONTAINER_LABEL, "-v", f"{self.volume}:{DATA_DIR}",
+                *env_args, self.image,
+            )
+            self._running = True
+            self._await_ready()
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Remove the container. Idempotent."""
-        container, self._container = self._container, None
-        self._bootstrap = None
-        if container is not None:
-            container.stop()
+        """Remove the container and its data volume. Idempotent."""
+        if self._node is None:
+            return
+        self._node = None
+        self._running = False
+        self.engine.docker("rm", "-f", "-v", self.name, check=False)
+        self.engine.docker("volume", "rm", "-f", self.volume, check=False)
 
-    def _run_container(self) -> None:
-        try:
-            from testcontainers.core.container import DockerContainer
+    def kill(self) -> None:
+        """``docker kill``: SIGKILL the broker; its data stays for :meth:`restart`."""
+        self.engine.docker("kill", self.name)
+        self.engine.docker("wait", self.name, timeout=60)
+        self._running = False
 
-            # docker-py ships no type hints; take its base exception dynamically.
-            docker_exception: type[Exception] = importlib.import_module(
-                "docker.errors"
-            ).DockerException
-        except ImportError as exc:
-            raise ToolMissingError(
-                "ContainerKafkaCluster needs testcontainers: pip install 'kafka-changelog[test]'"
-            ) from exc
+    def restart(self) -> None:
+        """Start the killed or stopped container again (same ports and data) and wait for it.
+
+        Raises:
+            BrokerStartError: it did not serve clients within ``startup_timeout``.
+        """
+        self.engine.docker("start", self.name)
+        self._running = True
+        self._await_ready()
+
+    def pause(self) -> None:
+        """``docker pause``: freeze every process of the broker (connections stay open)."""
+        self.engine.docker("pause", self.name)
+
+    def unpause(self) -> None:
+        """``docker unpause``: let a paused broker go on."""
+        self.engine.docker("unpause", self.name)
+
+    def status(self) -> str:
+        """The container's state (``running``, ``paused``, ``exited``...)."""
+        result = self.engine.docker("inspect", "--format", "{{.State.Status}}", self.name)
+        return result.stdout.strip()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the container's output (diagnostics)."""
+        result = self.engine.docker("logs", "--tail", str(lines), self.name, check=False)
+        return (result.stdout + result.stderr).strip() or "(no container logs)"
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
         try:
-            container = DockerContainer(self.image)
-            host = container.get_docker_client().host()
-        except docker_exception as exc:
-            raise DockerUnavailableError(
-                f"no Docker engine is reachable ({exc}); use the local JVM cluster "
-                "(pytest --broker=local) instead"
-            ) from exc
-        host = LOOPBACK if host in ("localhost", "") else host
-        host_port = free_ports(1)[0]  # publish on a fixed port so the broker can advertise it
-        node = NodeSpec(
-            node_id=1,
-            client_port=_CLIENT_PORT,
-            controller_port=_CONTROLLER_PORT,
-            log_dir=_DATA_DIR,
-            bind_host="0.0.0.0",
-            controller_host="localhost",
-            advertised_host=host,
-            advertised_port=host_port,
-        )
-        spec = ClusterSpec((node,), overrides=self.broker_overrides, static_quorum=True)
-        env = docker_environment(broker_properties(node, spec))
-        env["CLUSTER_ID"] = new_cluster_id()
-        for key, value in env.items():
-            container.with_env(key, value)
-        container.with_bind_ports(_CLIENT_PORT, host_port)
-        self._container = container
-        self._bootstrap = f"{host}:{host_port}"
-        try:
-            container.start()
-        except docker_exception as exc:
-            raise DockerUnavailableError(f"could not start {self.image}: {exc}") from exc
+            admin = AdminClient(quiet(self.client_config()))
+            wait_for_brokers(admin, [NODE_ID], deadline, self._check_alive)
+            produce_round_trip(admin, self.client_config(), 1, deadline, self._check_alive)
+        except ProbeTimeout as exc:
+            raise BrokerStartError(f"{self!r} was not ready: {exc}",
+                                   log_tail=self.log_tail()) from exc
 
     def _check_alive(self) -> None:
-        wrapped = self._container.get_wrapped_container()
-        wrapped.reload()
-        if wrapped.status in ("exited", "dead"):
-            raise BrokerStartError(
-                f"the Kafka container ({self.image}) exited",
-                exit_code=int(wrapped.attrs.get("State", {}).get("ExitCode", -1)),
-                log_tail=self._log_tail(),
-            )
-
-    def _log_tail(self, lines: int = 40) -> str:
         try:
-            stdout, stderr = self._container.get_logs()
-        except Exception as exc:  # the container may be gone; the tail is only diagnostics
-            return f"(no container logs: {exc})"
-        text = (stdout + stderr).decode("utf-8", errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
+            status = self.status()
+        except DockerUnavailableError as exc:
+            raise BrokerStartError(f"the Kafka container {self.name} is gone: {exc}") from exc
+        if status in ("exited", "dead"):
+            code = self.engine.docker("inspect", "--format", "{{.State.ExitCode}}", self.name,
+                                      check=False).stdout.strip()
+            raise BrokerStartError(
+                f"the Kafka container {self.name} ({self.image}) exited",
+                exit_code=int(code) if code.lstrip("-").isdigit() else None,
+                log_tail=self.log_tail(),
+            )

@@ -8,9 +8,20 @@ request:
 
 ``kafka_cluster`` (session)
     A single-node cluster (:class:`~kafka_changelog.testing.cluster.KafkaCluster`):
-    local JVM by default, the ``apache/kafka`` image with ``--broker=container``,
+    local JVM by default, a container of ``kafka_image`` with ``--broker=container``,
     or an already running cluster if ``KAFKA_BOOTSTRAP_SERVERS`` is set (extra
     client settings as JSON in ``KAFKA_CHANGELOG_CLIENT_CONFIG``).
+``docker_engine`` (session)
+    A :class:`~kafka_changelog.testing.docker_engine.DockerEngine` that answers:
+    Docker is installed (``apt-get``, as root) and ``dockerd`` started if needed, and a
+    ``dockerd`` started here is stopped when the session's last user ends.
+``kafka_image`` (session)
+    The Kafka image the container clusters run: ``--kafka-image`` (default
+    ``$KAFKA_CHANGELOG_KAFKA_IMAGE`` or ``apache/kafka:<version>``); ``local`` builds the
+    stand-in (:func:`~kafka_changelog.testing.images.ensure_kafka_image`).
+``container_kafka_cluster`` (module)
+    A :class:`~kafka_changelog.testing.container.ContainerKafkaCluster` of ``kafka_image``
+    with fault control (``kill``/``restart``, ``pause``/``unpause``).
 ``kafka_cluster_3`` (module)
     A local three-node :class:`~kafka_changelog.local_kafka.broker.LocalKafkaCluster`
     (replication factor 3, ``min.insync.replicas=2``) with fault control.
@@ -27,7 +38,8 @@ request:
     unless ``cluster`` is given) that are deleted after the test.
 
 Tests using these fixtures get the ``broker`` marker, and ``three_nodes`` /
-``security`` for the clusters of those names, so ``-m "not three_nodes"`` works.
+``security`` / ``container`` for the clusters of those names, so ``-m "not three_nodes"``
+works.
 A cluster that cannot start makes its tests *error*; nothing is skipped.
 """
 
@@ -42,6 +54,8 @@ import pytest
 if TYPE_CHECKING:
     from kafka_changelog.local_kafka.broker import LocalKafkaCluster
     from kafka_changelog.testing.cluster import KafkaCluster
+    from kafka_changelog.testing.container import ContainerKafkaCluster
+    from kafka_changelog.testing.docker_engine import DockerEngine
 
 SECURE_USERS: Mapping[str, str] = {
     "admin": "admin-secret",
@@ -51,12 +65,17 @@ SECURE_USERS: Mapping[str, str] = {
 """Users (name -> password) of ``secure_kafka_cluster``; ``admin`` is the super user."""
 
 _BROKER_FIXTURES = frozenset(
-    {"kafka_cluster", "kafka_cluster_3", "secure_kafka_cluster", "kafka_topic", "make_topic"}
+    {"kafka_cluster", "kafka_cluster_3", "secure_kafka_cluster", "kafka_topic", "make_topic",
+     "container_kafka_cluster"}
 )
+_CONTAINER_FIXTURES = frozenset({"docker_engine", "kafka_image", "container_kafka_cluster"})
+LOCAL_IMAGE = "local"
+"""``--kafka-image`` value that builds the image here (no registry needed)."""
 _MARKERS = {
     "broker": "needs a real Kafka broker (started by the fixtures)",
     "three_nodes": "needs the three-node cluster (module scoped, started on demand)",
     "security": "needs a SASL/ACL-enabled broker",
+    "container": "needs a Docker engine (installed and started by the fixtures as root)",
 }
 
 
@@ -67,8 +86,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--broker",
         choices=("local", "container"),
         default="local",
-        help="how kafka_cluster runs Kafka: local JVM processes (default) or the apache/kafka "
-        "Docker image. KAFKA_BOOTSTRAP_SERVERS, if set, overrides both.",
+        help="how kafka_cluster runs Kafka: local JVM processes (default) or a Docker "
+        "container of --kafka-image. KAFKA_BOOTSTRAP_SERVERS, if set, overrides both.",
+    )
+    group.addoption(
+        "--kafka-image",
+        default=None,
+        help="the Kafka image of container clusters: default $KAFKA_CHANGELOG_KAFKA_IMAGE or "
+        f"apache/kafka:<version>; '{LOCAL_IMAGE}' builds a stand-in here from Debian packages "
+        "and the Kafka jars (no registry needed).",
     )
 
 
@@ -90,27 +116,66 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.three_nodes)
         if "secure_kafka_cluster" in used:
             item.add_marker(pytest.mark.security)
+        if used & _CONTAINER_FIXTURES:
+            item.add_marker(pytest.mark.container)
 
 
-def _session_cluster(config: pytest.Config) -> KafkaCluster:
+def _session_cluster(request: pytest.FixtureRequest) -> KafkaCluster:
     from kafka_changelog.testing.external import ExternalKafkaCluster
 
     external = ExternalKafkaCluster.from_env()
     if external is not None:
         return external
-    if config.getoption("--broker") == "container":
+    if request.config.getoption("--broker") == "container":
         from kafka_changelog.testing.container import ContainerKafkaCluster
 
-        return ContainerKafkaCluster()
+        return ContainerKafkaCluster(image=request.getfixturevalue("kafka_image"),
+                                     engine=request.getfixturevalue("docker_engine"))
     from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
     return LocalKafkaCluster(nodes=1)
 
 
 @pytest.fixture(scope="session")
-def kafka_cluster(pytestconfig: pytest.Config) -> Iterator[KafkaCluster]:
+def docker_engine() -> Iterator[DockerEngine]:
+    """A Docker engine that answers (installed and started if needed; see the module doc)."""
+    from kafka_changelog.testing.docker_engine import acquire_engine
+
+    engine = acquire_engine()
+    try:
+        yield engine
+    finally:
+        engine.release()
+
+
+@pytest.fixture(scope="session")
+def kafka_image(pytestconfig: pytest.Config, docker_engine: DockerEngine) -> str:
+    """The image container clusters run (``--kafka-image``; ``local``: built here)."""
+    from kafka_changelog.testing.container import default_image
+
+    image: str = pytestconfig.getoption("--kafka-image") or default_image()
+    if image == LOCAL_IMAGE:
+        from kafka_changelog.testing.images import ensure_kafka_image
+
+        return ensure_kafka_image(docker_engine)
+    return image
+
+
+@pytest.fixture(scope="module")
+def container_kafka_cluster(
+    docker_engine: DockerEngine, kafka_image: str
+) -> Iterator[ContainerKafkaCluster]:
+    """A started single-node container cluster of ``kafka_image``, shared by the module."""
+    from kafka_changelog.testing.container import ContainerKafkaCluster
+
+    with ContainerKafkaCluster(image=kafka_image, engine=docker_engine) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     """A started single-node cluster shared by the whole session."""
-    cluster = _session_cluster(pytestconfig)
+    cluster = _session_cluster(request)
     cluster.start()
     try:
         yield cluster
