@@ -12,10 +12,14 @@ import time
 
 import pytest
 
-from kafka_changelog import BackpressureTimeoutError, KeyGroupRange, PersistError
+from kafka_changelog import KeyGroupRange, PersistError
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.testing.container import ContainerKafkaCluster
-from tests.kafka.kafka_helpers import changes_of, storage_config
+from tests.kafka.kafka_helpers import (
+    changes_of,
+    check_appends_bounded_while_paused,
+    storage_config,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.container]
 
@@ -24,33 +28,12 @@ def test_appends_block_then_time_out_with_bounded_memory_while_paused(
     container_kafka_cluster: ContainerKafkaCluster,
 ) -> None:
     cluster = container_kafka_cluster
-    config = storage_config(
-        cluster, partitions=1, max_in_flight_bytes=64 * 1024,
-        preemptive_persist_threshold_bytes=16 * 1024, append_timeout_s=2.0,
-        max_record_bytes=8 * 1024,
-    )
-    with KafkaChangelogStorage(config) as storage, storage.create_writer(
-        "op", KeyGroupRange.of(0, 127)
-    ) as writer:
-        appended = []
+
+    def pause() -> None:
         cluster.pause()
-        try:
-            assert cluster.status() == "paused"
-            started = time.monotonic()
-            with pytest.raises(BackpressureTimeoutError, match="max_in_flight_bytes=65536"):
-                for i in range(10_000):
-                    payload = b"%05d" % i + b"." * 995
-                    appended.append(payload)
-                    writer.append(i % 128, payload)
-            assert time.monotonic() - started < 30
-            assert storage.producer.in_flight_bytes <= 64 * 1024 + 8 * 1024
-            # Only about the in-flight bound plus one threshold was ever buffered.
-            assert len(appended) < (64 + 16 + 16) + 5
-        finally:
-            cluster.unpause()
-        handle = writer.persist(writer.initial_sequence_number(), 1).result(60).job_owned
-        # Nothing appended is lost, including the change whose append timed out.
-        assert [c.payload for c in changes_of(handle, config)] == appended
+        assert cluster.status() == "paused"
+
+    check_appends_bounded_while_paused(cluster, pause, cluster.unpause)
 
 
 def test_a_persist_during_a_pause_fails_with_the_cause_and_a_later_one_succeeds(

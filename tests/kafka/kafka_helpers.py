@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from kafka_changelog import StateChange
@@ -29,3 +30,43 @@ def changes_of(handle: ChangelogHandle | None, config: KafkaChangelogConfig) -> 
     assert handle is not None
     with KafkaChangelogReader(config) as reader:
         return list(reader.read(handle))
+
+
+def check_appends_bounded_while_paused(cluster: Any, pause: Callable[[], None],
+                                       resume: Callable[[], None]) -> None:
+    """With the broker paused (``pause``, ``resume``), appends of 1000-byte changes block,
+    then time out with ``BackpressureTimeoutError`` within 30 s, having buffered only
+    about the 64 KiB in-flight bound plus a persist threshold; after ``resume`` a persist
+    holds every change appended, the one whose append timed out included."""
+    import time
+
+    import pytest
+
+    from kafka_changelog import BackpressureTimeoutError, KeyGroupRange
+    from kafka_changelog.kafka import KafkaChangelogStorage
+
+    config = storage_config(
+        cluster, partitions=1, max_in_flight_bytes=64 * 1024,
+        preemptive_persist_threshold_bytes=16 * 1024, append_timeout_s=2.0,
+        max_record_bytes=8 * 1024,
+    )
+    with KafkaChangelogStorage(config) as storage, storage.create_writer(
+        "op", KeyGroupRange.of(0, 127)
+    ) as writer:
+        appended = []
+        pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackpressureTimeoutError, match="max_in_flight_bytes=65536"):
+                for i in range(10_000):
+                    payload = b"%05d" % i + b"." * 995
+                    appended.append(payload)
+                    writer.append(i % 128, payload)
+            assert time.monotonic() - started < 30
+            assert storage.producer.in_flight_bytes <= 64 * 1024 + 8 * 1024
+            # Only about the in-flight bound plus one threshold was ever buffered.
+            assert len(appended) < (64 + 16 + 16) + 5
+        finally:
+            resume()
+        handle = writer.persist(writer.initial_sequence_number(), 1).result(60).job_owned
+        assert [c.payload for c in changes_of(handle, config)] == appended

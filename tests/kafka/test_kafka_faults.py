@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 
-from kafka_changelog import BackpressureTimeoutError, KeyGroupRange, PersistError
+from kafka_changelog import KeyGroupRange, PersistError
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
-from .kafka_helpers import changes_of, storage_config
+from .kafka_helpers import changes_of, check_appends_bounded_while_paused, storage_config
 
 pytestmark = pytest.mark.broker
 
@@ -50,29 +49,6 @@ def test_persist_fails_with_the_cause_and_a_later_persist_retries(
 def test_appends_block_then_time_out_with_bounded_memory(
     pausable_cluster: LocalKafkaCluster,
 ) -> None:
-    config = storage_config(
-        pausable_cluster, partitions=1, max_in_flight_bytes=64 * 1024,
-        preemptive_persist_threshold_bytes=16 * 1024, append_timeout_s=2.0,
-        max_record_bytes=8 * 1024,
-    )
-    with KafkaChangelogStorage(config) as storage, storage.create_writer(
-        "op", KeyGroupRange.of(0, 127)
-    ) as writer:
-        appended = []
-        pausable_cluster.pause_node(0)
-        try:
-            started = time.monotonic()
-            with pytest.raises(BackpressureTimeoutError, match="max_in_flight_bytes=65536"):
-                for i in range(10_000):
-                    payload = b"%05d" % i + b"." * 995
-                    appended.append(payload)
-                    writer.append(i % 128, payload)
-            assert time.monotonic() - started < 30
-            assert storage.producer.in_flight_bytes <= 64 * 1024 + 8 * 1024
-            # Only about the in-flight bound plus one threshold was ever buffered.
-            assert len(appended) < (64 + 16 + 16) + 5
-        finally:
-            pausable_cluster.resume_node(0)
-        handle = writer.persist(writer.initial_sequence_number(), 1).result(60).job_owned
-        # Nothing appended is lost, including the change whose append timed out.
-        assert [c.payload for c in changes_of(handle, config)] == appended
+    check_appends_bounded_while_paused(pausable_cluster, lambda: pausable_cluster.pause_node(0),
+                                       lambda: pausable_cluster.resume_node(0))
+

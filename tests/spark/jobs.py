@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,3 +193,57 @@ def watermarks(client_config: dict[str, Any], topic: str) -> dict[int, tuple[int
 def record_count(client_config: dict[str, Any], topic: str) -> int:
     """Records between log start and end, over all partitions of ``topic``."""
     return sum(high - low for low, high in watermarks(client_config, topic).values())
+
+
+def wait_for(what: str, found: Callable[[], Any], proc: subprocess.Popen[str], log: Path,
+             timeout_s: float = 300) -> Any:
+    """Poll ``found()`` until it returns something (the job must keep running)."""
+    deadline = time.monotonic() + timeout_s
+    while (value := found()) is None:
+        assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}:\n" + (
+            Path(f"{log}.err").read_text()[-3000:])
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
+        time.sleep(0.2)
+    return value
+
+
+@dataclass
+class StalledJob:
+    """A running job one of whose tasks stalls inside the user's function (see
+    ``tests.spark.crashing_clickstream``): nothing commits until :meth:`release`."""
+
+    proc: subprocess.Popen[str]
+    log: Path
+    stall: Path
+    #: The application's checkpoint ids as the test's view sees them.
+    checkpoint_ids: Callable[[], list[int]]
+
+    def release(self) -> None:
+        """Let the stalled task go on."""
+        (self.stall / "release").touch()
+
+    def error_tail(self) -> str:
+        """The end of the job's stderr (for assertion messages)."""
+        return Path(f"{self.log}.err").read_text()[-3000:]
+
+
+@contextmanager
+def stalled_mid_batch(job: Job, tmp_path: Path, parallelism: int = 2
+                      ) -> Iterator[StalledJob]:
+    """Start ``job``, wait for its first checkpoint, then until a task of a later batch is
+    stalled inside the user's function; the job is killed on exit if it still runs."""
+    checkpoints = WorkerResources.coordinator(job.config()).checkpoints
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    log = tmp_path / "job.log"
+    proc = job.start(parallelism, stall, log)
+    try:
+        wait_for("a first checkpoint", lambda: checkpoints.checkpoint_ids(job.prefix) or None,
+                 proc, log)
+        (stall / "arm").touch()
+        wait_for("a stalled task", lambda: (stall / "stalled").exists() or None, proc, log)
+        yield StalledJob(proc, log, stall, lambda: checkpoints.checkpoint_ids(job.prefix))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

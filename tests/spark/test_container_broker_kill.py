@@ -20,8 +20,7 @@ from examples.events import events
 from kafka_changelog.testing.container import ContainerKafkaCluster
 from spark_integration.streaming.worker_resources import WorkerResources
 
-from .jobs import Job, state_of
-from .test_streaming_exactly_once import wait_for
+from .jobs import Job, stalled_mid_batch, state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.container]
 
@@ -41,37 +40,27 @@ def test_the_broker_container_killed_mid_batch_loses_and_repeats_nothing(
               materialization_s=0.5)
     produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
     config = job.config()
-    checkpoints = WorkerResources.coordinator(config).checkpoints
-    stall = tmp_path / "stall"
-    stall.mkdir()
-    log = tmp_path / "job.log"
-    proc = job.start(2, stall, log)
     killed = False
     try:
-        wait_for("a first checkpoint", lambda: checkpoints.checkpoint_ids(job.prefix) or None,
-                 proc, log)
-        (stall / "arm").touch()
-        wait_for("a stalled task", lambda: (stall / "stalled").exists() or None, proc, log)
-        # The batch is inside the user's function now: nothing is committing.
-        at_kill = max(checkpoints.checkpoint_ids(job.prefix))
-        cluster.kill()
-        killed = True
-        assert cluster.status() == "exited"
-        (stall / "release").touch()
-        time.sleep(OUTAGE_S)
-        assert proc.poll() is None, Path(f"{log}.err").read_text()[-3000:]
-        cluster.restart()
-        killed = False
-        assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
+        with stalled_mid_batch(job, tmp_path) as stalled:
+            # The batch is inside the user's function now: nothing is committing.
+            at_kill = max(stalled.checkpoint_ids())
+            cluster.kill()
+            killed = True
+            assert cluster.status() == "exited"
+            stalled.release()
+            time.sleep(OUTAGE_S)
+            assert stalled.proc.poll() is None, stalled.error_tail()
+            cluster.restart()
+            killed = False
+            assert stalled.proc.wait(600) == 0, stalled.error_tail()
+            checkpoint_ids = stalled.checkpoint_ids()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         if killed:
             cluster.restart()
 
     # Checkpoints went on after the broker came back.
-    assert max(checkpoints.checkpoint_ids(job.prefix)) > at_kill
+    assert max(checkpoint_ids) > at_kill
     expected = expected_state(events(EVENT_COUNT, USERS))
     assert state_of(config, sorted(expected)) == expected
     outputs = read_outputs(settings, job.output_topic)

@@ -26,7 +26,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,16 @@ from examples.events import events
 from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming.worker_resources import WorkerResources
 
-from .jobs import LOCAL, REPO, Engine, Job, cluster_engine, record_count, state_of
+from .jobs import (
+    LOCAL,
+    REPO,
+    Engine,
+    Job,
+    cluster_engine,
+    record_count,
+    state_of,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -75,18 +83,6 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 
 def completed_apps(cluster: Any) -> int:
     return sum(app.get("name") == "clickstream" for app in cluster.status()["completedapps"])
-
-
-def wait_for(what: str, found: Callable[[], Any], proc: subprocess.Popen[str], log: Path,
-             timeout_s: float = 300) -> Any:
-    """Poll ``found()`` until it returns something (the job must keep running)."""
-    deadline = time.monotonic() + timeout_s
-    while (value := found()) is None:
-        assert proc.poll() is None, f"the job exited ({proc.returncode}) before {what}:\n" + (
-            Path(f"{log}.err").read_text()[-3000:])
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.2)
-    return value
 
 
 def run_losing_a_worker(cluster: Any, job: Job, parallelism: int, tmp_path: Path) -> str:

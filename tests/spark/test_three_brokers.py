@@ -29,8 +29,7 @@ from examples.clickstream import (
 from examples.events import events
 from spark_integration.streaming.worker_resources import WorkerResources
 
-from .jobs import Job, record_count, state_of, watermarks
-from .test_streaming_exactly_once import wait_for
+from .jobs import Job, record_count, stalled_mid_batch, state_of, wait_for, watermarks
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.three_nodes]
 
@@ -63,35 +62,25 @@ def test_a_broker_killed_mid_batch_loses_and_repeats_nothing(
               materialization_s=0.5)
     produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
     config = job.config()
-    checkpoints = WorkerResources.coordinator(config).checkpoints
-    stall = tmp_path / "stall"
-    stall.mkdir()
-    log = tmp_path / "job.log"
-    proc = job.start(2, stall, log)
     victim = None
     try:
-        wait_for("a first checkpoint", lambda: checkpoints.checkpoint_ids(job.prefix) or None,
-                 proc, log)
-        (stall / "arm").touch()
-        wait_for("a stalled task", lambda: (stall / "stalled").exists() or None, proc, log)
-        # The batch is inside the user's function now: nothing is committing.
-        before = watermarks(settings, config.changelog_topic)
-        snapshots_before = record_count(settings, config.snapshot_topic)
-        at_kill = max(checkpoints.checkpoint_ids(job.prefix))
-        victim = cluster.leader_of(config.checkpoint_topic, 0)
-        killed_us = time.time_ns() // 1000
-        cluster.kill_node(victim)
-        (stall / "release").touch()
-        wait_for("two checkpoints without the broker", lambda: (
-            max(checkpoints.checkpoint_ids(job.prefix)) >= at_kill + 2) or None, proc, log)
-        assert cluster.pid(victim) is None
-        cluster.restart_node(victim)
-        victim = None
-        assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
+        with stalled_mid_batch(job, tmp_path) as stalled:
+            # The batch is inside the user's function now: nothing is committing.
+            before = watermarks(settings, config.changelog_topic)
+            snapshots_before = record_count(settings, config.snapshot_topic)
+            at_kill = max(stalled.checkpoint_ids())
+            victim = cluster.leader_of(config.checkpoint_topic, 0)
+            killed_us = time.time_ns() // 1000
+            cluster.kill_node(victim)
+            stalled.release()
+            wait_for("two checkpoints without the broker",
+                     lambda: (max(stalled.checkpoint_ids()) >= at_kill + 2) or None,
+                     stalled.proc, stalled.log)
+            assert cluster.pid(victim) is None
+            cluster.restart_node(victim)
+            victim = None
+            assert stalled.proc.wait(600) == 0, stalled.error_tail()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         if victim is not None:
             cluster.restart_node(victim)
 
@@ -115,5 +104,6 @@ def test_a_broker_killed_mid_batch_loses_and_repeats_nothing(
     # were deleted after the kill, and only the newest checkpoints are retained.
     after = watermarks(settings, config.changelog_topic)
     assert any(after[p][0] > before[p][0] for p in before), (before, after)
-    assert len(checkpoints.checkpoint_ids(job.prefix)) <= config.retain
+    assert len(WorkerResources.coordinator(config).checkpoints.checkpoint_ids(job.prefix)) <= (
+        config.retain)
     WorkerResources.release(config)

@@ -26,8 +26,7 @@ from examples.clickstream import expected_state, output_problems, produce_events
 from examples.events import events
 from spark_integration.streaming.worker_resources import WorkerResources
 
-from .jobs import Job, state_of
-from .test_streaming_exactly_once import wait_for
+from .jobs import Job, state_of, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
