@@ -167,8 +167,13 @@ class SubtaskStore:
         deadline = time.monotonic() + timeout_s
         delay = 0.005
         while True:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                # A cleanup renamed the directory (or removed an emptied parent) away
+                # between our mkdir and our open: make it again.
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -141,3 +141,34 @@ def test_a_task_locking_a_store_while_it_is_deleted_gets_a_new_one(
     assert remove_superseded(current, 2) == []  # held: not deleted again
     store.unlock()
     current.unlock()
+
+
+def test_a_task_creating_a_store_while_a_cleanup_deletes_it_gets_a_new_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task making a new store (rescaled, so a sibling at no checkpoint to a cleanup)
+    may see the directory renamed away between its mkdir and its open of the lock file:
+    it makes the directory again and locks that, not fail with FileNotFoundError."""
+    current = at_checkpoint(tmp_path, 0, 2)
+    current.lock()
+    real_open = os.open
+    deletions: list[Path] = []
+    interleaved: list[bool] = []
+
+    def open_after_a_cleanup(path: str | os.PathLike[str], flags: int, mode: int = 0o777
+                             ) -> int:
+        if Path(path).name == "lock" and not interleaved:
+            interleaved.append(True)  # the task's first open: the cleanup gets in before
+            (Path(path).parent / "db").mkdir(exist_ok=True)  # the new store, half made
+            deletions.extend(remove_superseded(current, 2))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", open_after_a_cleanup)
+    store = SubtaskStore(tmp_path, "app", "op", 1, 2)
+    store.lock()
+    monkeypatch.undo()
+    assert deletions == [store.directory]
+    assert store._lock_fd is not None
+    assert os.path.samestat(os.stat(store.directory / "lock"), os.fstat(store._lock_fd))
+    assert remove_superseded(current, 2) == []  # held: not deleted again
+    store.unlock()
+    current.unlock()
