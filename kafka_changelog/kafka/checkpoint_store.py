@@ -249,8 +249,8 @@ class KafkaCheckpointView(CheckpointStore):
         self._position = max(self._position, high)
 
     def _on_read_error(self, error: KafkaError, position: int) -> int:
-        if end_of_partition(error) or error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-            return position  # the log's end; a group lookup readers do not need
+        if end_of_partition(error):
+            return position  # the log's end
         where = f"checkpoint topic {self.topic}[{self.PARTITION}]"
         if is_access_error(error):
             raise access_error(error, f"reading {where}", operation="READ",

@@ -165,10 +165,6 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
             if position < r.end_offset:
                 self._check_range(topic, r, log_id)
             return position
-        if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-            # librdkafka looks up the group coordinator although readers never commit:
-            # no group ACL is needed to read, so this is noise.
-            return position
         if error.code() == KafkaError._AUTO_OFFSET_RESET:
             # The offset is out of the log's range: below its start, or past its end.
             low = self._check_range(topic, r, log_id)

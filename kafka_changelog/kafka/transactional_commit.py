@@ -26,7 +26,12 @@ from ..state.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
 from .error_text import access_error, describe, is_access_error
-from .transaction_calls import commit_transaction_retrying, let_go, produce_waiting
+from .transaction_calls import (
+    commit_transaction_retrying,
+    let_go,
+    produce_waiting,
+    producer_fenced,
+)
 
 
 class TransactionAbortedError(CheckpointStoreError):
@@ -66,6 +71,12 @@ class TransactionalCommitter:
     ) -> None:
         self.store = store
         self.transactional_id = transactional_id
+        # The fatal error librdkafka reported in the background (a fencing, say): later
+        # calls fail with a bare ``_FATAL`` that does not say why.
+        self._fatal: KafkaError | None = None
+        # Once fenced, the producer is finished (librdkafka answers later calls with
+        # unrelated errors, "conflicting call in progress"): every commit says so at once.
+        self._fenced: KafkaError | None = None
         self.timeout_s = timeout_s if timeout_s is not None else store.config.request_timeout_s
         self._producer = Producer({
             **store.config.common(),
@@ -74,6 +85,7 @@ class TransactionalCommitter:
             "acks": "all",
             "linger.ms": 5,
             **(producer_config or {}),
+            "error_cb": self._on_client_error,
         })
         try:
             # Fences any earlier producer of this id and aborts its open transaction.
@@ -114,6 +126,8 @@ class TransactionalCommitter:
                          before_commit: Callable[[], None] | None) -> None:
         what = (f"checkpoint {checkpoint.checkpoint_id} of application "
                 f"{checkpoint.application!r} with {len(outputs)} output records")
+        if self._fenced is not None:
+            raise self._error(f"committing {what}", self._fenced)
         producer = self._producer
         try:
             producer.begin_transaction()
@@ -151,15 +165,22 @@ class TransactionalCommitter:
         except KafkaException as exc:
             raise self._error("aborting a transaction", exc.args[0]) from exc
 
+    def _on_client_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error
+
     def _error(self, doing: str, error: KafkaError) -> CheckpointStoreError | KafkaAccessError:
+        if error.code() == KafkaError._FATAL:
+            self._producer.poll(0)  # serve the error callback that names the cause
+            error = self._fatal or error
         message = (f"{doing} with transactional id {self.transactional_id!r} failed: "
                    f"{describe(error)}")
         if is_access_error(error):
             return access_error(error, f"{doing} with transactional id "
                                 f"{self.transactional_id!r}",
                                 {"transactional.id": self.transactional_id})
-        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                            KafkaError.INVALID_PRODUCER_EPOCH):
+        if producer_fenced(error):
+            self._fenced = error
             return TransactionFencedError(
                 f"{message}; another committer with this transactional id took over")
         return CheckpointStoreError(message)

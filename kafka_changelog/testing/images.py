@@ -142,7 +142,8 @@ def _ensure_kafka_image(engine: DockerEngine, version: str) -> str:
         libs.mkdir()
         for jar in jars_dir.glob("*.jar"):
             shutil.copy2(jar, libs / jar.name)
-        engine.docker("build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}",
+        engine.docker("build", "--force-rm", "--network", "host",
+                      "--build-arg", f"BASE={BASE_IMAGE}",
                       "--label", f"{INPUTS_LABEL}={digest}", "-t", KAFKA_IMAGE, str(context),
                       timeout=1800)
     prune_dangling_images(engine)
@@ -150,8 +151,9 @@ def _ensure_kafka_image(engine: DockerEngine, version: str) -> str:
 
 
 def prune_dangling_images(engine: DockerEngine) -> None:
-    """Delete untagged images (those a rebuild replaced) and stopped build containers."""
-    engine.docker("container", "prune", "-f", check=False)
+    """Delete untagged images (those a rebuild replaced). Builds run with ``--force-rm``, so
+    they leave no containers; stopped containers are not pruned: a test may have stopped
+    its broker to start it again (another test, on another worker, shares the engine)."""
     engine.docker("image", "prune", "-f", check=False)
 
 

@@ -113,7 +113,7 @@ def test_the_compose_broker_serves_clients_and_the_demo_runs_against_it(
     printed = compose("exec", "-T", "kafka", "cat", "/opt/kafka/config/server.properties")
     assert parse_properties(printed.stdout) == compose_properties()
 
-    compose("build", "demo")
+    compose("build", "--force-rm", "demo")
     done = compose("run", "--rm", "demo", "python", "-m", "examples.streaming_demo",
                    "--events", "1500", "--users", "40", "--per-batch", "300", timeout=900)
     out = done.stdout
