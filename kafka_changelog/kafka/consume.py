@@ -19,6 +19,13 @@ from ..errors import ChangelogError
 #: Messages fetched per consume call at most.
 BATCH = 1000
 
+#: Seconds one consume call waits for its batch to fill. librdkafka returns a batch only
+#: when it is full or this has passed, and the partition-end event does not end the wait:
+#: a range whose offsets include gaps (transaction markers, compacted records) never
+#: fills its last batch, so a long wait here is paid by every read of such a range (each
+#: checkpoint commit's read of the checkpoint topic paid 0.5 s).
+CONSUME_WAIT_S = 0.02
+
 #: ``on_error(error, position) -> position``: what a consumer error means to the caller.
 ErrorHandler = Callable[[KafkaError, int], int]
 
@@ -51,7 +58,7 @@ def consume_range(
     try:
         while position < end:
             # Ask for no more than the range holds, so a full batch returns at once.
-            messages = consumer.consume(min(batch, end - position), timeout=0.5)
+            messages = consumer.consume(min(batch, end - position), timeout=CONSUME_WAIT_S)
             if not messages:
                 if time.monotonic() > deadline:
                     raise ChangelogError(
