@@ -27,7 +27,9 @@ before=$(brokers)
 spark_before=$(spark_processes)
 # Two test workers (pytest-xdist; TEST_WORKERS=0 runs them in this process, one by one):
 # every worker starts its own brokers and Spark, so the tests share nothing between them.
-.venv/bin/pytest -q -n "${TEST_WORKERS:-2}" "${markers[@]}" "$@"
+# Each worker takes the next test when it is free (--maxschedchunk 1) from a queue that
+# starts with the longest modules (tests/conftest.py): no worker is left idle at the end.
+.venv/bin/pytest -q -n "${TEST_WORKERS:-2}" --maxschedchunk 1 "${markers[@]}" "$@"
 # Every broker the tests started must be gone (allow a few seconds for the last kill). A
 # broker the tests left behind has lost its parent (pytest has exited); brokers of other
 # programs running on the machine still have theirs and are not counted.
