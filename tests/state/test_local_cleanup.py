@@ -46,6 +46,16 @@ def names(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def assert_holds_its_directory(store: SubtaskStore, current: SubtaskStore) -> None:
+    """``store`` holds the lock of the directory it names now (not of one a cleanup took
+    away), so the next cleanup (by ``current``'s task) leaves it; both unlocked after."""
+    assert store._lock_fd is not None
+    assert os.path.samestat(os.stat(store.directory / "lock"), os.fstat(store._lock_fd))
+    assert remove_superseded(current, 2) == []  # held: not deleted again
+    store.unlock()
+    current.unlock()
+
+
 def test_stores_of_subtasks_that_moved_away_go_once_the_operator_is_past_them(
         tmp_path: Path) -> None:
     moved = at_checkpoint(tmp_path, 1, 4)         # subtask 1 ran here last at checkpoint 4
@@ -136,11 +146,7 @@ def test_a_task_locking_a_store_while_it_is_deleted_gets_a_new_one(
     store.lock()
     monkeypatch.undo()
     assert deletions == [victim.directory]
-    assert store._lock_fd is not None
-    assert os.path.samestat(os.stat(store.directory / "lock"), os.fstat(store._lock_fd))
-    assert remove_superseded(current, 2) == []  # held: not deleted again
-    store.unlock()
-    current.unlock()
+    assert_holds_its_directory(store, current)
 
 
 def test_a_task_creating_a_store_while_a_cleanup_deletes_it_gets_a_new_one(
@@ -167,8 +173,4 @@ def test_a_task_creating_a_store_while_a_cleanup_deletes_it_gets_a_new_one(
     store.lock()
     monkeypatch.undo()
     assert deletions == [store.directory]
-    assert store._lock_fd is not None
-    assert os.path.samestat(os.stat(store.directory / "lock"), os.fstat(store._lock_fd))
-    assert remove_superseded(current, 2) == []  # held: not deleted again
-    store.unlock()
-    current.unlock()
+    assert_holds_its_directory(store, current)
