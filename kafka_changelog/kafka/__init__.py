@@ -11,12 +11,8 @@ from .snapshot_store import KafkaSnapshotStore, KafkaSnapshotView, SnapshotStore
 from .storage import KafkaChangelogStorage
 from .task_commit import OutputTopicMissingError
 from .topic_owners import SharedTopicError
-from .transactional_commit import (
-    OutputRecord,
-    TransactionAbortedError,
-    TransactionalCommitter,
-    TransactionFencedError,
-)
+from .transaction_calls import TransactionAbortedError, TransactionFencedError
+from .transactional_commit import OutputRecord, TransactionalCommitter
 from .writer import KafkaChangelogWriter, KafkaLocation
 
 __all__ = [

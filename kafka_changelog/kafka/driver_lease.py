@@ -47,14 +47,15 @@ from ..state.driver_claim import (
 from ..state.records import OutRecord
 from .checkpoint_store import WRITER_HEADER, KafkaCheckpointStore
 from .error_text import describe
-from .task_commit import TRANSACTION_TIMEOUT_MS, transaction_error
+from .task_commit import TRANSACTION_TIMEOUT_MS
 from .transaction_calls import (
+    TransactionFencedError,
     commit_transaction_retrying,
     let_go,
     produce_waiting,
     producer_fenced,
+    transaction_error,
 )
-from .transactional_commit import TransactionFencedError
 
 logger = logging.getLogger(__name__)
 

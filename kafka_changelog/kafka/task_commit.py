@@ -33,7 +33,6 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from ..errors import KafkaAccessError
 from ..state.checkpoint_store import PARTITION, CheckpointStore
 from ..state.driver_claim import DriverClaim, DriverFencedError, DriverHolder, driver_claim_key
 from ..state.errors import CheckpointStoreError
@@ -42,12 +41,15 @@ from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .transaction_calls import (
+    TransactionAbortedError,
+    TransactionFencedError,
     commit_transaction_retrying,
     let_go,
     produce_waiting,
     producer_fenced,
+    transaction_error,
 )
-from .transactional_commit import OutputRecord, TransactionAbortedError, TransactionFencedError
+from .transactional_commit import OutputRecord
 
 logger = logging.getLogger(__name__)
 
@@ -317,17 +319,4 @@ def _transactional_settings(config: CheckpointStoreConfig, transactional_id: str
     }
 
 
-def transaction_error(doing: str, error: KafkaError, transactional_id: str
-                      ) -> CheckpointStoreError | KafkaAccessError:
-    """The error of a transactional call that failed: access, fenced, or other."""
-    message = f"{doing} with transactional id {transactional_id!r} failed: {describe(error)}"
-    if is_access_error(error):
-        return access_error(error, f"{doing} with transactional id {transactional_id!r}",
-                            {"transactional.id": transactional_id})
-    if producer_fenced(error):
-        return TransactionFencedError(
-            f"{message}; another attempt with this transactional id took over")
-    return CheckpointStoreError(message)
-
-
-__all__ = ["TRANSACTION_TIMEOUT_MS", "SubtaskCommitter", "fence", "transaction_error"]
+__all__ = ["TRANSACTION_TIMEOUT_MS", "SubtaskCommitter", "fence"]

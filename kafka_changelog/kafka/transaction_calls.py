@@ -13,6 +13,18 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from ..errors import KafkaAccessError
+from ..state.errors import CheckpointStoreError
+from .error_text import access_error, describe, is_access_error
+
+
+class TransactionAbortedError(CheckpointStoreError):
+    """The transaction was aborted: neither the checkpoint nor its outputs are visible."""
+
+
+class TransactionFencedError(CheckpointStoreError):
+    """Another producer with the same transactional id took over; this one is finished."""
+
 
 def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
                     partition: int | None, headers: list[tuple[str, bytes]]) -> None:
@@ -55,6 +67,23 @@ def producer_fenced(error: KafkaError) -> bool:
     """Whether ``error`` leaves the transactional producer unusable (see :data:`_FENCED`):
     its owner drops it, and a new one fails clearly if the cause remains (a missing ACL)."""
     return error.code() in _FENCED or error.fatal()
+
+
+def transaction_error(doing: str, error: KafkaError, transactional_id: str,
+                      successor: str = "another attempt"
+                      ) -> CheckpointStoreError | KafkaAccessError:
+    """The error of a transactional call that failed: a :class:`KafkaAccessError` when an
+    ACL refused it, :class:`TransactionFencedError` when the producer is unusable (saying
+    that ``successor`` with this transactional id took over), else a
+    :class:`CheckpointStoreError`; each names ``doing`` and the transactional id."""
+    what = f"{doing} with transactional id {transactional_id!r}"
+    if is_access_error(error):
+        return access_error(error, what, {"transactional.id": transactional_id})
+    message = f"{what} failed: {describe(error)}"
+    if producer_fenced(error):
+        return TransactionFencedError(
+            f"{message}; {successor} with this transactional id took over")
+    return CheckpointStoreError(message)
 
 
 def let_go(producer: Producer, timeout_s: float = 0) -> None:

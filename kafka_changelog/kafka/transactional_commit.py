@@ -25,21 +25,15 @@ from ..errors import KafkaAccessError
 from ..state.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
-from .error_text import access_error, describe, is_access_error
+from .error_text import describe, is_access_error
 from .transaction_calls import (
+    TransactionAbortedError,
     commit_transaction_retrying,
     let_go,
     produce_waiting,
     producer_fenced,
+    transaction_error,
 )
-
-
-class TransactionAbortedError(CheckpointStoreError):
-    """The transaction was aborted: neither the checkpoint nor its outputs are visible."""
-
-
-class TransactionFencedError(CheckpointStoreError):
-    """Another committer with the same transactional id took over; this one is finished."""
 
 
 @dataclass(frozen=True)
@@ -173,17 +167,9 @@ class TransactionalCommitter:
         if error.code() == KafkaError._FATAL:
             self._producer.poll(0)  # serve the error callback that names the cause
             error = self._fatal or error
-        message = (f"{doing} with transactional id {self.transactional_id!r} failed: "
-                   f"{describe(error)}")
-        if is_access_error(error):
-            return access_error(error, f"{doing} with transactional id "
-                                f"{self.transactional_id!r}",
-                                {"transactional.id": self.transactional_id})
-        if producer_fenced(error):
+        if producer_fenced(error) and not is_access_error(error):
             self._fenced = error
-            return TransactionFencedError(
-                f"{message}; another committer with this transactional id took over")
-        return CheckpointStoreError(message)
+        return transaction_error(doing, error, self.transactional_id, "another committer")
 
     def close(self) -> None:
         """Release the producer (nothing is pending between commits)."""

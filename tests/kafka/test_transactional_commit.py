@@ -13,11 +13,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.kafka.transactional_commit import (
-    OutputRecord,
-    TransactionalCommitter,
-    TransactionFencedError,
-)
+from kafka_changelog.kafka.transaction_calls import TransactionFencedError
+from kafka_changelog.kafka.transactional_commit import OutputRecord, TransactionalCommitter
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, OperatorStateHandle, SubtaskState
 from kafka_changelog.state.errors import CheckpointOrderError
 
