@@ -31,9 +31,11 @@ def spark() -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def spark_cluster() -> Iterator[Any]:
-    """A Spark standalone cluster (master + 2 workers of 1 core each, local JVMs) shared
-    by the whole session; tests that kill a worker restart it before they end."""
+    """A Spark standalone cluster (master + 2 workers of 1 core each, local JVMs, each
+    worker a host of its own: own loopback address and host-local state directory)
+    shared by the whole session; tests that kill a worker restart it before they end,
+    tests that add one remove it."""
     from tests.spark.standalone import LocalSparkCluster
 
-    with LocalSparkCluster(workers=2, cores_per_worker=1) as cluster:
+    with LocalSparkCluster(workers=2, cores_per_worker=1, hosts=True) as cluster:
         yield cluster

@@ -7,6 +7,7 @@ Example::
         ...
         cluster.kill_worker(0)      # kill -9 the worker, its executor and Python workers
         cluster.restart_worker(0)
+        cluster.add_worker()        # one more worker (another host when hosts=True)
 
 Every daemon is started from the installed PySpark (``pyspark/bin/spark-class
 org.apache.spark.deploy.master.Master`` / ``...deploy.worker.Worker spark://HOST:PORT``)
@@ -19,6 +20,12 @@ worker's group, PySpark's Python daemons and workers have groups of their own.
 Readiness is what the master reports on its JSON status page: ALIVE, with every
 worker registered and ALIVE; a daemon that dies or a timeout raises
 :class:`SparkClusterError` with the log tail.
+
+With ``hosts=True`` every worker is a host of its own, as far as Spark and the library
+can tell: worker ``i`` binds loopback address ``127.0.0.{i + 2}`` (its executors too, so
+Spark's task locality sees distinct hosts) and has its own temp directory (``TMPDIR``, so
+the default host-local state directory of ``state_backend="rocksdb"`` differs per
+"host") and Spark local directory. Only loopback addresses are used.
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -82,7 +90,14 @@ class _Daemon:
     directory: Path
     port: int
     webui_port: int
+    #: Environment of this daemon beyond the cluster's (a worker's own host, temp dir).
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the daemon binds."""
+        return (self.argv[self.argv.index("--host") + 1], self.port)
 
     @property
     def log(self) -> Path:
@@ -143,6 +158,9 @@ class LocalSparkCluster:
         executor_memory: ``spark.executor.memory`` in :meth:`session_config`.
         startup_timeout: seconds for :meth:`start` (and each :meth:`restart_worker`).
         python: the interpreter of the executors' Python workers (default: this one).
+        hosts: each worker on a loopback address and temp directory of its own (a host
+            of its own for Spark's scheduler and for host-local state); else every
+            worker on ``127.0.0.1``, sharing the machine's temp directory.
 
     ``stop()`` kills every daemon with its executors and deletes the directory; it
     also runs when ``start()`` fails, and at interpreter exit for clusters never stopped.
@@ -157,6 +175,7 @@ class LocalSparkCluster:
         startup_timeout: float = 90.0,
         *,
         python: str | None = None,
+        hosts: bool = False,
     ) -> None:
         if workers < 1:
             raise ValueError(f"a cluster needs at least one worker, not {workers}")
@@ -166,6 +185,7 @@ class LocalSparkCluster:
         self.executor_memory = executor_memory
         self.startup_timeout = startup_timeout
         self.python = python or sys.executable
+        self.hosts = hosts
         self._root: Path | None = None
         self._master: _Daemon | None = None
         self._workers: list[_Daemon] = []
@@ -208,7 +228,7 @@ class LocalSparkCluster:
             for worker in self._workers:
                 self._launch(worker)
             self._wait(lambda status: self._alive_ports(status) >= {
-                w.port for w in self._workers}, f"{self.worker_count} workers are ALIVE",
+                w.address for w in self._workers}, f"{self.worker_count} workers are ALIVE",
                 deadline)
         except BaseException:
             self.stop()
@@ -319,8 +339,46 @@ class LocalSparkCluster:
             self.kill_worker(index)
         deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
         self._launch(worker)
-        self._wait(lambda status: worker.port in self._alive_ports(status),
+        self._wait(lambda status: worker.address in self._alive_ports(status),
                    f"worker {index} is ALIVE again", deadline)
+
+    def add_worker(self, timeout: float | None = None) -> int:
+        """Start one more worker (another host when ``hosts``); return its index once
+        the master lists it ALIVE. Running applications get an executor on it when they
+        may use more cores (``spark.cores.max``: see :meth:`session_config`)."""
+        self._started_master()
+        worker = self._new_worker(len(self._workers))
+        self._workers.append(worker)
+        self.worker_count += 1
+        deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
+        self._launch(worker)
+        self._wait(lambda status: worker.address in self._alive_ports(status),
+                   f"worker {len(self._workers) - 1} is ALIVE", deadline)
+        return len(self._workers) - 1
+
+    def remove_worker(self) -> None:
+        """Kill -9 the last worker (with everything below it) and forget it: the cluster
+        has one worker less (the reverse of :meth:`add_worker`)."""
+        worker = self._worker(len(self._workers) - 1)
+        if worker.proc is not None:
+            self._kill(worker)
+        self._workers.pop()
+        self.worker_count -= 1
+
+    def worker_host(self, index: int) -> str:
+        """The loopback address worker ``index`` binds (``127.0.0.1`` unless ``hosts``)."""
+        if not self.hosts:
+            return LOOPBACK
+        if not 0 <= index < 253:
+            raise ValueError(f"worker index {index} has no loopback address of its own")
+        return f"127.0.0.{index + 2}"
+
+    def worker_temp_dir(self, index: int) -> Path:
+        """The temp directory of worker ``index``'s processes (its executors' and Python
+        workers' ``tempfile.gettempdir()``)."""
+        if not self.hosts:
+            return Path(tempfile.gettempdir())
+        return self._worker(index).directory / "tmp"
 
     def alive_workers(self) -> int:
         """Workers the master lists as ALIVE."""
@@ -354,21 +412,15 @@ class LocalSparkCluster:
         java = find_java()
         self._root = root = make_cluster_root()
         process.track_directory(root)
-        ports = free_ports(2 + 2 * self.worker_count, LOOPBACK)
+        ports = free_ports(2, LOOPBACK)
         master_dir = root / "spark-master"
         master_dir.mkdir()
         self._master = _Daemon("master", [
             str(spark_class), MASTER_CLASS, "--host", LOOPBACK, "--port", str(ports[0]),
             "--webui-port", str(ports[1])], master_dir, ports[0], ports[1])
-        for i in range(self.worker_count):
-            directory = root / f"spark-worker-{i}"
-            (directory / "work").mkdir(parents=True)
-            port, webui = ports[2 + 2 * i], ports[3 + 2 * i]
-            self._workers.append(_Daemon(f"worker {i}", [
-                str(spark_class), WORKER_CLASS, "--host", LOOPBACK, "--port", str(port),
-                "--webui-port", str(webui), "--cores", str(self.cores_per_worker),
-                "--memory", self.worker_memory, "--work-dir", str(directory / "work"),
-                f"spark://{LOOPBACK}:{ports[0]}"], directory, port, webui))
+        self._spark_class = spark_class
+        for _ in range(self.worker_count):
+            self._workers.append(self._new_worker(len(self._workers)))
         java_home = str(Path(java).resolve().parent.parent)
         self._env = {
             **os.environ,
@@ -384,9 +436,28 @@ class LocalSparkCluster:
         }
         (root / "spark-conf").mkdir()
 
+    def _new_worker(self, index: int) -> _Daemon:
+        """Directories, ports, command line and environment of worker ``index``."""
+        assert self._root is not None and self._master is not None
+        host = self.worker_host(index)
+        directory = self._root / f"spark-worker-{index}"
+        (directory / "work").mkdir(parents=True)
+        port, webui = free_ports(2, host)
+        env = {}
+        if self.hosts:
+            (directory / "tmp").mkdir()
+            (directory / "local").mkdir()
+            env = {"SPARK_LOCAL_IP": host, "TMPDIR": str(directory / "tmp"),
+                   "SPARK_LOCAL_DIRS": str(directory / "local")}
+        return _Daemon(f"worker {index}", [
+            str(self._spark_class), WORKER_CLASS, "--host", host, "--port", str(port),
+            "--webui-port", str(webui), "--cores", str(self.cores_per_worker),
+            "--memory", self.worker_memory, "--work-dir", str(directory / "work"),
+            f"spark://{LOOPBACK}:{self._master.port}"], directory, port, webui, env)
+
     def _launch(self, daemon: _Daemon) -> None:
         daemon.proc = process.spawn(daemon.argv, output=daemon.log, cwd=daemon.directory,
-                                    env=self._env)
+                                    env={**self._env, **daemon.env})
 
     def _check_alive(self) -> None:
         for daemon in [*([self._master] if self._master else []), *self._workers]:
@@ -397,8 +468,10 @@ class LocalSparkCluster:
                                         f"code {code}", log_tail=self.log_tail())
 
     @staticmethod
-    def _alive_ports(status: dict[str, Any]) -> set[int]:
-        return {int(w["port"]) for w in status.get("workers", []) if w.get("state") == "ALIVE"}
+    def _alive_ports(status: dict[str, Any]) -> set[tuple[str, int]]:
+        """(host, port) of every ALIVE worker."""
+        return {(str(w["host"]), int(w["port"])) for w in status.get("workers", [])
+                if w.get("state") == "ALIVE"}
 
     def _wait(self, ready: Any, what: str, deadline: float) -> None:
         last = "no answer yet"

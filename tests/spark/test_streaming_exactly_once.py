@@ -10,22 +10,26 @@ before the checkpoint record (the next run reuses those commits, at their
 parallelism), and the runs go on at other parallelisms. In ``local[n]`` (one broker)
 the last run also kills two tasks' Python workers: one inside its transaction (its
 retry fences and aborts it) and one just after its commit (its retry finds the commit
-and reuses it). On the cluster (three brokers) the last run loses a worker (killed -9
-with its executor and Python workers) while a task it runs has committed its outputs
-and not yet reported to the driver; Spark runs the task again on the other worker, which reuses the
-commit. In the end every user's state equals the state computed directly from all
-input events, and the output topic holds every batch's outputs exactly once, read both
-with librdkafka and with Spark's connector (``read_committed``): nothing lost, nothing
-counted or written twice. The vectorised function (``update_users``) over the RocksDB
+and reuses it). On the cluster (three brokers) every worker is a host of its own (own
+loopback address, own host-local state directory); the runs go on two hosts, then a
+third host joins for the last run, which loses a worker (killed -9 with its executor and
+Python workers) while a task it runs has committed its outputs and not yet reported to
+the driver; Spark runs the task again on another host, which reuses the commit. In the
+end every user's state equals the state computed directly from all input events, and
+the output topic holds every batch's outputs exactly once, read both with librdkafka and
+with Spark's connector (``read_committed``): nothing lost, nothing counted or written
+twice. The vectorised function (``update_users``) over the RocksDB
 backend goes through driver kills across a rescale and task kills the same way (local).
 """
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +71,7 @@ PER_BATCH = 300
 #: On the cluster (each run starts executors too): the kills that matter most, across
 #: rescaling; the last run loses a worker instead.
 CLUSTER_RUNS = [(2, "after_commit:1"), (3, "before_commit:2"), (2, "before_commit:3"),
-                (2, None)]
+                (3, None)]
 #: The vectorised run (local): driver kills across a rescale, then task kills in the last.
 VECTORIZED_RUNS = [(2, "before_commit:1"), (3, "after_commit:2")]
 VECTORIZED_TASK_KILLS = ("subtask_in_transaction:4:1", "subtask_committed:5:0")
@@ -118,6 +122,28 @@ def run_losing_a_worker(cluster: Any, job: Job, parallelism: int, tmp_path: Path
     return log.read_text()
 
 
+def run_on_a_joined_host_losing_a_worker(cluster: Any, job: Job, parallelism: int,
+                                        tmp_path: Path) -> str:
+    """Add a host to ``cluster``, run the job to its end on every host while it loses a
+    worker mid-batch (:func:`run_losing_a_worker`), then take the host away again; the
+    job's output. Each host kept the subtask stores of the tasks it ran in a state
+    directory of its own."""
+    roots = [cluster.worker_temp_dir(i) / f"kafka-changelog-state-{os.getuid()}"
+             for i in range(cluster.worker_count)]
+    joined = cluster.add_worker()
+    roots.append(cluster.worker_temp_dir(joined) / f"kafka-changelog-state-{os.getuid()}")
+    engine = job.engine
+    on_every_host = replace(job, engine=Engine(engine.name, engine.master, {
+        **engine.spark_config, "spark.cores.max": str(cluster.cores)}))
+    try:
+        output = run_losing_a_worker(cluster, on_every_host, parallelism, tmp_path)
+    finally:
+        cluster.remove_worker()
+    hosts_with_stores = [root for root in roots if (root / job.prefix).is_dir()]
+    assert len(hosts_with_stores) >= 2, f"the stores of {job.prefix} are on {hosts_with_stores}"
+    return output
+
+
 def test_state_is_exactly_once_across_kills_and_rescaling(
     kafka_cluster: Any, spark: Any, engine: Engine, tmp_path: Path,
     request: pytest.FixtureRequest,
@@ -147,7 +173,7 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
             "killed-" + point.replace(":", "-") for point in TASK_KILLS)
         output = done.stdout
     else:
-        output = run_losing_a_worker(cluster, job, parallelism, tmp_path)
+        output = run_on_a_joined_host_losing_a_worker(cluster, job, parallelism, tmp_path)
     summary = json.loads(output.strip().splitlines()[-1])
     # The last run restored its single subtask from Kafka (another parallelism wrote it).
     assert summary["restore_s"] is not None and summary["restore_s"] > 0, summary
