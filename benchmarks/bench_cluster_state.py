@@ -1,23 +1,29 @@
 """Where a subtask's state comes from, batch after batch, on a Spark standalone cluster of two
-workers (one host) and in ``local[2]``, with ``state_backend="rocksdb"`` and ``"memory"``.
+workers, as one host and as two hosts, and in ``local[2]``, with ``state_backend="rocksdb"``
+and ``"memory"``.
 
 Spark hands a micro-batch's task for subtask ``i`` to any free executor, and within it to
 any free Python worker: with ``"memory"`` a task that lands elsewhere than the subtask's
 previous one restores the subtask's state from Kafka; with ``"rocksdb"`` it reattaches
-the subtask's store from the host's local state directory (both executors of the cluster
-run on this host, as executors of one host do). The processor's reports say which
-happened, per subtask and batch (``BatchReport.subtask_metrics[s].state_source``:
+the subtask's store from the host's local state directory when the store is on that
+host. On one host (both workers share the machine's state directory, as executors of
+one host do) every store is there; on two hosts (``LocalSparkCluster(hosts=True)``: each
+worker binds a loopback address and has a state directory of its own) a subtask whose
+task lands on the other host finds no store at its checkpoint there. The processor's
+reports say which happened, per subtask and batch (``BatchReport.subtask_metrics[s].state_source``:
 ``reattached``, ``reattached-local``, ``restored``, ``fresh``).
 
 Workload: the clickstream function (:func:`examples.clickstream.update_user`:
 per user a count, a total, a count per kind and the last five pages), ``--users``
 (default 20,000) users, ``--events`` (default 20,000) events per batch, ``--batches``
 (default 50) batches, each a static DataFrame handed to the processor as
-``foreachBatch`` does, parallelism 2, no materialization. Per engine (the cluster:
-``LocalSparkCluster(workers=2, cores_per_worker=1)``, then ``local[2]``) and backend:
+``foreachBatch`` does, parallelism 2, no materialization. Per engine (the cluster as one
+host, then as two hosts: ``LocalSparkCluster(workers=2, cores_per_worker=1, hosts=...)``,
+then ``local[2]``) and backend:
 
 - the share of subtask-batches restored from Kafka, over all batches after the first
-  (``fresh``) and over the warm ones (from batch 5 on; goal: 0 with ``"rocksdb"``);
+  (``fresh``) and over the warm ones (from batch 5 on; goal: 0 with ``"rocksdb"``, on
+  one host and on two);
 - median and p90 batch seconds; the cluster's median against ``local[2]``'s.
 
 Run: ``PYTHONPATH=. python -m benchmarks.bench_cluster_state [--batches N] [--json FILE]``
@@ -80,11 +86,15 @@ def frames(users: int, per_batch: int, batches: int) -> list[pd.DataFrame]:
 
 
 def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
-                batches: list[pd.DataFrame], own: list[int]) -> dict[str, Any]:
+                batches: list[pd.DataFrame], own: list[int], *, host_dirs: bool = False
+                ) -> dict[str, Any]:
+    """Run ``batches`` through a processor of ``backend`` on ``spark``. ``host_dirs``:
+    every host keeps its stores in its own default state directory (else all share one
+    directory, made here)."""
     topics = {name: unique_topic(f"cluster-{backend}-{name}")
               for name in ("changelog", "snapshots", "checkpoints")}
     broker.topics.extend(topics.values())
-    local_dir = tempfile.mkdtemp(prefix="bench-cluster-state-")
+    local_dir = None if host_dirs else tempfile.mkdtemp(prefix="bench-cluster-state-")
     config = StreamingStateConfig(
         application=f"bench-cluster-{backend}-{uuid.uuid4().hex[:8]}", operator_id="users",
         bootstrap_servers=broker.bootstrap_servers,
@@ -118,7 +128,8 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
                       + (f" (restore {restore_s:.2f} s)" if restore_s else ""), flush=True)
     finally:
         processor.close()
-        shutil.rmtree(local_dir, ignore_errors=True)
+        if local_dir is not None:
+            shutil.rmtree(local_dir, ignore_errors=True)
     after_first = runs[1:]
     warm = runs[WARM_FROM:]
 
@@ -156,15 +167,16 @@ def run(broker: Broker, batches: int) -> dict[str, Any]:
     data = frames(users, per_batch, batches)
     results: list[dict[str, Any]] = []
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    with LocalSparkCluster(workers=2, cores_per_worker=1) as cluster:
-        spark = spark_session(cluster.master_url, "bench-cluster-state", PARALLELISM,
-                              {**cluster.session_config(), **FAST_DRIVER})
-        try:
-            for backend in BACKENDS:
-                results.append(run_backend(broker, spark, "cluster", backend, data,
-                                           own_pids(broker)))
-        finally:
-            spark.stop()
+    for engine, hosts in (("cluster, 1 host", False), ("cluster, 2 hosts", True)):
+        with LocalSparkCluster(workers=2, cores_per_worker=1, hosts=hosts) as cluster:
+            spark = spark_session(cluster.master_url, "bench-cluster-state", PARALLELISM,
+                                  {**cluster.session_config(), **FAST_DRIVER})
+            try:
+                for backend in BACKENDS:
+                    results.append(run_backend(broker, spark, engine, backend, data,
+                                               own_pids(broker), host_dirs=hosts))
+            finally:
+                spark.stop()
     spark = spark_session("local[2]", "bench-cluster-state-local", PARALLELISM, FAST_DRIVER)
     try:
         for backend in BACKENDS:
