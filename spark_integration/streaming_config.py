@@ -19,6 +19,7 @@ from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.state.backend_config import BackendKind
+from kafka_changelog.state.chunk_sweep import DEFAULT_SWEEP_GRACE_S, DEFAULT_SWEEP_INTERVAL_S
 from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
 from kafka_changelog.state.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
 from kafka_changelog.state.rocksdb_options import RocksDBOptions
@@ -80,6 +81,15 @@ class StreamingStateConfig:
     materialization_nice: int | None = 10
     #: Checkpoints kept (at least 2).
     retain: int = 3
+    #: How often (seconds) the driver sweeps the snapshot topic for chunks no checkpoint
+    #: can name any more (a materialization killed mid-write, or one whose store was
+    #: deleted before a task applied it), in a background thread after a checkpoint
+    #: commit, and once after each start; the sweep reads the whole snapshot topic.
+    #: None: never. See docs/operations.md.
+    snapshot_sweep_interval_s: float | None = DEFAULT_SWEEP_INTERVAL_S
+    #: Chunks of a backend that no checkpoint names are swept once their materialization
+    #: started this long ago (seconds): more than a checkpoint interval.
+    snapshot_sweep_grace_s: float = DEFAULT_SWEEP_GRACE_S
     #: Any librdkafka setting for every client (security included).
     client_config: dict[str, Any] = field(default_factory=dict)
     #: Each subtask's working copy: "rocksdb" (the default: a store per subtask in
@@ -123,6 +133,12 @@ class StreamingStateConfig:
         if self.local_state_retention_s is not None and not self.local_state_retention_s > 0:
             raise ValueError(f"local_state_retention_s must be None or positive, got "
                              f"{self.local_state_retention_s!r}")
+        if self.snapshot_sweep_interval_s is not None and not self.snapshot_sweep_interval_s > 0:
+            raise ValueError(f"snapshot_sweep_interval_s must be None or positive, got "
+                             f"{self.snapshot_sweep_interval_s!r}")
+        if not self.snapshot_sweep_grace_s > 0:
+            raise ValueError(f"snapshot_sweep_grace_s must be positive, got "
+                             f"{self.snapshot_sweep_grace_s!r}")
         if not self.driver_lease_s > 0:
             raise ValueError(f"driver_lease_s must be positive, got {self.driver_lease_s!r}")
         if self.materialization_nice is not None and not 0 <= self.materialization_nice <= 19:

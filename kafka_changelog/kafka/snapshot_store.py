@@ -17,10 +17,12 @@ from ..state.snapshot_store import (
     DEFAULT_MAX_CHUNK_BYTES,
     KIB,
     RECORD_OVERHEAD_BYTES,
+    LiveKey,
     SnapshotStore,
 )
 from .access import connect_admin
 from .client_settings import KafkaConnection
+from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .offsets import watermarks
 from .producer import AckedProducer
@@ -129,6 +131,36 @@ class KafkaSnapshotView(SnapshotStore):
     def _begin_append(self, what: str) -> RecordAppender:
         raise ChangelogError(f"cannot write {what}: snapshot topic {self.topic} is open "
                              "read-only")
+
+    def live_keys(self) -> list[LiveKey]:
+        live: dict[tuple[int, bytes], int] = {}
+        consumer = Consumer({**self.config.consumer(), "enable.partition.eof": True})
+        timeout = self.config.request_timeout_s
+        try:
+            for partition in range(self.partitions):
+                low, high = watermarks(consumer, self.topic, partition, timeout)
+
+                def on_error(error: KafkaError, position: int, partition: int = partition,
+                             high: int = high) -> int:
+                    if end_of_partition(error):
+                        return high  # read up to what is visible: nothing beyond counts
+                    if is_access_error(error):
+                        raise access_error(error, f"reading {self.topic}[{partition}]",
+                                           operation="READ", resource=self.topic)
+                    raise ChangelogError(f"reading {self.topic}[{partition}] at offset "
+                                         f"{position} failed: {describe(error)}")
+
+                for message in consume_range(consumer, self.topic, partition, low, high,
+                                             timeout, on_error):
+                    key = (partition, message.key() or b"")
+                    if message.value() is None:
+                        live.pop(key, None)
+                    else:
+                        live[key] = message.timestamp()[1]
+        finally:
+            consumer.close()
+        return sorted(LiveKey(partition, key.decode(errors="replace"), written)
+                      for (partition, key), written in live.items())
 
 
 class KafkaSnapshotStore(KafkaSnapshotView):

@@ -213,6 +213,14 @@ class CheckpointStore(ABC):
             self._refresh()
             return [cp for stored in self._checkpoints.values() for cp in stored.values()]
 
+    def all_subtask_commits(self) -> list[SubtaskCommit]:
+        """Every subtask's latest committed part of a checkpoint, of every application
+        (what a checkpoint in the making will name)."""
+        with self._lock:
+            self._refresh()
+            return [commit for commits in self._subtask_commits.values()
+                    for commit in commits.values()]
+
     def guard(self, application: str, floors: Sequence[LogFloor]) -> str:
         """Record that ``application`` (which has no checkpoint yet) may write changelog
         records at or above ``floors``; returns the guard's id.

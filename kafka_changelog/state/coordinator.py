@@ -21,6 +21,7 @@ commit collects again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from ..storage import StateChangelogStorage
 from .backend_config import StateBackendConfig
 from .checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from .checkpoint_store import CheckpointStore
+from .chunk_sweep import DEFAULT_SWEEP_GRACE_S, SweepReport, chunks_to_sweep
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
 from .materializer import MaterializationConfig
@@ -68,9 +70,14 @@ class CheckpointCoordinator:
         max_parallelism: int = 128,
         changelog_gc: bool = True,
         state_backend: StateBackendConfig | None = None,
+        sweep_interval_s: float | None = None,
+        sweep_grace_s: float = DEFAULT_SWEEP_GRACE_S,
     ) -> None:
         """``state_backend`` is the working copy of the backends :meth:`restore_keyed`
-        builds (default: in memory)."""
+        builds (default: in memory). ``sweep_interval_s``: after a commit, sweep the
+        snapshot topic (:meth:`sweep_chunks`, in a background thread) when the last sweep
+        of this coordinator is this old, or none ran yet (None: only when called);
+        ``sweep_grace_s``: see :mod:`~kafka_changelog.state.chunk_sweep`."""
         self.application = application
         self.checkpoints = checkpoint_store
         self.snapshots = snapshot_store
@@ -79,6 +86,12 @@ class CheckpointCoordinator:
         self.changelog_gc = changelog_gc
         self.state_backend = state_backend or StateBackendConfig()
         self.last_garbage = GarbageReport()
+        self.sweep_interval_s = sweep_interval_s
+        self.sweep_grace_s = sweep_grace_s
+        #: The last sweep's report (None: none finished yet) and the running one's thread.
+        self.last_sweep: SweepReport | None = None
+        self._sweep_thread: threading.Thread | None = None
+        self._swept_at: float | None = None
         #: Whether this coordinator guarded its application's first writes already.
         self._guarded = False
 
@@ -104,7 +117,53 @@ class CheckpointCoordinator:
         subsumed = self.checkpoints.commit(checkpoint, persist)
         if subsumed:
             self.last_garbage = self.collect_garbage(subsumed)
+        self._sweep_when_due()
         return checkpoint
+
+    def sweep_chunks(self) -> SweepReport:
+        """Tombstone the snapshot chunks no checkpoint can name any more (the rules:
+        :mod:`~kafka_changelog.state.chunk_sweep`); reads the whole snapshot topic."""
+        live = self.snapshots.live_keys()  # before the names: a chunk named later is newer
+        named = [s.keyed.snapshot for cp in self.checkpoints.all_checkpoints()
+                 for s in cp.subtasks if s.keyed is not None and s.keyed.snapshot is not None]
+        for commit in self.checkpoints.all_subtask_commits():
+            keyed = SubtaskState.from_bytes(commit.subtask_state).keyed
+            if keyed is not None and keyed.snapshot is not None:
+                named.append(keyed.snapshot)
+        doomed, report = chunks_to_sweep(live, named, time.time(), self.sweep_grace_s)
+        self.snapshots.delete_keys(doomed, f"{len(doomed)} snapshot chunks no checkpoint "
+                                   f"names (application {self.application}'s sweep)")
+        if doomed:
+            logger.info("application %s: swept %d of %d snapshot chunks that no checkpoint "
+                        "names", self.application, len(doomed), len(live))
+        self.last_sweep = report
+        return report
+
+    def wait_for_sweep(self, timeout_s: float | None = None) -> None:
+        """Wait for the background sweep started by a commit, if one runs."""
+        thread = self._sweep_thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _sweep_when_due(self) -> None:
+        interval = self.sweep_interval_s
+        now = time.monotonic()
+        if (interval is None or (self._swept_at is not None and now - self._swept_at < interval)
+                or (self._sweep_thread is not None and self._sweep_thread.is_alive())):
+            return
+        self._swept_at = now
+        self._sweep_thread = threading.Thread(
+            target=self._sweep_logging, name=f"kafka-changelog-sweep-{self.application}",
+            daemon=True)
+        self._sweep_thread.start()
+
+    def _sweep_logging(self) -> None:
+        try:
+            self.sweep_chunks()
+        except Exception as exc:  # a chunk left costs space until the next sweep
+            logger.warning("application %s: the sweep of snapshot topic %s stopped, retried "
+                           "in %s s: %s", self.application, self.snapshots.topic,
+                           self.sweep_interval_s, exc, exc_info=True)
 
     def _log_floors(self) -> tuple[LogFloor, ...]:
         """Where this application may still write records a later checkpoint uses.

@@ -14,9 +14,11 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -42,6 +44,16 @@ BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
 
 _Store = TypeVar("_Store", bound="SnapshotStore")
+
+
+@dataclass(frozen=True, order=True)
+class LiveKey:
+    """A key of the snapshot topic whose latest record is not a tombstone."""
+
+    partition: int
+    key: str
+    #: When its latest record was written (the record's timestamp, ms since the epoch).
+    timestamp_ms: int
 
 
 class SnapshotStore(ABC):
@@ -163,6 +175,17 @@ class SnapshotStore(ABC):
                    for partition, key in sorted(unique)]
         if records:
             self._append(records, f"{len(records)} chunk tombstones of backend {backend_id}")
+
+    def delete_keys(self, keys: Iterable[LiveKey], what: str) -> None:
+        """Tombstone ``keys`` (blocks until acknowledged); ``what`` names them in errors."""
+        records = [OutRecord(k.partition, k.key.encode(), None, []) for k in sorted(set(keys))]
+        if records:
+            self._append(records, what)
+
+    def live_keys(self) -> list[LiveKey]:
+        """Every key of the topic whose latest record is not a tombstone: the whole topic is
+        read (its cost is the topic's size on the brokers)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its keys")
 
     def close(self) -> None:  # noqa: B027 - nothing to release unless overridden
         """Release clients (idempotent)."""
@@ -458,6 +481,8 @@ class InMemorySnapshotStore(SnapshotStore):
         self._offsets = itertools.count()
         self._log: dict[tuple[int, int], StoredRecord] = {}
         self._by_key: dict[tuple[int, bytes], set[int]] = {}
+        #: When each live key's latest record was written (ms since the epoch).
+        self._written_ms: dict[tuple[int, bytes], int] = {}
 
     def _append(self, records: Sequence[OutRecord], what: str) -> list[int]:
         offsets = []
@@ -467,8 +492,10 @@ class InMemorySnapshotStore(SnapshotStore):
                 if record.value is None:  # a tombstone: compacted away at once
                     for old in self._by_key.pop((record.partition, record.key), set()):
                         self._log.pop((record.partition, old), None)
+                    self._written_ms.pop((record.partition, record.key), None)
                 else:
                     self._by_key.setdefault((record.partition, record.key), set()).add(offset)
+                    self._written_ms[(record.partition, record.key)] = int(time.time() * 1000)
                 self._log[(record.partition, offset)] = StoredRecord(
                     record.key, record.value, list(record.headers))
                 offsets.append(offset)
@@ -476,6 +503,11 @@ class InMemorySnapshotStore(SnapshotStore):
 
     def _open_source(self, topic: str) -> RecordSource:
         return _MemorySource(self, topic)
+
+    def live_keys(self) -> list[LiveKey]:
+        with self._lock:
+            return sorted(LiveKey(partition, key.decode(), written)
+                          for (partition, key), written in self._written_ms.items())
 
     def put_record(self, partition: int, offset: int, record: StoredRecord | None) -> None:
         """Replace (or with None remove) the record at an offset: fault injection for tests."""

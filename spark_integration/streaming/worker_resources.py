@@ -32,6 +32,9 @@ from ..streaming_config import StreamingStateConfig
 
 logger = logging.getLogger(__name__)
 
+#: Seconds ``release`` waits for a running sweep of the snapshot topic.
+SWEEP_WAIT_S = 60.0
+
 #: Seconds :meth:`WorkerResources.release` waits for a materialization process before
 #: stopping it.
 JOB_PROCESS_WAIT_S = 120.0
@@ -89,7 +92,9 @@ class WorkerResources:
             storage, snapshots = cls.stores(config)
             cls.coordinators[key] = CheckpointCoordinator(
                 config.application, KafkaCheckpointStore(config.checkpoints()), snapshots,
-                storage, config.max_parallelism)
+                storage, config.max_parallelism,
+                sweep_interval_s=config.snapshot_sweep_interval_s,
+                sweep_grace_s=config.snapshot_sweep_grace_s)
         return cls.coordinators[key]
 
     @classmethod
@@ -174,6 +179,9 @@ class WorkerResources:
                                    config.operator_id)
         coordinator = cls.coordinators.pop(resources, None)
         if coordinator is not None:
+            # Its clients are closed next: let a running sweep finish (a sweep cut short
+            # only leaves chunks for the next one).
+            coordinator.wait_for_sweep(SWEEP_WAIT_S)
             coordinator.checkpoints.close()
         stores = cls.storages.pop(resources, None)
         if stores is not None:
