@@ -43,6 +43,7 @@ from typing import Any
 from ..storage import StateChangelogStorage
 from . import store_materialization as jobs
 from .checkpoint import KeyedStateHandle, SubtaskState
+from .chunk_sweep import DEFAULT_SWEEP_GRACE_S
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S, remove_superseded, sweep_idle
 from .local_store import StoreManifest, SubtaskStore
@@ -82,6 +83,10 @@ class HostStoreSettings:
     #: A store (of any application under ``root``) that no task locked for this long is
     #: deleted by the next task attaching on the host (None: never; see local_cleanup).
     idle_store_retention_s: float | None = DEFAULT_IDLE_STORE_RETENTION_S
+    #: A background materialization that started longer ago than this (seconds) is not
+    #: applied (its key groups are written again): the snapshot sweep may have removed
+    #: its chunks (half the sweep's grace; see :mod:`~kafka_changelog.state.chunk_sweep`).
+    max_job_age_s: float = DEFAULT_SWEEP_GRACE_S / 2
 
     def open_table(self, path: Path) -> HostStoreTable:
         """The store's table at ``path`` (created empty when missing), marking changes."""
@@ -154,7 +159,7 @@ def attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int |
     """
     hold = _attach(settings, placement, base, handles, cached, storage, snapshots)
     try:
-        _settle_jobs(hold, snapshots)
+        _settle_jobs(hold, snapshots, settings.max_job_age_s)
         hold.due_at = _due_at(hold, materialization)
     except BaseException:
         abandon(hold)
@@ -179,10 +184,10 @@ def _due_at(hold: StoreHold, materialization: MaterializationConfig) -> float | 
     return time.time() + interval + random.uniform(0, materialization.start_jitter_s)
 
 
-def _settle_jobs(hold: StoreHold, snapshots: SnapshotStore) -> None:
-    """Apply the store's pending background materialization if it is done (and fits the
-    backend), give its key groups back to the backend if it failed, and discard every
-    other job that is not running."""
+def _settle_jobs(hold: StoreHold, snapshots: SnapshotStore, max_age_s: float) -> None:
+    """Apply the store's pending background materialization if it is done, fits the
+    backend and started at most ``max_age_s`` ago, give its key groups back to the backend
+    if it failed (or is too old), and discard every other job that is not running."""
     backend, pending = hold.backend, hold.pending
     for job_state in jobs.list_jobs(hold.store.directory):
         running = job_state.status is jobs.JobStatus.RUNNING
@@ -192,6 +197,7 @@ def _settle_jobs(hold: StoreHold, snapshots: SnapshotStore) -> None:
             written = jobs.written_bytes(job_state)
             if (job_state.status is jobs.JobStatus.DONE and job_state.result is not None
                     and job_state.job is not None
+                    and time.time() - materialized_at(pending[0]) <= max_age_s
                     and backend.apply_materialization(job_state.result,
                                                       job_state.job.covered, written)):
                 hold.applied += 1

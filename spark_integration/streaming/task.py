@@ -89,7 +89,8 @@ def host_store_settings(config: StreamingStateConfig) -> host_store.HostStoreSet
     if config.state_backend != BackendKind.ROCKSDB:
         return None
     return host_store.HostStoreSettings(config.local_state_root(), config.rocksdb_options,
-                                        config.local_state_retention_s)
+                                        config.local_state_retention_s,
+                                        max_job_age_s=config.snapshot_sweep_grace_s / 2)
 
 
 @dataclass(frozen=True)

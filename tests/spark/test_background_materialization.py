@@ -190,6 +190,33 @@ def test_a_failed_materialization_gives_its_key_groups_back(subtask: Subtask) ->
     assert subtask.restored(3) == subtask.model
 
 
+def test_a_materialization_older_than_the_sweep_may_keep_is_written_again(
+    subtask: Subtask,
+) -> None:
+    """A done background job that started more than half the snapshot sweep's grace ago
+    may have lost its chunks to a sweep (nothing named them): it is not applied, its
+    chunks are tombstoned and its key groups are written by a later materialization."""
+    subtask.config = dataclasses.replace(subtask.config, snapshot_sweep_grace_s=0.4)
+    first = subtask.task(1, None, users_in_groups({5, 6}, 4))
+    assert first.pending is not None
+    result = jobs.list_jobs(subtask.store.directory)[0].result
+    assert result is not None
+    time.sleep(0.3)  # older than 0.2 s: half the grace
+
+    second = subtask.task(2, 1, users_in_groups({7}, 2), run=False)
+    assert second.applied == 0
+    assert subtask.handles[2].snapshot is None
+    live = {key.key for key in subtask.snapshots.live_keys()}
+    assert not {c.record_key(result.backend_id) for c in result.chunks} & live
+    # The next job writes the old one's key groups too.
+    assert second.started is not None and {5, 6, 7} <= set(second.started.job.changed)
+    assert jobs.run_job(second.started, subtask.snapshots) is not None
+
+    subtask.task(3, 2, [], MaterializationConfig(None))
+    assert subtask.handles[3].snapshot is not None
+    assert subtask.restored(3) == subtask.model
+
+
 def test_a_running_materialization_is_waited_for_by_no_task(subtask: Subtask) -> None:
     first = subtask.task(1, None, users_in_groups({1, 2}, 4), run=False)
     assert first.started is not None
