@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError
 from kafka_changelog.kafka.consume import consume_range, end_of_partition
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.worker_resources import WorkerResources
 from tests.spark.jobs import record_count, watermarks
 from tests.spark.standalone import LocalSparkCluster, descendants
 
@@ -43,7 +44,8 @@ def topic_disk_bytes(cluster: LocalKafkaCluster, topic: str) -> int:
                for partition in data.iterdir() if pattern.fullmatch(partition.name))
 
 
-def live_keys(client_config: dict[str, Any], topic: str, timeout_s: float = 60) -> int:
+def live_keys(client_config: dict[str, Any], topic: str, timeout_s: float = 60
+              ) -> set[bytes | None]:
     """Keys of the compacted ``topic`` whose latest committed record is not a tombstone:
     what compaction keeps once it has cleaned every segment. (Offsets between log start
     and end only grow on a compacted topic: compaction removes records inside the log
@@ -70,7 +72,17 @@ def live_keys(client_config: dict[str, Any], topic: str, timeout_s: float = 60) 
                     live.add(key)
     finally:
         consumer.close()
-    return len(live)
+    return {key for _, key in live}
+
+
+def referenced_chunk_keys(config: StreamingStateConfig) -> set[bytes | None]:
+    """Record keys of the snapshot chunks that some stored checkpoint (of any application
+    on the checkpoint topic) names."""
+    checkpoints = WorkerResources.coordinator(config).checkpoints.all_checkpoints()
+    return {chunk.record_key(subtask.keyed.snapshot.backend_id).encode()
+            for checkpoint in checkpoints for subtask in checkpoint.subtasks
+            if subtask.keyed is not None and subtask.keyed.snapshot is not None
+            for chunk in subtask.keyed.snapshot.chunks}
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,9 @@ class Figures:
     snapshot_disk_bytes: int
     #: Live keys (see :func:`live_keys`): the snapshot chunks retained checkpoints name.
     snapshot_live_keys: int
+    #: Of those, the chunks no stored checkpoint names (a materialization in flight, or
+    #: one that was never handed out: what no garbage collection of checkpoints removes).
+    snapshot_unreferenced_keys: int
     checkpoint_disk_bytes: int
     #: Live keys: retained checkpoints, guards, pointers, claims of every application.
     checkpoint_live_keys: int
@@ -114,14 +129,16 @@ def measure(batch: int, kafka: LocalKafkaCluster, spark: LocalSparkCluster,
         reports = int(json.loads(status_file.read_text())["reports"])
     except (OSError, ValueError, KeyError):
         reports = -1
+    chunks = live_keys(settings, config.snapshot_topic)
     return Figures(
         batch=batch,
         changelog_disk_bytes=topic_disk_bytes(kafka, config.changelog_topic),
         changelog_records=record_count(settings, config.changelog_topic),
         snapshot_disk_bytes=topic_disk_bytes(kafka, config.snapshot_topic),
-        snapshot_live_keys=live_keys(settings, config.snapshot_topic),
+        snapshot_live_keys=len(chunks),
+        snapshot_unreferenced_keys=len(chunks - referenced_chunk_keys(config)),
         checkpoint_disk_bytes=topic_disk_bytes(kafka, config.checkpoint_topic),
-        checkpoint_live_keys=live_keys(settings, config.checkpoint_topic),
+        checkpoint_live_keys=len(live_keys(settings, config.checkpoint_topic)),
         local_state_bytes=directory_bytes(local_state),
         driver_rss_kib=sum(rss_kib(pid) for pid in driver),
         driver_fds=sum(open_fds(pid) for pid in driver),
@@ -170,6 +187,7 @@ def tolerances(segment_bytes: int, partitions: int, replicas: int, reports_kept:
         "changelog_records": Tolerance(1.5, 1000),
         "snapshot_disk_bytes": Tolerance(1.5, segments),
         "snapshot_live_keys": Tolerance(1.5, 200),
+        "snapshot_unreferenced_keys": Tolerance(1.5, 50),
         "checkpoint_disk_bytes": Tolerance(1.5, segment_bytes * replicas),
         "checkpoint_live_keys": Tolerance(1.5, 50),
         "local_state_bytes": Tolerance(1.5, 1 << 20),
