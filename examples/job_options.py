@@ -30,6 +30,10 @@ def job_parser(description: str, application: str, input_topic: str, output_topi
     parser.add_argument("--driver-lease", type=float, default=None, metavar="SECONDS",
                         help="how long the driver's hold on the application lasts without "
                              "a heartbeat (default: StreamingStateConfig's)")
+    parser.add_argument("--snapshot-sweep", type=float, nargs=2, default=None,
+                        metavar=("INTERVAL", "GRACE"),
+                        help="seconds between sweeps of the snapshot topic, and the grace of "
+                             "chunks no checkpoint names (default: StreamingStateConfig's)")
     parser.add_argument("--master", default=None,
                         help="Spark master: local[n] (default local[max(2, parallelism)]) or "
                              "spark://host:port")
@@ -63,7 +67,9 @@ def state_config(args: argparse.Namespace, operator_id: str) -> StreamingStateCo
         checkpoint_topic=f"{args.topic_prefix}-checkpoints",
         partitions=8, materialization_interval_s=args.materialization_interval,
         local_state_dir=args.local_state_dir, client_config=kafka_settings(args),
-        **({"driver_lease_s": args.driver_lease} if args.driver_lease else {}))
+        **({"driver_lease_s": args.driver_lease} if args.driver_lease else {}),
+        **({"snapshot_sweep_interval_s": args.snapshot_sweep[0],
+            "snapshot_sweep_grace_s": args.snapshot_sweep[1]} if args.snapshot_sweep else {}))
 
 
 def spark_settings(args: argparse.Namespace) -> dict[str, str]:

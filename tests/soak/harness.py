@@ -54,6 +54,11 @@ BROKER_OVERRIDES = {"log.segment.bytes": str(SEGMENT_BYTES), "log.roll.ms": "600
                     "log.retention.check.interval.ms": "10000",
                     "log.segment.delete.delay.ms": "1000",
                     "log.cleaner.backoff.ms": "1000"}
+#: The job sweeps its snapshot topic every minute, and chunks of a backend no checkpoint
+#: names go after two (the defaults, hours, would never sweep within a soak); a batch
+#: takes seconds, so a materialization's checkpoint comes well within the grace.
+SWEEP_INTERVAL_S = 60.0
+SWEEP_GRACE_S = 120.0
 #: Seconds a Python worker or executor kill waits for one to run.
 PROCESS_WAIT_S = 120.0
 #: A micro-batch reads up to this many batches' input: normal batches find only the few
@@ -221,7 +226,8 @@ class Soak:
 
     def _options(self, variant: str) -> tuple[str, ...]:
         return (*VARIANTS[variant], "--local-state-dir", str(self.local_state),
-                "--status-file", str(self.status), "--timeout", "1e9")
+                "--status-file", str(self.status), "--timeout", "1e9",
+                "--snapshot-sweep", str(SWEEP_INTERVAL_S), str(SWEEP_GRACE_S))
 
     # -- the run -------------------------------------------------------------------
 
