@@ -13,8 +13,11 @@ for subtask ``i`` starting from checkpoint ``c`` gets its backend as one of
   names ``c`` and the very handle the task starts from): a backend is built on the store
   as it is, continuing that backend's snapshot, changelog and materialization schedule;
 - ``ROLLED_BACK``: the store went past ``c`` but its copy kept at ``c`` is there;
-- ``RESTORED``: anything else (no store, no copy at ``c``, a rescale): emptied and
-  restored from Kafka;
+- ``CAUGHT_UP``: the store is at an older checkpoint of the subtask (the subtask ran on
+  another host since) and ``c`` continues it (same snapshot; the store's changelog a
+  prefix of ``c``'s): only the newer changelog is read from Kafka and replayed;
+- ``RESTORED``: anything else (no store, a materialization or a rescale since the
+  store's checkpoint): emptied and restored from Kafka;
 - ``FRESH``: no checkpoint yet.
 
 Invariants: the store is locked from :func:`attach` to :func:`release` or
@@ -40,16 +43,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..handle import ChangelogHandle
 from ..storage import StateChangelogStorage
 from . import store_materialization as jobs
 from .checkpoint import KeyedStateHandle, SubtaskState
 from .chunk_sweep import DEFAULT_SWEEP_GRACE_S
 from .keyed_backend import ChangelogKeyedStateBackend
-from .local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S, remove_superseded, sweep_idle
+from .local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S, sweep_idle
 from .local_store import StoreManifest, SubtaskStore
 from .materialization import materialized_at
 from .materializer import MaterializationConfig
-from .restore import restore_backend
+from .restore import replay_changes, restore_backend
 from .rocksdb_options import RocksDBOptions
 from .snapshot_store import SnapshotStore
 from .subtask_backend import CachedBackend, StateSource, SubtaskPlacement
@@ -229,8 +233,6 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
     store.lock(LOCK_TIMEOUT_S)
     try:
         store.remove_stale()
-        if base is not None:
-            remove_superseded(store, base)
         sweep_idle(settings.root, settings.idle_store_retention_s)
         # Only the base can be started from again: a copy of any other checkpoint is
         # superseded (older) or of a batch that is being re-run (newer).
@@ -262,6 +264,15 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
                                        storage, snapshots)
             return _from_manifest(StoreHold(backend, table, store, placement, source,
                                             time.monotonic() - started, owner), manifest)
+        if base is not None and expected is not None and manifest is not None:
+            tail = _tail_after(manifest, placement, handles[0])
+            if tail is not None:
+                store.mark_changing()
+                backend, table = _reattach(settings, placement, manifest, handles[0], store,
+                                           storage, snapshots, tail)
+                return _from_manifest(StoreHold(
+                    backend, table, store, placement, StateSource.CAUGHT_UP,
+                    time.monotonic() - started, owner), manifest)
         store.reset()
         table = settings.open_table(store.db_path)
         # Materialization is the task's to start (materialize_in_background): the
@@ -291,14 +302,42 @@ def _from_manifest(hold: StoreHold, manifest: StoreManifest) -> StoreHold:
     return hold
 
 
+def _tail_after(manifest: StoreManifest, placement: SubtaskPlacement,
+                handle: KeyedStateHandle) -> tuple[ChangelogHandle, ...] | None:
+    """The changelog that brings a store at the manifest's (older) checkpoint to
+    ``handle``, when ``handle`` continues the store's state: the same subtask and
+    backend, the same snapshot, and the store's changelog a prefix of ``handle``'s
+    (handles name exact offset ranges, so the store holds nothing the base does not).
+    None: it does not (a materialization or a rescale came between, or the store is of
+    a checkpoint whose batch was re-run)."""
+    if (manifest.key_group_range != placement.key_groups
+            or manifest.max_parallelism != placement.max_parallelism
+            or (manifest.application, manifest.operator_id, manifest.subtask,
+                manifest.parallelism) != (placement.application, placement.operator_id,
+                                          placement.subtask, placement.parallelism)):
+        return None
+    old = SubtaskState.from_bytes(manifest.handle).keyed
+    if (old is None or old.backend_id != handle.backend_id
+            or old.backend_id != manifest.backend_id
+            or old.key_group_range != handle.key_group_range
+            or old.materialization_id != handle.materialization_id
+            or old.snapshot != handle.snapshot
+            or handle.changelog[:len(old.changelog)] != old.changelog):
+        return None
+    return handle.changelog[len(old.changelog):]
+
+
 def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
               manifest: StoreManifest, handle: KeyedStateHandle, store: SubtaskStore,
-              storage: StateChangelogStorage[Any], snapshots: SnapshotStore
+              storage: StateChangelogStorage[Any], snapshots: SnapshotStore,
+              tail: Sequence[ChangelogHandle] = ()
               ) -> tuple[ChangelogKeyedStateBackend, HostStoreTable]:
     """A backend on the store as it is, continuing the manifest's backend: same backend
-    id, its snapshot and changelog as base, its key groups still to materialize and its
-    materialization schedule."""
+    id, ``handle``'s snapshot and changelog as base, its key groups still to materialize
+    and its materialization schedule. ``tail``: the changelog ``handle`` has beyond the
+    store's checkpoint, replayed into the store first (a catch-up)."""
     table = settings.open_table(store.db_path)
+    changed = set(manifest.changed_key_groups)
     try:
         backend = ChangelogKeyedStateBackend(
             storage, snapshots, placement.operator_id, placement.key_groups,
@@ -306,9 +345,21 @@ def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
     except BaseException:
         table.close()
         raise
-    backend.adopt_base(handle, set(manifest.changed_key_groups))
-    logger.debug("subtask store %s reattached at checkpoint %d (%d entries)",
-                 store.directory, manifest.checkpoint_id, table.entry_count())
+    try:
+        if tail:
+            reader = storage.reader()
+            try:
+                for piece in tail:
+                    replay_changes(table, reader.read(piece), placement.key_groups, changed)
+            finally:
+                reader.close()
+    except BaseException:
+        backend.close()
+        raise
+    backend.adopt_base(handle, changed)
+    logger.debug("subtask store %s reattached at checkpoint %d (%d entries; %d changelog "
+                 "handle(s) replayed)", store.directory, manifest.checkpoint_id,
+                 table.entry_count(), len(tail))
     return backend, table
 
 

@@ -1,19 +1,19 @@
 """Bounds on a host's local state directory: the stores nobody will reattach are deleted.
 
-A subtask store (:mod:`~kafka_changelog.state.local_store`) is worth keeping only while a
-task may start from it. Two kinds outlive that, and are removed by the tasks that run on
-the host (no process of their own):
+A subtask store (:mod:`~kafka_changelog.state.local_store`) is worth keeping while a task
+may start from it, or catch up from it: a subtask that moved to another host left its
+store here at an older checkpoint, and when it comes back a task replays only the
+changelog since (see :mod:`~kafka_changelog.state.host_store`). So a host keeps at most
+one store (and its copies) per subtask that ran on it; the subtask's own next task here
+empties a store it cannot catch up from. What outlives that is removed by the tasks that
+run on the host (no process of their own):
 
-- **Superseded** stores of the same operator and parallelism: a subtask that moved to
-  another host left its store here at an older checkpoint. A task reattaches only a store
-  exactly at the checkpoint it starts from, and the checkpoints a query starts from only
-  advance, so once a task of the operator starts from checkpoint ``base``, a sibling
-  store at an older checkpoint (with no copy kept at ``base`` or later) never serves
-  again (:func:`remove_superseded`).
 - **Idle** stores of any application under the same root: an application that stopped,
   or a subtask that never came back, leaves stores no task has locked for a long time
   (:func:`remove_idle`; the idea of Kafka Streams' ``state.cleanup.delay.ms``). A store's
   last use is the modification time of its directory, which each lock refreshes.
+- Stores of another parallelism of the operator (the first task of the new one:
+  :meth:`~kafka_changelog.state.local_store.SubtaskStore.remove_stale`).
 
 Both delete only through :func:`~kafka_changelog.state.local_store.remove_store_directory`
 (the store's lock taken, no background materialization job running), so a store in use is
@@ -32,9 +32,6 @@ from pathlib import Path
 
 from .local_store import (
     TRASH_PREFIX,
-    StoreManifest,
-    SubtaskStore,
-    read_manifest,
     remove_store_directory,
 )
 
@@ -46,45 +43,6 @@ DEFAULT_IDLE_STORE_RETENTION_S = 7 * 24 * 3600.0
 _sweeps_lock = threading.Lock()
 #: When each root was last swept for idle stores (monotonic seconds), per process.
 _last_sweep: dict[Path, float] = {}
-
-
-def _last_checkpoint_kept(directory: Path) -> int | None:
-    """The newest checkpoint a store (live or a kept copy) is exactly at; None: none."""
-    found: list[int] = []
-    manifest: StoreManifest | None = read_manifest(directory / "manifest.json")
-    if manifest is not None:
-        found.append(manifest.checkpoint_id)
-    try:
-        copies = [p.name for p in (directory / "retained").iterdir()]
-    except (FileNotFoundError, NotADirectoryError):
-        copies = []
-    found.extend(int(name[1:]) for name in copies if name.startswith("c") and name[1:].isdigit())
-    return max(found, default=None)
-
-
-def remove_superseded(store: SubtaskStore, base: int) -> list[Path]:
-    """Delete the stores of ``store``'s siblings (other subtasks of its operator at its
-    parallelism) that are at no checkpoint, or only at ones older than ``base`` (the
-    checkpoint the running task starts from), and that nobody holds."""
-    removed: list[Path] = []
-    prefix = f"p{store.parallelism}-s"
-    try:
-        siblings = sorted(store.operator_directory.iterdir())
-    except FileNotFoundError:
-        return removed
-    for path in siblings:
-        if path == store.directory or not path.name.startswith(prefix) or not path.is_dir():
-            continue
-        newest = _last_checkpoint_kept(path)
-        if newest is not None and newest >= base:
-            continue
-        if remove_store_directory(path):
-            removed.append(path)
-    if removed:
-        logger.info("removed %d local state store(s) of subtasks that moved off this host "
-                    "(at checkpoints before %d) under %s", len(removed), base,
-                    store.operator_directory)
-    return removed
 
 
 def remove_idle(root: Path, idle_s: float, now: float | None = None) -> list[Path]:
@@ -142,4 +100,4 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
 
 
-__all__ = ["DEFAULT_IDLE_STORE_RETENTION_S", "remove_idle", "remove_superseded", "sweep_idle"]
+__all__ = ["DEFAULT_IDLE_STORE_RETENTION_S", "remove_idle", "sweep_idle"]

@@ -29,6 +29,10 @@ class StateSource(StrEnum):
     #: The host-local store went past the base (a batch whose checkpoint never completed)
     #: and became its copy kept at the base, then reattached.
     ROLLED_BACK = "rolled-back"
+    #: The host-local store another process left at an older checkpoint of the same
+    #: subtask, whose state the base continues (same snapshot, its changelog a prefix of
+    #: the base's): only the base's newer changelog was read from Kafka and replayed.
+    CAUGHT_UP = "caught-up"
     #: Read from Kafka (snapshot, then the changelog tail).
     RESTORED = "restored"
     #: No checkpoint yet: empty.

@@ -1,0 +1,95 @@
+"""A subtask that comes back to a host where it ran before catches up from the store it
+left there: only the changelog since is read from Kafka and replayed (real broker).
+
+Each "host" is a local state directory of its own; the subtask moves between them task
+by task, as Spark moves a subtask's task between executors on different hosts. A store
+that the base does not continue (a materialization came between, or the store is of a
+batch that was re-run elsewhere) is restored in full instead: a catch-up never makes the
+state differ from what Kafka holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kafka_changelog.state.materializer import MaterializationConfig
+from tests.spark.host_subtasks import EVERY_TASK, Subtask, subtask_runner, users_in_groups
+
+pytestmark = [pytest.mark.broker]
+
+
+@pytest.fixture
+def subtask(kafka_cluster: Any, tmp_path: Path) -> Iterator[Subtask]:
+    with subtask_runner(kafka_cluster.bootstrap_servers, tmp_path) as runner:
+        yield runner
+
+NEVER = MaterializationConfig(None)
+
+
+def move_to(runner: Subtask, directory: Path) -> None:
+    """Run the next tasks on the host whose local state directory is ``directory`` (the
+    backend the last task's process kept stays behind)."""
+    if runner.cached is not None:
+        runner.cached.backend.close()
+        runner.cached = None
+    runner.config = dataclasses.replace(runner.config, local_state_dir=str(directory))
+
+
+def test_a_subtask_back_on_a_host_catches_up_from_the_store_it_left(
+        subtask: Subtask, tmp_path: Path) -> None:
+    host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
+    everyone = users_in_groups({1, 2, 3, 4, 5}, 12)
+    subtask.task(1, None, everyone[:6], NEVER)
+    move_to(subtask, host_b)
+    assert subtask.task(2, 1, everyone[3:9], NEVER).source == "restored"
+    assert subtask.task(3, 2, everyone[6:], NEVER).source == "reattached"
+    move_to(subtask, host_a)
+    back = subtask.task(4, 3, everyone[:2], NEVER)
+    assert back.source == "caught-up"
+    # The base continues: checkpoint 1's changelog is the start of checkpoint 4's.
+    first, fourth = subtask.handles[1], subtask.handles[4]
+    assert fourth.changelog[:len(first.changelog)] == first.changelog
+    assert subtask.restored(4) == subtask.model
+    # Every user's count is read from the caught-up store and written again: the next
+    # checkpoint restores exactly only if the store held every change of the host B.
+    assert subtask.task(5, 4, everyone, NEVER).source == "reattached"
+    assert subtask.restored(5) == subtask.model
+
+
+def test_a_store_the_base_no_longer_continues_is_restored_in_full(
+        subtask: Subtask, tmp_path: Path) -> None:
+    host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
+    everyone = users_in_groups({7, 8}, 8)
+    subtask.task(1, None, everyone[:4], NEVER)
+    move_to(subtask, host_b)
+    subtask.task(2, 1, everyone[2:6], EVERY_TASK)  # a materialization, applied next
+    third = subtask.task(3, 2, everyone[4:], NEVER)
+    assert third.applied == 1 and subtask.handles[3].snapshot is not None
+    move_to(subtask, host_a)
+    assert subtask.task(4, 3, everyone[:3], NEVER).source == "restored"
+    assert subtask.task(5, 4, everyone, NEVER).source == "reattached"
+    assert subtask.restored(5) == subtask.model
+
+
+def test_a_store_of_a_batch_that_was_run_again_elsewhere_is_not_caught_up(
+        subtask: Subtask, tmp_path: Path) -> None:
+    """Host A's store is at its attempt of checkpoint 2, which never completed; the batch
+    ran again on host B from checkpoint 1. Host A's changes of the failed attempt are in
+    no checkpoint: its store must not be caught up from."""
+    host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
+    everyone = users_in_groups({9, 10}, 8)
+    subtask.task(1, None, everyone[:4], NEVER)
+    before = dict(subtask.model)
+    subtask.task(2, 1, everyone, NEVER)  # host A's attempt of checkpoint 2: not completed
+    subtask.model = before
+    move_to(subtask, host_b)
+    assert subtask.task(2, 1, everyone[4:], NEVER).source == "restored"
+    move_to(subtask, host_a)
+    assert subtask.task(3, 2, everyone[:2], NEVER).source == "restored"
+    assert subtask.task(4, 3, everyone, NEVER).source == "reattached"
+    assert subtask.restored(4) == subtask.model
