@@ -7,6 +7,19 @@ subtask. Instead each row gets a *slot*: a small int chosen so that Spark's hash
 partitioning sends it to the partition numbered like its subtask. A
 ``repartition(parallelism, slot)`` (a shuffle of explicit size, which adaptive
 execution never coalesces) then gives partition ``i`` exactly subtask ``i``'s rows.
+
+Where a subtask's task runs: Spark gives the task of a shuffled partition to any free
+executor, so a subtask would move between hosts from batch to batch, away from its
+host-local store. A *placement* keeps it: a cached DataFrame with one marker row per
+subtask, partitioned the same way (:func:`subtask_placement`). The batch's rows are a
+union of the placement (twice) and the repartitioned rows; Spark unions children of the
+same hash partitioning partition by partition (a narrow dependency on each), and such a
+partition prefers the host most of its parents' partitions prefer: the host that caches
+the placement's partition ``i``, which is where subtask ``i``'s task first ran. Spark's
+delay scheduling (``spark.locality.wait``) then runs the task there whenever that host
+frees a core in time. A lost executor loses its cached partitions, and the next batch
+places those subtasks anew. Plain DataFrame operations: the same in classic Spark and
+under Spark Connect.
 """
 
 from __future__ import annotations
@@ -39,13 +52,69 @@ def subtask_slots(parallelism: int) -> tuple[int, ...]:
     return tuple(s for s in slots if s is not None)
 
 
-def partition_by_subtask(df: Any, subtask_column: str, parallelism: int) -> Any:
-    """``df`` in ``parallelism`` partitions, partition ``i`` holding the rows whose
-    ``subtask_column`` is ``i`` (values outside ``0..parallelism-1`` are an error)."""
+def _slotted(df: Any, subtask_column: str, parallelism: int) -> Any:
+    """``df`` repartitioned by subtask, keeping the slot column (its partitioning)."""
     from pyspark.sql import functions as F
 
     slots = F.array(*[F.lit(s) for s in subtask_slots(parallelism)])
     # element_at is 1-based and fails on an index out of range (ANSI), as it should.
     slot = F.element_at(slots, F.col(subtask_column) + 1)
-    return df.withColumn(SLOT_COLUMN, slot).repartition(parallelism, SLOT_COLUMN).drop(
-        SLOT_COLUMN)
+    return df.withColumn(SLOT_COLUMN, slot).repartition(parallelism, SLOT_COLUMN)
+
+
+#: Spark settings under which a union keeps its children's partitioning, with the values
+#: it needs (and their defaults): otherwise a placement cannot be used.
+PLACEMENT_SETTINGS = {"spark.sql.unionOutputPartitioning": "true",
+                      "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "false"}
+
+
+def placement_possible(spark: Any) -> bool:
+    """Whether ``spark``'s settings let a union keep its children's partitioning (see
+    :data:`PLACEMENT_SETTINGS`)."""
+    return all(str(spark.conf.get(key, default)).lower() == default
+               for key, default in PLACEMENT_SETTINGS.items())
+
+
+def subtask_markers(spark: Any, subtask_column: str, marker_column: str,
+                    parallelism: int) -> Any:
+    """One row per subtask: ``subtask_column`` and ``marker_column`` (true)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(parallelism).select(
+        F.col("id").cast("int").alias(subtask_column), F.lit(True).alias(marker_column))
+
+
+def subtask_placement(spark: Any, subtask_column: str, marker_column: str,
+                      parallelism: int) -> Any:
+    """The placement of ``parallelism`` subtasks (module docstring): the
+    :func:`subtask_markers`, partitioned like :func:`partition_by_subtask`'s rows, cached
+    (by the first call: a later call, of any session of the application, gets the same
+    cached partitions). ``unpersist()`` it when the subtasks change. Only where
+    :func:`placement_possible`."""
+    from pyspark.storagelevel import StorageLevel
+
+    placement = _slotted(subtask_markers(spark, subtask_column, marker_column, parallelism),
+                         subtask_column, parallelism)
+    # The same rows make the same plan: cached once, found again by later batches.
+    if placement.storageLevel == StorageLevel.NONE:
+        placement = placement.cache()
+    return placement
+
+
+def partition_by_subtask(df: Any, subtask_column: str, parallelism: int,
+                         placement: Any = None) -> Any:
+    """``df`` in ``parallelism`` partitions, partition ``i`` holding the rows whose
+    ``subtask_column`` is ``i`` (values outside ``0..parallelism-1`` are an error).
+
+    ``placement``: a :func:`subtask_placement` of the same parallelism, whose rows (two
+    per subtask) are added to their subtask's partition, and which keeps each partition's
+    task on the host where it ran before (module docstring). The rows then keep
+    :data:`SLOT_COLUMN`: the partitioning refers to it, and a plan that drops it before
+    the partitions are used loses the partitioning (the union would append the
+    placement's partitions instead of adding them partition by partition)."""
+    slotted = _slotted(df, subtask_column, parallelism)
+    if placement is None:
+        return slotted.drop(SLOT_COLUMN)
+    # Twice: the placement's host then outvotes any host the shuffled rows prefer.
+    return slotted.unionByName(placement, allowMissingColumns=True).unionByName(
+        placement, allowMissingColumns=True)

@@ -6,6 +6,8 @@ subtask's state handle (on one row of its own), its Spark partition and its metr
 
 from __future__ import annotations
 
+from ..subtask_partitioning import SLOT_COLUMN
+
 #: The row's state key bytes (``kafka_changelog.keys``, computed by Spark SQL).
 KEY_COLUMN = "__kc_key"
 #: ``pmod(hash(key), max_parallelism)``.
@@ -18,10 +20,11 @@ HANDLE_COLUMN = "__kc_handle"
 PARTITION_COLUMN = "__kc_partition"
 #: The subtask's ``SubtaskMetrics`` as JSON (handle row only).
 METRICS_COLUMN = "__kc_metrics"
-#: True on the driver's one marker row per subtask (never reaches a task: see the driver).
+#: True on the placement's marker rows (never reach a task: see the driver).
 MARKER_COLUMN = "__kc_marker"
-#: What the driver adds to the input rows.
-INPUT_COLUMNS = (SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN)
+#: What the driver adds to the input rows (the slot keeps the rows' partitioning up to
+#: the task: see ``partition_by_subtask``).
+INPUT_COLUMNS = (SUBTASK_COLUMN, KEY_COLUMN, KEY_GROUP_COLUMN, SLOT_COLUMN)
 #: What a task adds to its results, in order.
 RESULT_COLUMNS = (SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN)
 #: ``RESULT_COLUMNS`` as a Spark DDL schema.

@@ -44,7 +44,12 @@ from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch
 from ..streaming_config import StreamingStateConfig
-from ..subtask_partitioning import partition_by_subtask
+from ..subtask_partitioning import (
+    partition_by_subtask,
+    placement_possible,
+    subtask_markers,
+    subtask_placement,
+)
 from .batch_time import (
     batch_context,
     check_event_time_column,
@@ -155,18 +160,42 @@ class StatefulProcessor:
         #: Batches this processor ran (its reports beyond the window included).
         self.batches_run = 0
         self._struct: Any = None
+        #: The subtask placement: (session, parallelism, cached DataFrame).
+        self._placement_of: tuple[Any, int, Any] | None = None
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
             self.listener(event, batch_id)
 
     def close(self) -> None:
-        """Close the Kafka clients this processor opened in the driver process.
+        """Close the Kafka clients this processor opened in the driver process, and drop
+        its subtask placement.
 
         Call it when the query has stopped (the processor works again afterwards,
         reopening them). Spark's Python workers close theirs when Spark stops them.
         """
+        self._drop_placement()
         WorkerResources.release(self.config)
+
+    def _drop_placement(self) -> None:
+        kept, self._placement_of = self._placement_of, None
+        if kept is not None:
+            try:
+                kept[2].unpersist()
+            except Exception as exc:  # a stopped session has nothing cached any more
+                logger.debug("dropping the subtask placement: %s", exc)
+
+    def _placement(self, spark: Any, parallelism: int) -> Any:
+        """The subtask placement at ``parallelism`` (see
+        :mod:`spark_integration.subtask_partitioning`) as a DataFrame of ``spark`` (each
+        micro-batch has a session of its own; the cache is the application's, so every
+        batch's placement reads the same cached partitions); the placement of another
+        parallelism is dropped."""
+        if self._placement_of is not None and self._placement_of[1] != parallelism:
+            self._drop_placement()
+        placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
+        self._placement_of = (spark, parallelism, placement)
+        return placement
 
     def __enter__(self) -> StatefulProcessor:
         return self
@@ -235,17 +264,21 @@ class StatefulProcessor:
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
 
-        # One marker row per subtask, so that every subtask's partition exists and its task
+        # The placement's marker rows (two per subtask) keep each subtask's task on the
+        # host of its store, and make every subtask's partition exist, so that its task
         # runs even when the batch has no rows (Spark drops the tasks of an empty input):
-        # its checkpoint, its due timers and its expired state. The markers are filtered
-        # out after the shuffle, by a condition the optimizer cannot push below it.
-        markers = batch_df.sparkSession.range(p).select(
-            F.col("id").cast("int").alias(SUBTASK_COLUMN), F.lit(True).alias(MARKER_COLUMN))
-        partitioned = partition_by_subtask(
-            # A null key hashes like any value (Spark's hash(null) is its seed); the task
-            # that gets it refuses it, naming the column.
-            keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p,
-        )
+        # its checkpoint, its due timers and its expired state. They are filtered out
+        # after the union, by a condition the optimizer cannot push below it. (A null key
+        # hashes like any value, Spark's hash(null) being its seed; the task that gets it
+        # refuses it, naming the column.)
+        spark = batch_df.sparkSession
+        if placement_possible(spark):
+            partitioned = partition_by_subtask(keyed, SUBTASK_COLUMN, p,
+                                               self._placement(spark, p))
+        else:  # the same rows, shuffled with the batch's: no placement
+            markers = subtask_markers(spark, SUBTASK_COLUMN, MARKER_COLUMN, p)
+            partitioned = partition_by_subtask(
+                keyed.unionByName(markers, allowMissingColumns=True), SUBTASK_COLUMN, p)
         # (spark_partition_id() is not deterministic: the filter stays where it is.)
         unmarked = partitioned.where(
             F.col(MARKER_COLUMN).isNull() | (F.spark_partition_id() < 0)).drop(MARKER_COLUMN)

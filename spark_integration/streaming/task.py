@@ -162,6 +162,12 @@ class SubtaskTask:
         if context is None:
             raise ChangelogError("the stateful task runs outside a Spark task")
         subtask = context.partitionId()
+        if subtask >= self.config.parallelism:
+            raise ChangelogError(
+                f"batch {self.batch_id}: Spark partition {subtask} of a stateful step of "
+                f"parallelism {self.config.parallelism}: the rows lost their partitioning "
+                "on the way to the task (see spark_integration.subtask_partitioning's "
+                "PLACEMENT_SETTINGS)")
         frames = list(batches)
         rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (
             frames[0] if frames else None)

@@ -11,7 +11,12 @@ import pytest
 from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
 from examples.events import events
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
-from spark_integration.subtask_partitioning import partition_by_subtask
+from spark_integration.subtask_partitioning import (
+    SLOT_COLUMN,
+    partition_by_subtask,
+    placement_possible,
+    subtask_placement,
+)
 
 pytestmark = [pytest.mark.spark]
 
@@ -27,6 +32,37 @@ def test_partition_i_holds_exactly_subtask_i(spark: Any, parallelism: int) -> No
     assert len(rows) == 200
     assert {(r["subtask"], r["partition"]) for r in rows} == {
         (i, i) for i in range(parallelism)}
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_with_a_placement_partition_i_holds_subtask_i_and_its_two_markers(
+        spark: Any, parallelism: int) -> None:
+    from pyspark.sql import functions as F
+
+    assert placement_possible(spark)
+    placement = subtask_placement(spark, "subtask", "marker", parallelism)
+    try:
+        df = spark.range(60).select((F.col("id") % parallelism).cast("int").alias("subtask"))
+        parted = partition_by_subtask(df, "subtask", parallelism, placement)
+        # Added partition by partition, not appended: still one partition per subtask.
+        assert parted.rdd.getNumPartitions() == parallelism
+        # (A projection without the slot column would lose the partitioning.)
+        rows = parted.select("subtask", "marker", SLOT_COLUMN,
+                             F.spark_partition_id().alias("p")).collect()
+        assert sorted((r["p"], r["subtask"], bool(r["marker"])) for r in rows) == sorted(
+            [(i % parallelism, i % parallelism, False) for i in range(60)]
+            + [(i, i, True) for i in range(parallelism)] * 2)
+    finally:
+        placement.unpersist()
+
+
+def test_settings_that_lose_a_unions_partitioning_rule_the_placement_out(spark: Any) -> None:
+    spark.conf.set("spark.sql.unionOutputPartitioning", "false")
+    try:
+        assert not placement_possible(spark)
+    finally:
+        spark.conf.unset("spark.sql.unionOutputPartitioning")
+    assert placement_possible(spark)
 
 
 @pytest.mark.broker
