@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from kafka_changelog import (
     KafkaAccessError,
@@ -101,6 +102,15 @@ def test_missing_read_acl_fails_the_restore_with_the_topic_named(
     assert f"lacks the ACL READ on Topic '{topic}'" in str(caught.value)
 
 
+def wait_until_visible(settings: dict[str, Any], topic: str, timeout_s: float = 15) -> None:
+    """Wait until the client of ``settings`` sees ``topic`` in its metadata."""
+    admin = AdminClient(settings)
+    deadline = time.monotonic() + timeout_s
+    while topic not in admin.list_topics(timeout=5).topics:
+        assert time.monotonic() < deadline, f"{topic} not visible within {timeout_s} s"
+        time.sleep(0.2)
+
+
 def test_a_transactional_sink_without_its_transactional_id_acl_is_named(
     secure_kafka_cluster: Any,
 ) -> None:
@@ -114,6 +124,9 @@ def test_a_transactional_sink_without_its_transactional_id_acl_is_named(
     secure_kafka_cluster.grant("bob", "TOPIC", name,
                                ["DESCRIBE", "DESCRIBE_CONFIGS", "READ", "WRITE"])
     settings = dict(secure_kafka_cluster.client_config(user="bob", password=SECURE_USERS["bob"]))
+    # Brokers apply a new ACL a moment later: until bob may describe the topic, it does not
+    # exist for him (and a store would try to create it).
+    wait_until_visible(settings, name)
     config = CheckpointStoreConfig(bootstrap_servers=settings.pop("bootstrap.servers"),
                                    client_config=settings, topic=name, request_timeout_s=10)
     tid = f"tx-{name}"

@@ -88,14 +88,15 @@ def test_a_materialization_older_than_the_sweep_may_keep_is_written_again(
     """A done background job that started more than half the snapshot sweep's grace ago
     may have lost its chunks to a sweep (nothing named them): it is not applied, its
     chunks are tombstoned and its key groups are written by a later materialization."""
-    subtask.config = dataclasses.replace(subtask.config, snapshot_sweep_grace_s=0.4)
     first = subtask.task(1, None, users_in_groups({5, 6}, 4))
     assert first.pending is not None
     result = jobs.list_jobs(subtask.store.directory)[0].result
     assert result is not None
-    time.sleep(0.3)  # older than 0.2 s: half the grace
-
+    time.sleep(0.3)  # older than 0.2 s: half the grace the next task runs with
+    usual = subtask.config
+    subtask.config = dataclasses.replace(usual, snapshot_sweep_grace_s=0.4)
     second = subtask.task(2, 1, users_in_groups({7}, 2), run=False)
+    subtask.config = usual  # the next task applies the second job, however long it took
     assert second.applied == 0
     assert subtask.handles[2].snapshot is None
     live = {key.key for key in subtask.snapshots.live_keys()}
