@@ -1,13 +1,16 @@
 """Throughput of append + persist against a raw producer writing one record per change.
 
 For 100-byte and 10-KB changes, round robin over 128 key groups, a checkpoint
-every 100 ms (checked every few appends in the appending thread, waited for,
+every 100 ms (checked between appends in the appending thread, waited for,
 then truncated), the writer's throughput is compared with a raw confluent-kafka
 ``Producer`` using the same settings (``config.producer()``), producing one record
 per change to the key group's partition, polling regularly and flushing every
-100 ms. Both run against the same broker in the same process, each into a fresh
-topic, alternating, ``--rounds`` times (default 3); the best (fastest) round of
-each counts, the others are kept in the JSON.
+100 ms. The writer appends through ``append_all`` (what the keyed state backend
+calls: ``BULK_CHANGES`` changes a call, the lists built once, as the backend has
+them from encoding its ops) and, beside it, through the per-change ``append``.
+All run against the same broker in the same process, each into a fresh topic,
+alternating, ``--rounds`` times (default 3); the best (fastest) round of each
+counts, the others are kept in the JSON. The target is about ``append_all``.
 
 Run: ``python -m benchmarks.bench_append_persist [--json FILE]`` (``BENCH_SCALE``
 scales the amount of data).
@@ -47,6 +50,10 @@ from kafka_changelog import KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogStorage
 
 CHECKPOINT_INTERVAL_S = 0.1
+#: Changes per ``append_all`` call (a multiple of the 128 key groups: every call the same).
+BULK_CHANGES = 1024
+BULK = "kafka_changelog"
+PER_CHANGE = "kafka_changelog_append"
 #: (payload bytes, changes at BENCH_SCALE=1, appends between clock checks, target, metric)
 CASES: tuple[tuple[int, int, int, float, str], ...] = (
     (100, 1_500_000, 256, 3.0, "changes_per_s"),
@@ -97,27 +104,40 @@ class Run:
         }
 
 
-def run_ours(broker: Broker, size: int, count: int, check_every: int) -> Run:
-    """Append ``count`` changes with a persist + truncate every 100 ms."""
+def run_ours(broker: Broker, size: int, count: int, check_every: int,
+             bulk: bool = True) -> Run:
+    """Append ``count`` changes with a persist + truncate every 100 ms: through
+    ``append_all`` (``bulk``) or one ``append`` per change."""
     config = broker.changelog_config(unique_topic("ours"))
     data = payloads(size)
+    mask = MAX_PARALLELISM - 1
+    bulk_groups = [i & mask for i in range(BULK_CHANGES)]
+    bulk_payloads = [data[kg] for kg in bulk_groups]
     with KafkaChangelogStorage(config) as storage:
         writer = storage.create_writer("bench", KeyGroupRange.of(0, MAX_PARALLELISM - 1))
-        append = writer.append
+        append, append_all = writer.append, writer.append_all
         prev = writer.next_sequence_number()
         checkpoint = 0
         call_s = wait_s = 0.0
-        mask = MAX_PARALLELISM - 1
+        step = BULK_CHANGES if bulk else 1
+        check_every = max(1, check_every // step) * step
         gc.collect()
         foreign = ForeignLoad(broker.pids())
         cpu0 = time.process_time()
         start = last = time.perf_counter()
-        for i in range(count):
-            kg = i & mask
-            append(kg, data[kg])
-            if i % check_every == 0 or i == count - 1:
+        for i in range(0, count, step):
+            if bulk:
+                take = min(step, count - i)
+                if take == step:
+                    append_all(bulk_groups, bulk_payloads)
+                else:
+                    append_all(bulk_groups[:take], bulk_payloads[:take])
+            else:
+                kg = i & mask
+                append(kg, data[kg])
+            if i % check_every == 0 or i + step >= count:
                 now = time.perf_counter()
-                if now - last >= CHECKPOINT_INTERVAL_S or i == count - 1:
+                if now - last >= CHECKPOINT_INTERVAL_S or i + step >= count:
                     checkpoint += 1
                     sqn = writer.next_sequence_number()
                     t0 = time.perf_counter()
@@ -137,8 +157,13 @@ def run_ours(broker: Broker, size: int, count: int, check_every: int) -> Run:
         share = foreign.share()
         writer.close()
     broker.delete_topic(config.topic)
-    return Run("kafka_changelog", size, count, seconds, checkpoint, call_s, wait_s, 0, cpu_s,
-               share)
+    return Run(BULK if bulk else PER_CHANGE, size, count, seconds, checkpoint, call_s, wait_s,
+               0, cpu_s, share)
+
+
+def run_per_change(broker: Broker, size: int, count: int, check_every: int) -> Run:
+    """:func:`run_ours` through one ``append`` call per change."""
+    return run_ours(broker, size, count, check_every, bulk=False)
 
 
 def run_raw(broker: Broker, size: int, count: int, check_every: int) -> Run:
@@ -199,6 +224,7 @@ def run(broker: Broker, rounds: int = 3) -> dict[str, Any]:
         warm = max(2_000, 2_000_000 // size)
         run_raw(broker, size, warm, check_every)
         run_ours(broker, size, warm, check_every)
+        run_per_change(broker, size, warm, check_every)
     for size, base_count, check_every, target, metric in CASES:
         count = int(scaled(base_count, minimum=2_000))
         print(f"\n[append+persist] {size}-byte changes x {count:,} "
@@ -206,7 +232,8 @@ def run(broker: Broker, rounds: int = 3) -> dict[str, Any]:
         runs: list[Run] = []
         for index in range(rounds):
             # Alternate the order so neither side always runs on a warmer broker.
-            order = (run_raw, run_ours) if index % 2 == 0 else (run_ours, run_raw)
+            order = ((run_raw, run_ours, run_per_change) if index % 2 == 0
+                     else (run_ours, run_per_change, run_raw))
             for bench in order:
                 waited = wait_for_quiet(broker.pids())["waited_s"]
                 result = bench(broker, size, count, check_every)
@@ -218,9 +245,11 @@ def run(broker: Broker, rounds: int = 3) -> dict[str, Any]:
                       f"persist/flush, {result.cpu_us_per_change:.1f} CPU us/change, others "
                       f"used {result.foreign_cpu_share:.0%} of the CPUs)",
                       flush=True)
-        ours_runs = [r for r in runs if r.impl == "kafka_changelog"]
+        ours_runs = [r for r in runs if r.impl == BULK]
+        per_change_runs = [r for r in runs if r.impl == PER_CHANGE]
         raw_runs = [r for r in runs if r.impl == "raw_producer"]
         ours = min(ours_runs, key=lambda r: r.seconds)
+        per_change = min(per_change_runs, key=lambda r: r.seconds)
         raw = min(raw_runs, key=lambda r: r.seconds)
         # Same changes and bytes on both sides: the changes/s and MB/s ratios are equal.
         ratio = ours.changes_per_s / raw.changes_per_s
@@ -233,8 +262,10 @@ def run(broker: Broker, rounds: int = 3) -> dict[str, Any]:
             "target_ratio": target,
             "ratio": ratio,
             "median_ratio": median_ratio,
+            "per_change_ratio": per_change.changes_per_s / raw.changes_per_s,
             "verdict": verdict(ratio >= target),
-            "best": {"kafka_changelog": ours.as_dict(), "raw_producer": raw.as_dict()},
+            "best": {BULK: ours.as_dict(), PER_CHANGE: per_change.as_dict(),
+                     "raw_producer": raw.as_dict()},
             "runs": [r.as_dict() for r in runs],
         })
     return {
@@ -250,7 +281,7 @@ def run(broker: Broker, rounds: int = 3) -> dict[str, Any]:
 def report(results: dict[str, Any]) -> str:
     rows = []
     for case in results["cases"]:
-        ours = case["best"]["kafka_changelog"]
+        ours = case["best"][BULK]
         raw = case["best"]["raw_producer"]
         metric = "changes/s" if case["target_metric"] == "changes_per_s" else "MB/s"
         rows.append([
@@ -258,13 +289,15 @@ def report(results: dict[str, Any]) -> str:
             f"{ours['changes_per_s']:,.0f}", f"{ours['mb_per_s']:.1f}",
             f"{raw['changes_per_s']:,.0f}", f"{raw['mb_per_s']:.1f}",
             ratio_text(case["ratio"]), ratio_text(case["median_ratio"]),
+            ratio_text(case["per_change_ratio"]),
             f"{ours['cpu_us_per_change']:.1f} / {raw['cpu_us_per_change']:.1f}",
             f"{ours['foreign_cpu_share']:.0%} / {raw['foreign_cpu_share']:.0%}",
             f">= {case['target_ratio']}x {metric}", case["verdict"],
         ])
     return table(
         ["change", "ours chg/s", "ours MB/s", "raw chg/s", "raw MB/s", "ratio",
-         "median ratio", "CPU us/chg ours / raw", "others' CPU", "target", "result"],
+         "median ratio", "append() ratio", "CPU us/chg ours / raw", "others' CPU", "target",
+         "result"],
         rows,
     )
 
@@ -277,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     with kafka_broker() as broker:
         results = run(broker, rounds=args.rounds)
         results["machine"] = machine_info()
-    print("\nappend+persist throughput (best round of each side; ratio = ours / raw, the "
-          "same for changes/s and MB/s; MB = 10^6 payload bytes)")
+    print("\nappend+persist throughput (best round of each side; ratio = ours through "
+          "append_all / raw, the same for changes/s and MB/s; append() ratio: one append "
+          "call per change / raw; MB = 10^6 payload bytes)")
     print(report(results))
     if args.json:
         write_json(args.json, results)

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from functools import partial
 from typing import Generic, TypeVar
 
-from .change import StateChange, new_unchecked
+from .change import META_KEY_GROUP
 from .change_set import ChangeSet
 from .errors import (
     PersistError,
@@ -61,7 +61,9 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
         # that completes at once calls back while persist still holds the lock.
         self._lock = threading.RLock()
         self._active_sqn = SequenceNumber.initial()
-        self._active: list[StateChange] = []
+        # The active set as two columns (see ChangeSet): appending extends two lists.
+        self._active_key_groups: list[int] = []
+        self._active_payloads: list[bytes] = []
         self._active_bytes = 0
         self._pending: dict[SequenceNumber, ChangeSet] = {}
         self._pending_bytes = 0
@@ -109,7 +111,8 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             check_change(key_groups, self._log_id, key_group, payload)
         if self._closed:
             raise WriterClosedError(self._log_id, "append")
-        self._active.append(new_unchecked(StateChange, (key_group, payload)))
+        self._active_key_groups.append(key_group)
+        self._active_payloads.append(payload)
         self._active_bytes += len(payload)
         if self._threshold is not None and (
             self._active_bytes + self._pending_bytes >= self._threshold
@@ -117,8 +120,8 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             self._persist_preemptively()
 
     def append_all(self, key_groups: Sequence[int], payloads: Sequence[bytes]) -> None:
-        # Checked first (bad input adds nothing), then added a slice at a time: one C-level
-        # extend per slice instead of a call per change, and the preemptive-persist
+        # Checked first (bad input adds nothing), then added a slice at a time: two C-level
+        # extends per slice instead of a call per change, and the preemptive-persist
         # threshold still looked at every slice, so memory stays bounded.
         self._check_open("append")
         if len(key_groups) != len(payloads):
@@ -132,12 +135,12 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
                     type(p) is not bytes for p in payloads):
             for key_group, payload in zip(key_groups, payloads, strict=True):
                 check_change(key_group_range, self._log_id, key_group, payload)
-        make = partial(new_unchecked, StateChange)
         for start in range(0, len(payloads), _APPEND_SLICE):
             stop = start + _APPEND_SLICE
             some = payloads[start:stop]
-            # Not a local: a preemptive persist rolls the active set over to a new list.
-            self._active.extend(map(make, zip(key_groups[start:stop], some, strict=True)))
+            # Not locals: a preemptive persist rolls the active set over to new lists.
+            self._active_key_groups.extend(key_groups[start:stop])
+            self._active_payloads.extend(some)
             self._active_bytes += sum(map(len, some))
             if self._threshold is not None and (
                 self._active_bytes + self._pending_bytes >= self._threshold
@@ -146,8 +149,10 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
 
     def append_meta(self, payload: bytes) -> None:
         self._check_open("append")
-        change = StateChange.meta(payload)
-        self._active.append(change)
+        if type(payload) is not bytes:
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        self._active_key_groups.append(META_KEY_GROUP)
+        self._active_payloads.append(payload)
         self._active_bytes += len(payload)
 
     def initial_sequence_number(self) -> SequenceNumber:
@@ -193,8 +198,7 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
         with self._lock:
             self._drop(lambda sqn: sqn >= from_sqn)
             if self._active_sqn >= from_sqn:
-                self._active.clear()
-                self._active_bytes = 0
+                self._clear_active()
         self._registry.release(self._log_id, from_sqn, None, WRITER_HOLD)
         self.close()
 
@@ -203,8 +207,7 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             if self._closed:
                 return
             self._closed = True
-            self._active.clear()
-            self._active_bytes = 0
+            self._clear_active()
             self._drop(lambda sqn: True)
         # What was persisted but never confirmed is nobody's any more.
         self._registry.release(self._log_id, None, None, WRITER_HOLD)
@@ -223,14 +226,20 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
             self._start_upload(list(self._pending))
 
     def _rollover(self) -> None:
-        if not self._active:
+        if not self._active_payloads:
             return
-        change_set = ChangeSet(self._active_sqn, tuple(self._active), self._active_bytes)
+        change_set = ChangeSet(self._active_sqn, self._active_key_groups,
+                               self._active_payloads, self._active_bytes)
         self._pending[self._active_sqn] = change_set
         self._pending_bytes += self._active_bytes
-        self._active = []
+        self._active_key_groups, self._active_payloads = [], []
         self._active_bytes = 0
         self._active_sqn = self._active_sqn.next()
+
+    def _clear_active(self) -> None:
+        self._active_key_groups.clear()
+        self._active_payloads.clear()
+        self._active_bytes = 0
 
     def _drop(self, doomed: Callable[[SequenceNumber], bool]) -> None:
         for sqn in [s for s in self._pending if doomed(s)]:

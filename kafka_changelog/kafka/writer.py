@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+import pyarrow as pa
 
 from ..buffering_writer import BufferingChangelogWriter
 from ..change import META_KEY_GROUP
@@ -14,7 +18,7 @@ from ..registry import ChangelogRegistry
 from ..sequence import SequenceNumber
 from .handle import KafkaChangelogHandle, PartitionRange
 from .producer import DeliveryCallback, SharedProducer
-from .record_format import RawChange, split_into_records
+from .record_format import ChangeColumns, encode_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,45 +90,59 @@ class KafkaChangelogWriter(BufferingChangelogWriter[KafkaChangelogHandle, KafkaL
         self._max_record_bytes = max_record_bytes
         first = key_group_range.start if not key_group_range.is_empty else 0
         self._meta_partition = partition_for_key_group(first, partitions, max_parallelism)
-        self._partition_of = {
-            kg: partition_for_key_group(kg, partitions, max_parallelism)
-            for kg in key_group_range
-        }
+        # Partition of key group kg at [kg + 1]; [0] is the meta changes' partition.
+        self._partition_lookup = np.array(
+            [self._meta_partition, *(partition_for_key_group(kg, partitions, max_parallelism)
+                                     for kg in range(max_parallelism))],
+            np.int16 if partitions < 2**15 else np.int32)
 
     def _upload(self, change_sets: Sequence[ChangeSet]) -> list[Future[KafkaLocation]]:
-        by_partition: dict[int, list[RawChange]] = {}
+        # Column by column (see record_format.encode_records): the changes of all sets
+        # in partition order, each partition's slice in the logged order.
         trackers: dict[int, _SetTracker] = {}
-        partition_of, meta_partition = self._partition_of, self._meta_partition
+        sqn_parts, index_parts, group_parts = [], [], []
         for change_set in change_sets:
+            size = len(change_set)
+            groups = np.asarray(change_set.key_groups, np.int64)
             sqn = change_set.sequence_number.value
-            has_meta = False
-            for index, (key_group, payload) in enumerate(change_set.changes):
-                if key_group == META_KEY_GROUP:
-                    partition = meta_partition
-                    has_meta = True
-                else:
-                    partition = partition_of[key_group]
-                bucket = by_partition.get(partition)
-                if bucket is None:
-                    bucket = by_partition[partition] = []
-                bucket.append((sqn, index, key_group, payload))
+            sqn_parts.append(np.full(size, sqn, np.int64))
+            index_parts.append(np.arange(size, dtype=np.int64))
+            group_parts.append(groups)
             future: Future[KafkaLocation] = Future()
             future.set_running_or_notify_cancel()
-            trackers[sqn] = _SetTracker(future, has_meta)
-
-        planned = [
-            (partition, record, record.members)
-            for partition in sorted(by_partition)
-            for record in split_into_records(
-                self.log_id, by_partition[partition], self._max_record_bytes)
-        ]
-        for _, _, members in planned:
-            for sqn in members:
+            trackers[sqn] = _SetTracker(future, bool((groups == META_KEY_GROUP).any()))
+        key_groups = np.concatenate(group_parts)
+        partitions = self._partition_lookup[key_groups + 1]
+        sequence_numbers = np.concatenate(sqn_parts)
+        indexes = np.concatenate(index_parts)
+        payload_list = (change_sets[0].payloads if len(change_sets) == 1 else
+                        list(chain.from_iterable(cs.payloads for cs in change_sets)))
+        if len(partitions) > 1 and (np.diff(partitions) < 0).any():
+            # Small ints: a radix sort. Stable, so each partition keeps the logged order.
+            # The payloads are reordered as a list: cheaper than moving their bytes.
+            order = np.argsort(partitions, kind="stable")
+            payload_list = [payload_list[i] for i in order.tolist()]
+            sequence_numbers, indexes = sequence_numbers[order], indexes[order]
+            key_groups, partitions = key_groups[order], partitions[order]
+        payloads = pa.array(payload_list, pa.large_binary())
+        bounds = np.flatnonzero(np.diff(partitions)) + 1
+        planned = []
+        for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(partitions)],
+                               strict=True):
+            columns = ChangeColumns(
+                sequence_numbers[start:stop], indexes[start:stop], key_groups[start:stop],
+                payloads.slice(start, stop - start))
+            partition = int(partitions[start])
+            planned += [(partition, record) for record in encode_records(
+                self.log_id, columns, self._max_record_bytes)]
+        for _, record in planned:
+            for sqn in record.members:
                 trackers[sqn].remaining += 1
-        for partition, record, members in planned:
+        for partition, record in planned:
             self._producer.produce(
                 self._topic, partition, record,
-                self._on_record_done(partition, len(record.value), [trackers[s] for s in members]),
+                self._on_record_done(partition, len(record.value),
+                                     [trackers[s] for s in record.members]),
             )
         return [trackers[cs.sequence_number.value].future for cs in change_sets]
 

@@ -56,7 +56,7 @@ class InMemoryChangelogHandle(ChangelogHandle):
             return None
         narrowed = [cs.restricted_to(overlap) for cs in self._change_sets]
         return InMemoryChangelogHandle(
-            self._log_id, overlap, [cs for cs in narrowed if cs.changes], self._checkpoint_id
+            self._log_id, overlap, [cs for cs in narrowed if len(cs)], self._checkpoint_id
         )
 
     def _to_record(self) -> dict[str, Any]:
@@ -69,7 +69,8 @@ class InMemoryChangelogHandle(ChangelogHandle):
                 {
                     "sequence_number": cs.sequence_number.value,
                     "changes": [
-                        {"key_group": c.key_group, "payload": c.payload} for c in cs.changes
+                        {"key_group": kg, "payload": payload}
+                        for kg, payload in zip(cs.key_groups, cs.payloads, strict=True)
                     ],
                 }
                 for cs in self._change_sets
@@ -79,9 +80,9 @@ class InMemoryChangelogHandle(ChangelogHandle):
     @classmethod
     def _from_record(cls, record: dict[str, Any], format_version: int) -> InMemoryChangelogHandle:
         change_sets = [
-            ChangeSet(
+            ChangeSet.of(
                 SequenceNumber(cs["sequence_number"]),
-                tuple(StateChange(c["key_group"], c["payload"]) for c in cs["changes"]),
+                (StateChange(c["key_group"], c["payload"]) for c in cs["changes"]),
             )
             for cs in record["change_sets"]
         ]

@@ -62,9 +62,9 @@ class TestChangeSet:
         from kafka_changelog.memory import InMemoryChangelogStorage
 
         changes = (StateChange(0, b"abc"), StateChange.meta(b"de"), StateChange(3, b""))
-        counted = ChangeSet(SequenceNumber(1), changes)
+        counted = ChangeSet.of(SequenceNumber(1), changes)
         assert counted.size_bytes == 5
-        assert counted == ChangeSet(SequenceNumber(1), changes, 5)
+        assert counted == ChangeSet(SequenceNumber(1), [0, -1, 3], [b"abc", b"de", b""], 5)
         assert counted.restricted_to(KeyGroupRange.of(1, 3)).size_bytes == 2
         # What a writer hands over: its count of the bytes as appended.
         storage = InMemoryChangelogStorage()

@@ -21,7 +21,7 @@ from kafka_changelog import (
 )
 from kafka_changelog.errors import ChangelogError, RecordDecodeError, TopicConfigError
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage, PartitionRange
-from kafka_changelog.kafka.record_format import encode_value
+from kafka_changelog.kafka.record_format import empty_value
 from kafka_changelog.keygroups import key_groups_of_partition, partition_for_key_group
 
 from .kafka_helpers import changes_of, storage_config
@@ -261,7 +261,7 @@ def test_a_range_past_the_log_end_says_records_were_lost(
 ) -> None:
     config = storage_config(kafka_cluster, partitions=1)
     with KafkaChangelogStorage(config):
-        offset = _produce_raw(config, kafka_cluster, b"log-y", encode_value("log-y", []),
+        offset = _produce_raw(config, kafka_cluster, b"log-y", empty_value("log-y"),
                               [("kc.schema", b"change_batch/1")])
     assert offset == 0
     handle = KafkaChangelogHandle(

@@ -14,9 +14,8 @@ from hypothesis import strategies as st
 from kafka_changelog.kafka.record_format import (
     UnknownSchemaError,
     check_schema_header,
-    encode_record,
-    encode_value,
-    split_into_records,
+    empty_value,
+    encode_changes,
 )
 from tests.record_helpers import LoggedChange, decode_record
 
@@ -38,15 +37,21 @@ def test_encoder_matches_avro(log_id: str, batch: list[LoggedChange]) -> None:
     fastavro.schemaless_writer(expected, SCHEMA, {"log_id": log_id, "changes": [
         {"sequence_number": c.sequence_number, "index": c.position, "key_group": c.key_group,
          "payload": c.payload} for c in batch]})
-    assert encode_value(log_id, batch) == expected.getvalue()
-    assert decode_record(encode_value(log_id, batch)) == (log_id, batch)
+    if not batch:
+        assert empty_value(log_id) == expected.getvalue()
+        assert decode_record(empty_value(log_id)) == (log_id, [])
+        assert encode_changes(log_id, batch) == []
+        return
+    [record] = encode_changes(log_id, batch)
+    assert bytes(record.value) == expected.getvalue()
+    assert decode_record(bytes(record.value)) == (log_id, batch)
 
 
 def test_records_stay_below_the_bound_and_describe_themselves() -> None:
     batch = [LoggedChange(7 + i // 10, i % 10, i % 4, b"x" * 100) for i in range(100)]
-    records = list(split_into_records("log-a", batch, 1024))
+    records = encode_changes("log-a", batch, 1024)
     assert all(len(r.value) <= 1024 for r in records)
-    assert [c for r in records for c in decode_record(r.value)[1]] == batch
+    assert [c for r in records for c in decode_record(bytes(r.value))[1]] == batch
     first = records[0]
     headers = dict(first.headers)
     assert headers["kc.log_id"] == b"log-a"
@@ -54,7 +59,7 @@ def test_records_stay_below_the_bound_and_describe_themselves() -> None:
     assert headers["kc.key_groups"] == b"0-3"
     assert headers["kc.schema"] == b"change_batch/1"
     assert first.members == (7,)
-    meta_only = encode_record("log-a", [LoggedChange(1, 0, -1, b"m")])
+    [meta_only] = encode_changes("log-a", [LoggedChange(1, 0, -1, b"m")])
     assert dict(meta_only.headers)["kc.key_groups"] == b"-1--1"
 
 

@@ -33,7 +33,7 @@ from kafka_changelog import (
     RecordDecodeError,
 )
 from kafka_changelog.kafka import KafkaChangelogConfig
-from kafka_changelog.kafka.record_format import EncodedRecord, encode_record
+from kafka_changelog.kafka.record_format import EncodedRecord, encode_changes
 from kafka_changelog.keygroups import partition_for_key_group
 from kafka_changelog.local_kafka.process import die_with_parent
 from kafka_changelog.state.checkpoint import SubtaskState
@@ -402,9 +402,9 @@ def test_a_slice_reads_like_a_handle_and_names_bad_offsets(
     topic = make_topic(1)
     settings = dict(kafka_cluster.client_config())
     producer = Producer(settings)
-    mine = encode_record("w-1", [(4, 0, 5, b"a"), (4, 1, 9, b"b"), (5, 0, -1, b"m"),
-                                 (7, 0, 5, b"late")])
-    other = encode_record("w-2", [(4, 0, 5, b"x")])
+    [mine] = encode_changes("w-1", [(4, 0, 5, b"a"), (4, 1, 9, b"b"), (5, 0, -1, b"m"),
+                                    (7, 0, 5, b"late")])
+    [other] = encode_changes("w-2", [(4, 0, 5, b"x")])
     for record in (mine, other):
         producer.produce(topic, record.value, record.key, 0, headers=_headers(record))
     producer.produce(topic, b"\xff\xff", b"w-1", 0, headers=_headers(mine))

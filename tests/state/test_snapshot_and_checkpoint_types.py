@@ -238,7 +238,7 @@ class TestInMemorySnapshotStore:
 def memory_changelog(kgs: range) -> InMemoryChangelogHandle:
     changes = (*(StateChange(kg, bytes([kg])) for kg in kgs), StateChange.meta(b"m"))
     return InMemoryChangelogHandle("log-1", R(kgs.start, kgs.stop - 1),
-                                   [ChangeSet(SequenceNumber(3), changes)], checkpoint_id=7)
+                                   [ChangeSet.of(SequenceNumber(3), changes)], checkpoint_id=7)
 
 
 FIRST_HALF = R(0, 7)
