@@ -3,7 +3,8 @@
 For 100-byte and 10-KB changes, round robin over 128 key groups, a checkpoint
 every 100 ms (checked between appends in the appending thread, waited for,
 then truncated), the writer's throughput is compared with a raw confluent-kafka
-``Producer`` using the same settings (``config.producer()``), producing one record
+``Producer`` with the storage's settings but a 5 ms linger (its best:
+``Broker.raw_producer_settings``), producing one record
 per change to the key group's partition, polling regularly and flushing every
 100 ms. The writer appends through ``append_all`` (what the keyed state backend
 calls: ``BULK_CHANGES`` changes a call, the lists built once, as the backend has
@@ -169,12 +170,11 @@ def run_per_change(broker: Broker, size: int, count: int, check_every: int) -> R
 def run_raw(broker: Broker, size: int, count: int, check_every: int) -> Run:
     """Produce ``count`` records (one per change) with the storage's producer settings."""
     topic = broker.create_topic(unique_topic("raw"))
-    config = broker.changelog_config(topic)
     data = payloads(size)
     keys = [kg.to_bytes(2, "big") for kg in range(MAX_PARALLELISM)]
     partition_of = [kg * PARTITIONS // MAX_PARALLELISM for kg in range(MAX_PARALLELISM)]
     errors: list[KafkaError] = []
-    producer = Producer({**config.producer(), "error_cb": errors.append})
+    producer = Producer({**broker.raw_producer_settings(topic), "error_cb": errors.append})
     produce = producer.produce
     checkpoint = 0
     flush_s = 0.0

@@ -196,12 +196,11 @@ def run_ours(broker: Broker, duration: float) -> PacedRun:
 
 def run_raw(broker: Broker, duration: float) -> PacedRun:
     topic = broker.create_topic(unique_topic("latency-raw"))
-    config = broker.changelog_config(topic)
     data = payloads(PAYLOAD_BYTES)
     keys = [kg.to_bytes(2, "big") for kg in range(MAX_PARALLELISM)]
     partition_of = [kg * PARTITIONS // MAX_PARALLELISM for kg in range(MAX_PARALLELISM)]
     errors: list[KafkaError] = []
-    producer = Producer({**config.producer(), "error_cb": errors.append})
+    producer = Producer({**broker.raw_producer_settings(topic), "error_cb": errors.append})
     produce = producer.produce
     mask = MAX_PARALLELISM - 1
 

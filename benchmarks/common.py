@@ -72,6 +72,10 @@ def unique_topic(name: str) -> str:
     return f"bench-{name}-{uuid.uuid4().hex[:8]}"
 
 
+#: ``linger.ms`` of the raw producer baselines (see :meth:`Broker.raw_producer_settings`).
+RAW_LINGER_MS = 5.0
+
+
 @dataclass
 class Broker:
     """Where the benchmarks connect: a local single-node cluster or an external broker."""
@@ -107,19 +111,29 @@ class Broker:
         return name
 
     def changelog_config(self, topic: str, **fields: Any) -> KafkaChangelogConfig:
-        """A storage config for ``topic`` on this broker (``fields`` override defaults)."""
+        """A storage config for ``topic`` on this broker (``fields`` override defaults):
+        the library's producer settings, lz4 and the benchmarks' partitions."""
         self.topics.append(topic)
+        return self._config(topic, **fields)
+
+    def _config(self, topic: str, **fields: Any) -> KafkaChangelogConfig:
         settings: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap_servers,
             "topic": topic,
             "partitions": PARTITIONS,
             "max_parallelism": MAX_PARALLELISM,
             "compression": "lz4",
-            "linger_ms": 5.0,
             "client_config": dict(self.client_config),
         }
         settings.update(fields)
         return KafkaChangelogConfig(**settings)
+
+    def raw_producer_settings(self, topic: str) -> dict[str, Any]:
+        """librdkafka settings of a raw producer baseline for ``topic``: the storage's
+        (``acks=all``, idempotence, lz4, record sizes) with ``linger.ms`` at
+        ``RAW_LINGER_MS``, the raw producer's best: it sends one record per change, so
+        it needs the linger to batch them (the storage's records are batches already)."""
+        return {**self._config(topic).producer(), "linger.ms": RAW_LINGER_MS}
 
     def record_count(self, topic: str) -> int:
         """Sum of the high watermarks of ``topic`` (records ever written to it)."""

@@ -9,49 +9,15 @@ joined gives (tested), at a few nanoseconds per value instead of a Python call e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 Int64s = npt.NDArray[np.int64]
 
-#: Zig-zag values below this take at most two bytes and come from a table.
-_TABLE_LIMIT = 1 << 14
-_table_values = np.arange(_TABLE_LIMIT, dtype=np.uint32)
-#: ``_TWO_BYTES[z]``: the (up to) two varint bytes of zig-zag value ``z``; second byte
-#: only meaningful where ``_HAS_SECOND[z]``.
-_TWO_BYTES = np.stack(
-    [(_table_values & 0x7F) | np.where(_table_values >= 0x80, 0x80, 0), _table_values >> 7],
-    axis=1,
-).astype(np.uint8)
-_HAS_SECOND = np.stack([np.ones(_TABLE_LIMIT, bool), _table_values >= 0x80], axis=1)
-
-
 def _zigzag(values: Int64s) -> npt.NDArray[np.uint64]:
     return ((values << 1) ^ (values >> 63)).view(np.uint64)
-
-
-def _column_bytes(values: Int64s) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """``(bytes, used)``, both ``(rows, width)``: row ``i``'s varint is ``bytes[i][used[i]]``."""
-    rows = len(values)
-    zigzag = _zigzag(values)
-    low, high = int(zigzag.min()), int(zigzag.max())
-    width = max(1, (high.bit_length() + 6) // 7)
-    if low == high:  # one value repeated (a change set's sequence number): encode it once
-        pattern = np.array(
-            [((high >> (7 * j)) & 0x7F) | (0x80 if j < width - 1 else 0) for j in range(width)],
-            np.uint8)
-        return np.broadcast_to(pattern, (rows, width)), np.ones((rows, width), bool)
-    if high < _TABLE_LIMIT:
-        return _TWO_BYTES[zigzag], _HAS_SECOND[zigzag]
-    shifted = zigzag[:, None] >> (np.arange(width, dtype=np.uint64) * np.uint64(7))
-    out = (shifted & np.uint64(0x7F)).astype(np.uint8)
-    more = shifted[:, 1:] != 0  # byte j+1 exists: set the continuation bit of byte j
-    out[:, :-1] |= more.view(np.uint8) << 7
-    used = np.empty((rows, width), bool)
-    used[:, 0] = True
-    used[:, 1:] = more
-    return out, used
 
 
 def varint_rows(columns: Sequence[Int64s]) -> tuple[bytes, npt.NDArray[np.int64]]:
@@ -64,8 +30,37 @@ def varint_rows(columns: Sequence[Int64s]) -> tuple[bytes, npt.NDArray[np.int64]
     offsets = np.zeros(rows + 1, np.int64)
     if rows == 0:
         return b"", offsets
-    parts = [_column_bytes(np.asarray(column, np.int64)) for column in columns]
-    data = np.concatenate([p[0] for p in parts], axis=1)
-    used = np.concatenate([p[1] for p in parts], axis=1)
-    np.cumsum(used.sum(axis=1), out=offsets[1:])
-    return data[used].tobytes(), offsets
+    zigzags = [_zigzag(np.asarray(column, np.int64)) for column in columns]
+    highs = [int(z.max()) for z in zigzags]
+    widths = [max(1, (high.bit_length() + 6) // 7) for high in highs]
+    # Byte planes: plane p holds, for every row, one byte position of one column's varint
+    # (contiguous per plane, so each step is one pass over the rows); ``used`` says which
+    # rows' varints reach that byte.
+    planes = np.empty((sum(widths), rows), np.uint8)
+    used = np.ones((sum(widths), rows), bool)
+    lengths = np.zeros(rows, np.int64)
+    plane = 0
+    for zigzag, high, width in zip(zigzags, highs, widths, strict=True):
+        if width == 1:
+            planes[plane] = zigzag
+        elif int(zigzag.min()) == high:  # one value (a change set's sequence number)
+            for j in range(width):
+                planes[plane + j] = ((high >> (7 * j)) & 0x7F) | (0x80 if j < width - 1 else 0)
+            lengths += width - 1
+        else:
+            rest: npt.NDArray[Any] = (
+                zigzag.astype(np.uint32) if high < 2**32 else zigzag)
+            for j in range(width):
+                rest_next = rest >> 7
+                more = rest_next != 0  # another byte follows: set the continuation bit
+                planes[plane + j] = (rest & 0x7F) | (more.view(np.uint8) << 7)
+                if j + 1 < width:
+                    used[plane + j + 1] = more
+                    lengths += more
+                rest = rest_next
+        plane += width
+    lengths += len(columns)
+    np.cumsum(lengths, out=offsets[1:])
+    # Row-major order: each row's bytes, column after column.
+    data = np.ascontiguousarray(planes.T)[np.ascontiguousarray(used.T)]
+    return data.tobytes(), offsets

@@ -48,8 +48,10 @@ class KafkaChangelogConfig(KafkaConnection):
     max_record_bytes: int = 900 * 1024
     #: Producer compression: ``none``, ``lz4``, ``zstd``, ``snappy`` or ``gzip``.
     compression: str = "lz4"
-    #: Producer ``linger.ms``: how long the shared producer waits to batch records.
-    linger_ms: float = 1.0
+    #: Producer ``linger.ms``: how long the shared producer waits to batch records. 0: a
+    #: persist's records go out at once (each is a batch of changes already; a linger
+    #: would only delay every persist by it).
+    linger_ms: float = 0.0
     #: Producer ``delivery.timeout.ms``: a persist fails after this long without acks.
     delivery_timeout_ms: int = 120_000
 

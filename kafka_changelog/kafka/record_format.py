@@ -95,28 +95,22 @@ class ChangeColumns:
 _NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
 
 
-def _sparse_column(rows: int, at: Sequence[int], values: Sequence[bytes]) -> pa.Array:
-    """A ``large_binary`` column of ``rows`` rows: ``values[k]`` in row ``at[k]``, empty
-    elsewhere."""
-    lengths = np.zeros(rows, np.int64)
-    lengths[list(at)] = [len(v) for v in values]
-    offsets = np.zeros(rows + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.Array.from_buffers(
-        pa.large_binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
-
-
 def encode_records(
-    log_id: str, columns: ChangeColumns, max_record_bytes: int
-) -> list[EncodedRecord]:
-    """Records of ``columns`` in order, each at most ``max_record_bytes`` (counting
-    ``CHANGE_OVERHEAD_BYTES`` per change; a larger single change gets a record of its own).
+    log_id: str, columns: ChangeColumns, max_record_bytes: int, breaks: Sequence[int] = ()
+) -> list[tuple[int, EncodedRecord]]:
+    """Records of ``columns`` in order, each with the row it starts at.
 
-    Values are byte-identical to fastavro's ``ChangeBatch`` encoding (tested). Column by
-    column, without a Python object per change: NumPy encodes the per-change headers (four
-    Avro longs), and one Arrow join lays out every record's bytes in one buffer (each
-    record's start, then change header and payload after header and payload, then its
-    end), so a record's value is a slice of that buffer.
+    A record holds at most ``max_record_bytes`` (counting ``CHANGE_OVERHEAD_BYTES`` per
+    change; a larger single change gets a record of its own) and never spans a row of
+    ``breaks`` and the row before it (the writer breaks at each partition's first row).
+    Values are byte-identical to fastavro's ``ChangeBatch`` encoding (tested).
+
+    Column by column, without a Python object per change: NumPy encodes the per-change
+    headers (four Avro longs), and one Arrow join of headers and payloads lays out every
+    record's bytes in one buffer, so a record's value is a slice of it. Record framing
+    rides in the headers: the header of a record's first change starts with the end of
+    the record before (a 0 byte) and the start of its own (log id, change count). Only
+    the last record's end is added apart, by copying that one record.
     """
     count = len(columns)
     if count == 0:
@@ -124,48 +118,70 @@ def encode_records(
     sizes = columns.payload_sizes()
     sequence_numbers, key_groups = columns.sequence_numbers, columns.key_groups
     ends = np.cumsum(sizes + CHANGE_OVERHEAD_BYTES)
+    forced = sorted({b for b in breaks if 0 < b < count})
     starts: list[int] = []
     start = 0
-    while start < count:
-        starts.append(start)
-        budget = (int(ends[start - 1]) if start else 0) + max_record_bytes
-        start = max(start + 1, int(np.searchsorted(ends, budget, side="right")))
+    for limit in [*forced, count]:
+        while start < limit:
+            starts.append(start)
+            budget = (int(ends[start - 1]) if start else 0) + max_record_bytes
+            stop = int(np.searchsorted(ends, budget, side="right"))
+            start = min(limit, max(start + 1, stop))
     stops = [*starts[1:], count]
     name = log_id.encode()
     name_part = varint(len(name)) + name
     header_data, header_offsets = varint_rows(
         [sequence_numbers, columns.indexes, key_groups, sizes])
+    framing = [(b"\x00" if k else b"") + name_part + varint(stop - first)
+               for k, (first, stop) in enumerate(zip(starts, stops, strict=True))]
+    framing_lengths = np.array([len(f) for f in framing], np.int64)
+    header_starts = header_offsets[starts]
+    framed_data = np.insert(np.frombuffer(header_data, np.uint8),
+                            np.repeat(header_starts, framing_lengths),
+                            np.frombuffer(b"".join(framing), np.uint8))
+    inserted = np.zeros(count + 1, np.int64)
+    inserted[starts] = framing_lengths
+    framed_offsets = header_offsets + np.cumsum(inserted) - inserted
+    framed_offsets[count] = len(framed_data)
     joined = pc.binary_join_element_wise(
-        _sparse_column(count, starts,
-                       [name_part + varint(stop - first) for first, stop in zip(
-                           starts, stops, strict=True)]),
         pa.Array.from_buffers(pa.large_binary(), count,
-                              [None, pa.py_buffer(header_offsets), pa.py_buffer(header_data)]),
-        columns.payloads,
-        _sparse_column(count, [stop - 1 for stop in stops], [b"\x00"] * len(stops)),
-        _NO_SEPARATOR,
-    )
+                              [None, pa.py_buffer(framed_offsets), pa.py_buffer(framed_data)]),
+        columns.payloads, _NO_SEPARATOR)
     offsets = np.frombuffer(joined.buffers()[1], np.int64, count + 1, joined.offset * 8)
     data = joined.buffers()[2]
+    # Per record: the first and last sequence number, the span of non-meta key groups.
+    first_sqns = sequence_numbers[starts].tolist()
+    last_sqns = sequence_numbers[[stop - 1 for stop in stops]].tolist()
+    is_meta = key_groups == META_KEY_GROUP
+    low_groups = np.minimum.reduceat(np.where(is_meta, np.iinfo(np.int64).max, key_groups),
+                                     starts).tolist()
+    high_groups = np.maximum.reduceat(key_groups, starts).tolist()
+    # A record from just after the 0 byte closing the one before (its first change's
+    # header starts with it) to just after the 0 byte its successor starts with.
+    byte_starts = (offsets[starts] + (np.arange(len(starts)) > 0)).tolist()
+    byte_stops = (offsets[stops] + 1).tolist()
+    last = data[byte_starts[-1]:int(offsets[count])]
     records = []
-    for first, stop in zip(starts, stops, strict=True):
-        groups = key_groups[first:stop]
-        groups = groups[groups != META_KEY_GROUP]
-        group_span = ((int(groups.min()), int(groups.max())) if len(groups)
+    for k, (first, stop) in enumerate(zip(starts, stops, strict=True)):
+        group_span = ((low_groups[k], high_groups[k]) if high_groups[k] != META_KEY_GROUP
                       else (META_KEY_GROUP, META_KEY_GROUP))
-        sqn_span = (int(sequence_numbers[first]), int(sequence_numbers[stop - 1]))
-        records.append(EncodedRecord(
-            name, data[int(offsets[first]):int(offsets[stop])],
-            record_headers(log_id, sqn_span, group_span), sqn_span, group_span,
-            tuple(np.unique(sequence_numbers[first:stop]).tolist())))
+        sqn_span = (first_sqns[k], last_sqns[k])
+        members = ((sqn_span[0],) if sqn_span[0] == sqn_span[1] else
+                   tuple(np.unique(sequence_numbers[first:stop]).tolist()))
+        value = (data[byte_starts[k]:byte_stops[k]] if stop < count
+                 else b"".join((last, b"\x00")))
+        records.append((first, EncodedRecord(
+            name, value,
+            record_headers(log_id, sqn_span, group_span), sqn_span, group_span, members)))
     return records
 
 
 def encode_changes(
     log_id: str, changes: Sequence[RawChange], max_record_bytes: int = 2**62
 ) -> list[EncodedRecord]:
-    """:func:`encode_records` of ``changes`` (one record unless they exceed the bound)."""
-    return encode_records(log_id, ChangeColumns.of(changes), max_record_bytes)
+    """The records of ``changes`` (one unless they exceed the bound): tools and tests."""
+    return [record for _, record in encode_records(
+        log_id, ChangeColumns.of(changes), max_record_bytes)]
 
 
 def empty_value(log_id: str) -> bytes:

@@ -125,16 +125,13 @@ class KafkaChangelogWriter(BufferingChangelogWriter[KafkaChangelogHandle, KafkaL
             sequence_numbers, indexes = sequence_numbers[order], indexes[order]
             key_groups, partitions = key_groups[order], partitions[order]
         payloads = pa.array(payload_list, pa.large_binary())
-        bounds = np.flatnonzero(np.diff(partitions)) + 1
-        planned = []
-        for start, stop in zip([0, *bounds.tolist()], [*bounds.tolist(), len(partitions)],
-                               strict=True):
-            columns = ChangeColumns(
-                sequence_numbers[start:stop], indexes[start:stop], key_groups[start:stop],
-                payloads.slice(start, stop - start))
-            partition = int(partitions[start])
-            planned += [(partition, record) for record in encode_records(
-                self.log_id, columns, self._max_record_bytes)]
+        # Each partition's first row starts a record of its own.
+        breaks = (np.flatnonzero(np.diff(partitions)) + 1).tolist()
+        planned = [
+            (int(partitions[first]), record) for first, record in encode_records(
+                self.log_id, ChangeColumns(sequence_numbers, indexes, key_groups, payloads),
+                self._max_record_bytes, breaks)
+        ]
         for _, record in planned:
             for sqn in record.members:
                 trackers[sqn].remaining += 1

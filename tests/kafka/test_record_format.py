@@ -12,10 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafka_changelog.kafka.record_format import (
+    CHANGE_OVERHEAD_BYTES,
+    ChangeColumns,
     UnknownSchemaError,
     check_schema_header,
     empty_value,
     encode_changes,
+    encode_records,
 )
 from tests.record_helpers import LoggedChange, decode_record
 
@@ -69,3 +72,26 @@ def test_schema_header_is_checked() -> None:
         check_schema_header([("kc.schema", b"change_batch/2")])
     with pytest.raises(UnknownSchemaError, match=r"no kc\.schema header"):
         check_schema_header([])
+
+
+@given(changes.filter(bool), st.integers(40, 2000), st.lists(st.integers(0, 40), max_size=4))
+def test_records_split_at_breaks_and_at_the_bound(
+    batch: list[LoggedChange], bound: int, breaks: list[int]
+) -> None:
+    batch.sort(key=lambda c: (c.sequence_number, c.position))
+    records = encode_records("log-b", ChangeColumns.of(batch), bound, breaks)
+    firsts = [first for first, _ in records]
+    assert firsts[0] == 0 and firsts == sorted(set(firsts))
+    assert {b for b in breaks if 0 < b < len(batch)} <= set(firsts)
+    decoded = []
+    for (first, record), stop in zip(records, [*firsts[1:], len(batch)], strict=True):
+        _, held = decode_record(bytes(record.value))
+        assert held == batch[first:stop]
+        cost = sum(len(c.payload) + CHANGE_OVERHEAD_BYTES for c in held)
+        assert cost <= bound or len(held) == 1
+        groups = [c.key_group for c in held if not c.is_meta] or [-1]
+        assert record.key_groups == (min(groups), max(groups))
+        assert record.sequence_numbers == (held[0].sequence_number, held[-1].sequence_number)
+        assert record.members == tuple(sorted({c.sequence_number for c in held}))
+        decoded += held
+    assert decoded == batch
