@@ -5,8 +5,10 @@ schedule), round robin over 128 key groups, with preemptive persistence on
 (threshold 256 KiB, so background persists run between checkpoints). Every
 100 ms a checkpoint calls ``persist`` and waits for its future; the latency is
 from the call to the result. The baseline is a raw confluent-kafka ``Producer``
-with the same settings, producing one record per change at the same rate and
-calling ``flush()`` every 100 ms; its latency is the duration of ``flush()``.
+with the storage's settings and a 5 ms linger (``Broker.raw_producer_settings``),
+producing one record per change at the same rate and calling ``flush()`` every
+100 ms; its latency is the duration of ``flush()`` (which sends at once, linger or
+not).
 
 Run: ``python -m benchmarks.bench_persist_latency [--json FILE]`` (``BENCH_SCALE``
 scales the duration).
