@@ -34,6 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .change_schema import CHANGES_SCHEMA
 from .planning import (
     FORMAT,
     MODE_CHANGES,
@@ -44,7 +45,8 @@ from .planning import (
     parse_options,
     plan_read,
 )
-from .rows import CHANGES_SCHEMA, STATE_SCHEMA, read_task
+from .rows import STATE_SCHEMA
+from .task_reading import read_task
 
 
 def _spark_type(arrow: pa.DataType) -> DataType:
