@@ -47,6 +47,7 @@ from .planning import (
 )
 from .rows import STATE_SCHEMA
 from .task_reading import read_task
+from .worker_gc import freeze_start_up_objects
 
 
 def _spark_type(arrow: pa.DataType) -> DataType:
@@ -132,6 +133,8 @@ class KafkaChangelogBatchReader(DataSourceReader):
         task = getattr(partition, "task", None)
         if task is None:  # Spark's placeholder when the plan has no task
             return iter(())
+        # Spark collects garbage after every task: not the worker's modules again and again.
+        freeze_start_up_objects()
         return _with_context(read_task(task, self.options), task)
 
 
