@@ -43,7 +43,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -247,12 +247,14 @@ def run_spark(broker: Broker, checkpoint: Checkpoint, parallelism: int,
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import functions as F
 
-    from spark_integration.datasource import register
+    from spark_integration.datasource import input_partitions, register
     from spark_integration.planning import parse_options, plan_read
     from spark_integration.session import local_session
 
     options = spark_options(broker, checkpoint)
-    partitions = len(plan_read(parse_options(options)).tasks)
+    # What register() makes the reader do in this session: slices packed for its cores.
+    parsed = replace(parse_options(options), min_partitions=parallelism)
+    partitions = len(input_partitions(plan_read(parsed), parsed))
     spark = local_session(
         app_name=f"bench-spark-reader-{parallelism}", parallelism=parallelism,
         extra_config={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",

@@ -16,25 +16,29 @@ from kafka_changelog.state.table import StateTable
 
 from .change_columns import column_change_batches
 from .change_schema import BATCH_ROWS
+from .packing import ChangesGroup
 from .planning import ChangesTask, ReaderOptions, StateTask
 from .rows import state_batches
 from .scan import ChunkReader, SliceReader
 
 
-def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
+def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptions,
               batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """The record batches of one input partition, ``batch_rows`` rows each but the last.
+    """The record batches of one input partition, at most ``batch_rows`` rows each.
 
     ``ChangesTask``: the changes of its offset slice, in offset order (append order
-    within a record). ``StateTask``: its key groups' snapshot chunks, then the changelog
+    within a record); ``ChangesGroup``: those of each of its slices in turn, with one
+    consumer. ``StateTask``: its key groups' snapshot chunks, then the changelog
     replayed on top (exactly as a restore does, with
     :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows.
     """
-    if isinstance(task, ChangesTask):
+    if isinstance(task, ChangesTask | ChangesGroup):
+        slices = task.tasks if isinstance(task, ChangesGroup) else (task,)
         with SliceReader(options.changelog_config()) as reader:
-            yield from column_change_batches(reader.records(task.slice), task.operator,
-                                             task.subtask, task.slice, batch_rows,
-                                             task.key_types)
+            for one in slices:
+                yield from column_change_batches(reader.records(one.slice), one.operator,
+                                                 one.subtask, one.slice, batch_rows,
+                                                 one.key_types)
         return
     table = StateTable()
     snapshot = task.handle.snapshot
