@@ -84,6 +84,9 @@ USERS = 20_000
 CHANGES = 1_000_000
 SPARK_PARALLELISM = (1, 2)
 
+#: The target: Spark ``local[2]`` changes/s at least this many times the in-process reader's.
+TARGET_RATIO = 1.5
+
 SPARK_KAFKA_BASELINE = (
     "Spark's own connector, spark.read.format('kafka') over the same offset ranges "
     "(startingOffsets/endingOffsets per partition), count(*) and sum(length(value)): the "
@@ -337,8 +340,11 @@ def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
     best = {impl: max((r for r in runs if r.impl == impl), key=lambda r: r.changes_per_s)
             for impl in dict.fromkeys(r.impl for r in runs)}
     base = best["in_process"].changes_per_s
+    achieved = best["spark_local_2"].changes_per_s / base
     return {
         "name": "spark_reader",
+        "target": {"figure": "spark_local_2 / in_process, changes/s", "ratio": TARGET_RATIO,
+                   "measured": achieved, "pass": achieved >= TARGET_RATIO},
         "changes": checkpoint.changes,
         "subtasks": SUBTASKS,
         "rounds": rounds,
@@ -377,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
           "each; ratio = reader / in-process KafkaChangelogReader)")
     print(report(results))
     print(f"spark_kafka_local_N: {SPARK_KAFKA_BASELINE}")
+    target = results["target"]
+    print(f"target: Spark local[2] / in-process >= {target['ratio']:g}x: "
+          f"{target['measured']:.3f}x {'PASS' if target['pass'] else 'MISS'}")
     write_json(args.json, results)
     return 0
 

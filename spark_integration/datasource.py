@@ -11,8 +11,10 @@ A PySpark Python data source (Spark 4). Register it once per session with
           .load())
 
 Planning (which checkpoint, which input partitions) is in
-:mod:`spark_integration.planning`, reading in :mod:`spark_integration.scan` and
-the Arrow rows in :mod:`spark_integration.rows`. See ``docs/spark.md``.
+:mod:`spark_integration.planning` and :mod:`spark_integration.packing`, reading one
+input partition in :mod:`spark_integration.task_reading` (changes decoded column-wise
+by :mod:`spark_integration.change_columns`, state rows by :mod:`spark_integration.rows`).
+See ``docs/spark.md``.
 """
 
 from __future__ import annotations
