@@ -11,12 +11,15 @@ A PySpark Python data source (Spark 4). Register it once per session with
           .load())
 
 Planning (which checkpoint, which input partitions) is in
-:mod:`spark_integration.planning`, reading in :mod:`spark_integration.scan` and
-the Arrow rows in :mod:`spark_integration.rows`. See ``docs/spark.md``.
+:mod:`spark_integration.planning` and :mod:`spark_integration.packing`, reading one
+input partition in :mod:`spark_integration.task_reading` (changes decoded column-wise
+by :mod:`spark_integration.change_columns`, state rows by :mod:`spark_integration.rows`).
+See ``docs/spark.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,17 +37,22 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .change_schema import CHANGES_SCHEMA
+from .packing import ChangesGroup, pack_changes
 from .planning import (
     FORMAT,
     MODE_CHANGES,
     ChangesTask,
     ReaderOptionError,
     ReaderOptions,
+    ReadPlan,
     StateTask,
     parse_options,
     plan_read,
 )
-from .rows import CHANGES_SCHEMA, STATE_SCHEMA, read_task
+from .rows import STATE_SCHEMA
+from .task_reading import read_task
+from .worker_gc import freeze_start_up_objects
 
 
 def _spark_type(arrow: pa.DataType) -> DataType:
@@ -80,15 +88,22 @@ def schema_of(mode: str) -> StructType:
 
 
 class TaskPartition(InputPartition):
-    """One input partition: a :class:`ChangesTask` or a :class:`StateTask` (picklable)."""
+    """One input partition: a :class:`ChangesTask`, a :class:`ChangesGroup` of them or a
+    :class:`StateTask` (picklable)."""
 
-    def __init__(self, task: ChangesTask | StateTask) -> None:
+    def __init__(self, task: ChangesTask | ChangesGroup | StateTask) -> None:
         super().__init__(task)
         self.task = task
 
 
 class KafkaChangelogDataSource(DataSource):
-    """The batch data source ``kafka-changelog`` (options in ``docs/spark.md``)."""
+    """The batch data source ``kafka-changelog`` (options in ``docs/spark.md``).
+
+    ``default_min_partitions``: option ``minPartitions`` when not given (None: one input
+    partition per slice); :func:`register` sets it to the session's parallelism.
+    """
+
+    default_min_partitions: int | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -107,6 +122,8 @@ class KafkaChangelogDataSource(DataSource):
             raise ReaderOptionError(
                 f"format('{FORMAT}') in mode {options.mode!r} has the fixed schema "
                 f"{expected.simpleString()}; got {schema.simpleString()} (drop .schema(...))")
+        if options.min_partitions is None and self.default_min_partitions is not None:
+            options = dataclasses.replace(options, min_partitions=self.default_min_partitions)
         return KafkaChangelogBatchReader(options)
 
 
@@ -121,20 +138,32 @@ class KafkaChangelogBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> list[InputPartition]:
-        """One input partition per task of the plan."""
+        """One input partition per task of the plan; in mode ``changes`` with
+        ``min_partitions``, per group of slices (:func:`~.packing.pack_changes`)."""
         plan = plan_read(self.options)
-        return [TaskPartition(task) for task in plan.tasks]
+        return [TaskPartition(task) for task in input_partitions(plan, self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Arrow record batches (about 10k rows each) of one input partition."""
         task = getattr(partition, "task", None)
         if task is None:  # Spark's placeholder when the plan has no task
             return iter(())
+        # Spark collects garbage after every task: not the worker's modules again and again.
+        freeze_start_up_objects()
         return _with_context(read_task(task, self.options), task)
 
 
+def input_partitions(plan: ReadPlan, options: ReaderOptions
+                     ) -> list[ChangesTask | ChangesGroup | StateTask]:
+    """What each input partition of ``plan`` reads."""
+    if options.mode != MODE_CHANGES or options.min_partitions is None:
+        return list(plan.tasks)
+    return list(pack_changes([t for t in plan.tasks if isinstance(t, ChangesTask)],
+                             options.min_partitions))
+
+
 def _with_context(batches: Iterator[pa.RecordBatch],
-                  task: ChangesTask | StateTask) -> Iterator[pa.RecordBatch]:
+                  task: ChangesTask | ChangesGroup | StateTask) -> Iterator[pa.RecordBatch]:
     """``batches``, with the task named in the traceback of any error (the message is kept)."""
     try:
         yield from batches
@@ -145,8 +174,10 @@ def _with_context(batches: Iterator[pa.RecordBatch],
         raise
 
 
-def describe_task(task: ChangesTask | StateTask) -> str:
+def describe_task(task: ChangesTask | ChangesGroup | StateTask) -> str:
     """A short description of a task for messages."""
+    if isinstance(task, ChangesGroup):
+        return "; ".join(describe_task(t) for t in task.tasks)
     if isinstance(task, ChangesTask):
         s = task.slice
         return (f"changes of operator {task.operator!r} subtask {task.subtask}, log {s.log_id}, "
@@ -156,8 +187,34 @@ def describe_task(task: ChangesTask | StateTask) -> str:
 
 
 def register(spark: Any) -> None:
-    """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent."""
-    spark.dataSource.register(KafkaChangelogDataSource)
+    """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent.
+
+    Mode ``changes`` then packs its slices into a multiple of the session's parallelism
+    of input partitions (option ``minPartitions``), when the session tells it.
+    """
+    parallelism = session_parallelism(spark)
+    if parallelism is None:
+        spark.dataSource.register(KafkaChangelogDataSource)
+        return
+    # A subclass made here carries the parallelism to the workers: cloudpickle sends a
+    # class that is not importable by name with its attributes.
+    source = type(KafkaChangelogDataSource.__name__, (KafkaChangelogDataSource,),
+                  {"default_min_partitions": parallelism, "__module__": __name__,
+                   "__doc__": KafkaChangelogDataSource.__doc__})
+    spark.dataSource.register(source)
+
+
+def session_parallelism(spark: Any) -> int | None:
+    """``spark.default.parallelism`` of the session (Spark Connect: only if set), or None."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext
+        pass
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+    except Exception:
+        return None
+    return int(value) if value else None
 
 
 __all__ = [
@@ -166,5 +223,7 @@ __all__ = [
     "KafkaChangelogBatchReader",
     "KafkaChangelogDataSource",
     "TaskPartition",
+    "input_partitions",
     "register",
+    "session_parallelism",
 ]

@@ -60,6 +60,9 @@ OPTIONS: dict[str, str] = {
                      f"(default {DEFAULT_SLICE_OFFSETS})",
     "slice.keygroups": f"key groups per input partition in state mode "
                        f"(default {DEFAULT_SLICE_KEY_GROUPS})",
+    "minpartitions": "changes mode: input partitions are a multiple of this (default: the "
+                     "session's parallelism when registered with register(spark), else one "
+                     "per slice)",
 }
 
 #: Options Spark itself may pass along (``load(path)``); ignored.
@@ -96,6 +99,9 @@ class ReaderOptions:
     checkpoint_topic: str = DEFAULT_CHECKPOINT_TOPIC
     slice_offsets: int = DEFAULT_SLICE_OFFSETS
     slice_key_groups: int = DEFAULT_SLICE_KEY_GROUPS
+    #: Mode ``changes``: slices are packed into a multiple of this many input partitions
+    #: (None: one input partition per slice).
+    min_partitions: int | None = None
     #: Seconds for admin requests and for reads to make progress.
     request_timeout_s: float = 30.0
 
@@ -112,6 +118,9 @@ class ReaderOptions:
         if self.slice_key_groups < 1:
             raise ReaderOptionError(
                 f"option slice.keyGroups must be >= 1, got {self.slice_key_groups}")
+        if self.min_partitions is not None and self.min_partitions < 1:
+            raise ReaderOptionError(
+                f"option minPartitions must be >= 1, got {self.min_partitions}")
         if self.checkpoint_id is not None and self.checkpoint_id < 0:
             raise ReaderOptionError(f"option checkpoint must be >= 0, got {self.checkpoint_id}")
 
@@ -204,6 +213,8 @@ def parse_options(options: Mapping[str, str]) -> ReaderOptions:
                                   DEFAULT_SLICE_OFFSETS),
         slice_key_groups=_int_option(lowered, "slice.keygroups", "slice.keyGroups",
                                      DEFAULT_SLICE_KEY_GROUPS),
+        min_partitions=(_int_option(lowered, "minpartitions", "minPartitions", 1)
+                        if lowered.get("minpartitions", "").strip() else None),
     )
 
 
@@ -291,6 +302,8 @@ class ChangesTask:
     slice: OffsetSlice
     #: The key column types the checkpoint records (None: not recorded): ``key_decoded``.
     key_types: tuple[str, ...] | None = None
+    #: The slice's share of its range's record bytes (what packing slices weighs).
+    estimated_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -377,10 +390,11 @@ def plan_changes(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                 for r in handle.ranges:
                     for start, end in split_offsets(r.start_offset, r.end_offset,
                                                     slice_offsets):
+                        share = r.record_bytes * (end - start) // max(1, r.offset_count)
                         tasks.append(ChangesTask(operator, subtask.subtask_index, OffsetSlice(
                             handle.topic, r.partition, start, end, handle.log_id,
                             key_groups.start, key_groups.end, handle.from_sequence_number,
-                            handle.to_sequence_number), key_types))
+                            handle.to_sequence_number), key_types, share))
     return tasks
 
 

@@ -1,8 +1,12 @@
-"""Arrow record batches of ``format("kafka-changelog")``: change rows and state rows.
+"""Arrow record batches of ``format("kafka-changelog")``, row by row: change rows and state rows.
 
-The Arrow schemas here are exactly what Spark derives from the reader's Spark
-schema (``spark_integration.datasource``; a test compares the two), because Spark
-refuses batches whose schema differs. No pyspark import.
+Change rows here are the reference path, one change decoded at a time
+(:func:`change_batches`); reads use the column-wise one
+(:mod:`spark_integration.change_columns`), which falls back to this for what it leaves
+aside. The Arrow schemas (``STATE_SCHEMA`` here, ``CHANGES_SCHEMA`` in
+:mod:`spark_integration.change_schema`) are exactly what Spark derives from the
+reader's Spark schema (``spark_integration.datasource``; a test compares the two),
+because Spark refuses batches whose schema differs. No pyspark import.
 """
 
 from __future__ import annotations
@@ -18,41 +22,11 @@ from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.errors import RecordDecodeError
 from kafka_changelog.keys import key_text
 from kafka_changelog.state.ops import StateMeta
-from kafka_changelog.state.restore import load_keyed_state
-from kafka_changelog.state.table import StateTable
 from kafka_changelog.state.table_protocol import Entry, KeyedStateTable
 from kafka_changelog.state.ttl import live_entry, split_serializer_name
 
-from .planning import ChangesTask, ReaderOptions, StateTask
-from .scan import ChunkReader, OffsetSlice, ScannedChange, SliceReader, decode_state_op
-
-#: Rows per record batch.
-BATCH_ROWS = 10_000
-
-#: ``op`` of a registration (meta change) row.
-META_OP = "META"
-
-_BINARY_LIST = pa.list_(pa.field("element", pa.binary()))
-
-#: Mode ``changes``: one row per change of the checkpoint's changelog handles.
-CHANGES_SCHEMA = pa.schema([
-    pa.field("operator", pa.string()),
-    pa.field("subtask", pa.int32()),
-    pa.field("log_id", pa.string()),
-    pa.field("key_group", pa.int32()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("sequence_number", pa.int64()),
-    pa.field("position", pa.int32()),
-    pa.field("op", pa.string()),
-    pa.field("state", pa.string()),
-    pa.field("key", pa.binary()),
-    pa.field("map_key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("values", _BINARY_LIST),
-    pa.field("key_decoded", pa.string()),
-])
+from .change_schema import BATCH_ROWS, BINARY_LIST, CHANGES_SCHEMA, META_OP
+from .scan import OffsetSlice, ScannedChange, decode_state_op
 
 #: Mode ``state``: one row per (state, key[, map key | list index]) at the checkpoint.
 STATE_SCHEMA = pa.schema([
@@ -172,7 +146,7 @@ class ChangeRows:
             pa.array(self._key, pa.binary()),
             pa.array(self._map_key, pa.binary()),
             pa.array(self._value, pa.binary()),
-            pa.array(self._values, _BINARY_LIST),
+            pa.array(self._values, BINARY_LIST),
             pa.array(decoded_keys(self._key, self._key_types), pa.string()),
         ], schema=CHANGES_SCHEMA)
         self._clear()
@@ -310,26 +284,16 @@ def state_batches(table: KeyedStateTable, operator: str, batch_rows: int = BATCH
         yield rows_to_batch(rows, key_types)
 
 
-# -- one input partition ---------------------------------------------------------------------
-
-
-def read_task(task: ChangesTask | StateTask, options: ReaderOptions,
-              batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """The record batches of one input partition (what a Spark task runs).
-
-    ``ChangesTask``: the changes of its offset slice. ``StateTask``: its key groups'
-    snapshot chunks, then the changelog replayed on top (exactly as a restore does,
-    with :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows.
-    """
-    if isinstance(task, ChangesTask):
-        with SliceReader(options.changelog_config()) as reader:
-            yield from change_batches(reader.scan(task.slice), task.operator, task.subtask,
-                                      task.slice, batch_rows, task.key_types)
-        return
-    table = StateTable()
-    snapshot = task.handle.snapshot
-    chunks = ChunkReader(options.snapshot_config(
-        topic=snapshot.topic if snapshot is not None else None))
-    with SliceReader(options.changelog_config()) as reader:
-        load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
-    yield from state_batches(table, task.operator, batch_rows, task.key_types, task.at_ms)
+__all__ = [
+    "BATCH_ROWS",
+    "CHANGES_SCHEMA",
+    "META_OP",
+    "STATE_SCHEMA",
+    "ChangeRows",
+    "change_batches",
+    "decoded_keys",
+    "render_value",
+    "rows_to_batch",
+    "state_batches",
+    "state_rows",
+]

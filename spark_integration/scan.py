@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kafka_changelog.change import META_KEY_GROUP, new_unchecked
 from kafka_changelog.kafka.handle import PartitionRange
-from kafka_changelog.kafka.reader import KafkaChangelogReader
+from kafka_changelog.kafka.reader import KafkaChangelogReader, decode_log_record
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotView
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.serialization import schemas_dir
@@ -88,21 +88,36 @@ class SliceReader(KafkaChangelogReader):
 
     def scan(self, piece: OffsetSlice) -> Iterator[ScannedChange]:
         """The kept changes of the slice's records, in offset order (append order within)."""
+        for offset, value in self.records(piece):
+            changes = decode_log_record(piece.topic, piece.partition, offset, value,
+                                        piece.log_id)
+            yield from kept_changes(piece, offset, changes)
+
+    def records(self, piece: OffsetSlice) -> Iterator[tuple[int, bytes]]:
+        """(offset, value) of the slice's records of its log, in offset order, values not
+        decoded (their schema header checked): what :meth:`scan` decodes."""
         if piece.end_offset <= piece.start_offset:
             return
         # The base class reads ranges; a slice is one.
         as_range = PartitionRange(piece.partition, piece.start_offset, piece.end_offset,
                                   _range_of(piece), 0)
-        first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
-        lowest, highest = piece.key_group_start, piece.key_group_end
-        for offset, changes in self.log_records(piece.topic, as_range, piece.log_id):
-            for c in changes:
-                sqn, key_group = c["sequence_number"], c["key_group"]
-                if first_sqn <= sqn <= last_sqn and (
-                    key_group == META_KEY_GROUP or lowest <= key_group <= highest
-                ):
-                    yield new_unchecked(ScannedChange, (
-                        offset, sqn, c["index"], key_group, c["payload"]))
+        yield from self.log_values(piece.topic, as_range, piece.log_id)
+
+
+def kept_changes(piece: OffsetSlice, offset: int,
+                 changes: list[dict[str, Any]]) -> Iterator[ScannedChange]:
+    """The changes of the record at ``offset`` (decoded) that the slice keeps: sequence
+    numbers in its span, key groups in its range, registrations always."""
+    first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
+    lowest, highest = piece.key_group_start, piece.key_group_end
+    for c in changes:
+        sqn, key_group = c["sequence_number"], c["key_group"]
+        if first_sqn <= sqn <= last_sqn and (
+            key_group == META_KEY_GROUP or lowest <= key_group <= highest
+        ):
+            yield new_unchecked(ScannedChange, (
+                offset, sqn, c["index"], key_group, c["payload"]))
+
 
 def _range_of(piece: OffsetSlice) -> KeyGroupRange:
     if piece.key_group_end < piece.key_group_start:
@@ -160,4 +175,5 @@ __all__ = [
     "ScannedChange",
     "SliceReader",
     "decode_state_op",
+    "kept_changes",
 ]

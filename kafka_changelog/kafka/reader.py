@@ -127,6 +127,15 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         values naming the offset. ``consumer``: one already assigned at the range's start
         (default: the reader's own, assigned here).
         """
+        for offset, value in self.log_values(topic, r, log_id, consumer):
+            yield offset, decode_log_record(topic, r.partition, offset, value, log_id)
+
+    def log_values(
+        self, topic: str, r: PartitionRange, log_id: str, consumer: Consumer | None = None,
+    ) -> Iterator[tuple[int, bytes]]:
+        """(offset, value) of every record of ``log_id`` in ``r``, in offset order, values
+        not decoded: :meth:`log_records` without the decoding (its errors otherwise, the
+        schema header checked), for readers that decode values themselves."""
         log_key = log_id.encode()
 
         def on_error(error: KafkaError, position: int) -> int:
@@ -146,15 +155,9 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                 headers = message.headers()
                 check_schema_header(
                     list(headers.items()) if isinstance(headers, dict) else headers)
-                found, changes = decode_record_fields(value)
-            except (UnknownSchemaError, ValueError) as exc:
+            except UnknownSchemaError as exc:
                 raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
-            if found != log_id:
-                raise RecordDecodeError(
-                    topic, r.partition, offset,
-                    f"record key says log {log_id} but value says {found}",
-                )
-            yield offset, changes
+            yield offset, value
 
     def _after_error(
         self, topic: str, r: PartitionRange, log_id: str, position: int, error: KafkaError
@@ -197,6 +200,20 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         self._consumer.close()
         if self._spare is not None:
             self._spare.close()
+
+
+def decode_log_record(topic: str, partition: int, offset: int, value: bytes,
+                      log_id: str) -> list[dict[str, Any]]:
+    """The changes (Avro field dicts) of the record of ``log_id`` at ``offset``;
+    :class:`RecordDecodeError` naming the offset if it does not decode or names another log."""
+    try:
+        found, changes = decode_record_fields(value)
+    except ValueError as exc:
+        raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
+    if found != log_id:
+        raise RecordDecodeError(
+            topic, partition, offset, f"record key says log {log_id} but value says {found}")
+    return changes
 
 
 def _assign(consumer: Consumer, topic: str, r: PartitionRange) -> None:

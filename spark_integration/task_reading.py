@@ -1,0 +1,52 @@
+"""One input partition of ``format("kafka-changelog")`` read into Arrow record batches.
+
+What a Spark task of the reader runs (no pyspark import): mode ``changes`` decodes its
+offset slice column-wise (:mod:`spark_integration.change_columns`), mode ``state``
+restores its key groups and turns the table into rows (:mod:`spark_integration.rows`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from kafka_changelog.state.restore import load_keyed_state
+from kafka_changelog.state.table import StateTable
+
+from .change_columns import column_change_batches
+from .change_schema import BATCH_ROWS
+from .packing import ChangesGroup
+from .planning import ChangesTask, ReaderOptions, StateTask
+from .rows import state_batches
+from .scan import ChunkReader, SliceReader
+
+
+def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptions,
+              batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The record batches of one input partition, at most ``batch_rows`` rows each.
+
+    ``ChangesTask``: the changes of its offset slice, in offset order (append order
+    within a record); ``ChangesGroup``: those of each of its slices in turn, with one
+    consumer. ``StateTask``: its key groups' snapshot chunks, then the changelog
+    replayed on top (exactly as a restore does, with
+    :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows.
+    """
+    if isinstance(task, ChangesTask | ChangesGroup):
+        slices = task.tasks if isinstance(task, ChangesGroup) else (task,)
+        with SliceReader(options.changelog_config()) as reader:
+            for one in slices:
+                yield from column_change_batches(reader.records(one.slice), one.operator,
+                                                 one.subtask, one.slice, batch_rows,
+                                                 one.key_types)
+        return
+    table = StateTable()
+    snapshot = task.handle.snapshot
+    chunks = ChunkReader(options.snapshot_config(
+        topic=snapshot.topic if snapshot is not None else None))
+    with SliceReader(options.changelog_config()) as reader:
+        load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
+    yield from state_batches(table, task.operator, batch_rows, task.key_types, task.at_ms)
+
+
+__all__ = ["read_task"]
