@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .avro_columns import Bytes, gather
+from kafka_changelog.avro_columns import Bytes, gather
+
 from .op_columns import Lists, Slices
 
 #: Bytes an Arrow ``binary`` column may hold (32-bit offsets).

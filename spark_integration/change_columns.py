@@ -25,12 +25,12 @@ import numpy as np
 import pyarrow as pa
 
 from kafka_changelog.avro_binary import AvroDecodeError, read_long
+from kafka_changelog.avro_columns import Bytes, Int64s, padded, read_lengths, read_longs
 from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.kafka.reader import decode_log_record
 from kafka_changelog.keys import key_text
 from kafka_changelog.state.ops import StateMeta
 
-from .avro_columns import Bytes, Ints, padded, read_lengths, read_longs
 from .change_arrow import binary_array, decoded_strings, list_array, utf8
 from .change_schema import BATCH_ROWS, BINARY_LIST, CHANGES_SCHEMA, META_OP
 from .op_columns import Lists, OpColumns, Slices, decode_ops
@@ -124,7 +124,7 @@ class _Group:
         self.size += len(value)
 
 
-def _scatter(part: Slices, rows: Ints, n: int) -> Slices:
+def _scatter(part: Slices, rows: Int64s, n: int) -> Slices:
     """``part`` (of the rows ``rows``) as slices of ``n`` rows, null elsewhere."""
     starts = np.zeros(n, np.int64)
     lengths = np.zeros(n, np.int64)
@@ -135,7 +135,7 @@ def _scatter(part: Slices, rows: Ints, n: int) -> Slices:
     return Slices(starts, lengths, present)
 
 
-def _scatter_lists(part: Lists, rows: Ints, n: int) -> Lists:
+def _scatter_lists(part: Lists, rows: Int64s, n: int) -> Lists:
     counts = np.zeros(n, np.int64)
     present = np.zeros(n, np.bool_)
     counts[rows] = part.counts
@@ -147,12 +147,12 @@ def _scatter_lists(part: Lists, rows: Ints, n: int) -> Lists:
 class _Kept:
     """The kept changes of a group: where each lies and its fixed fields."""
 
-    offsets: Ints
-    sequence_numbers: Ints
-    positions: Ints
-    key_groups: Ints
-    payload_starts: Ints
-    payload_lengths: Ints
+    offsets: Int64s
+    sequence_numbers: Int64s
+    positions: Int64s
+    key_groups: Int64s
+    payload_starts: Int64s
+    payload_lengths: Int64s
 
 
 def _kept(group: _Group, buffer: Bytes, limit: int, piece: OffsetSlice) -> _Kept | None:
@@ -187,7 +187,7 @@ def _kept(group: _Group, buffer: Bytes, limit: int, piece: OffsetSlice) -> _Kept
     return _Kept(offsets, sqn, position, key_group, payload_starts, payload_lengths)
 
 
-def _registrations_agree(data: bytes, kept: _Kept, rows: Ints, state: Slices) -> bool:
+def _registrations_agree(data: bytes, kept: _Kept, rows: Int64s, state: Slices) -> bool:
     """Every registration decodes, with the state name read column-wise."""
     for row in rows.tolist():
         start = int(kept.payload_starts[row])

@@ -2,7 +2,7 @@
 
 :func:`decode_ops` reads the fields after ``state`` of thousands of payloads lying in
 one byte buffer, each field of all payloads in one NumPy step
-(:mod:`spark_integration.avro_columns`), and gives where each byte field lies instead
+(:mod:`kafka_changelog.avro_columns`), and gives where each byte field lies instead
 of copying it: the Arrow columns are built from that in one copy
 (:mod:`spark_integration.change_arrow`).
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .avro_columns import Bytes, Ints, read_lengths, read_longs
+from kafka_changelog.avro_columns import Bytes, Int64s, read_lengths, read_longs
 
 #: Values of a ``values`` field read column-wise at most (a round per value).
 MAX_ITEMS = 256
@@ -36,8 +36,8 @@ class Slices:
     """Byte fields of ``n`` rows: row ``i`` is ``buffer[starts[i]:starts[i] + lengths[i]]``
     when ``present[i]`` (else null, with length 0); ``present`` None: all present."""
 
-    starts: Ints
-    lengths: Ints
+    starts: Int64s
+    lengths: Int64s
     present: Mask | None = None
 
     @classmethod
@@ -51,7 +51,7 @@ class Lists:
     """A ``values`` field of ``n`` rows: row ``i`` has ``counts[i]`` items (null when not
     ``present[i]``, with count 0); ``items`` are every row's items, row by row."""
 
-    counts: Ints
+    counts: Int64s
     present: Mask
     items: Slices
 
@@ -60,15 +60,15 @@ class Lists:
 class OpColumns:
     """The fields of ``n`` ``StateOp`` payloads after ``state`` (``op``: the enum index)."""
 
-    op: Ints
+    op: Int64s
     key: Slices
     map_key: Slices
     value: Slices
     values: Lists
 
 
-def _optional_bytes(buffer: Bytes, limit: int, positions: Ints
-                    ) -> tuple[Slices, Ints] | None:
+def _optional_bytes(buffer: Bytes, limit: int, positions: Int64s
+                    ) -> tuple[Slices, Int64s] | None:
     """A ``["null", "bytes"]`` union at each position, and the positions after it."""
     read = read_longs(buffer, limit, positions)
     if read is None:
@@ -89,8 +89,8 @@ def _optional_bytes(buffer: Bytes, limit: int, positions: Ints
     return Slices(starts, lengths, present), after
 
 
-def _optional_items(buffer: Bytes, limit: int, positions: Ints
-                    ) -> tuple[Lists, Ints] | None:
+def _optional_items(buffer: Bytes, limit: int, positions: Int64s
+                    ) -> tuple[Lists, Int64s] | None:
     """A ``["null", {"type": "array", "items": "bytes"}]`` union at each position, and the
     positions after it; None for blocks with byte sizes or more than :data:`MAX_ITEMS`."""
     read = read_longs(buffer, limit, positions)
@@ -101,9 +101,9 @@ def _optional_items(buffer: Bytes, limit: int, positions: Ints
         return None
     present = branch == 1
     counts = np.zeros(positions.size, np.int64)
-    item_rows: list[Ints] = []
-    item_starts: list[Ints] = []
-    item_lengths: list[Ints] = []
+    item_rows: list[Int64s] = []
+    item_starts: list[Int64s] = []
+    item_lengths: list[Int64s] = []
     # Rows still reading their array: each round reads one block count per row, then
     # the block's items, one item of every row per step.
     rows = np.flatnonzero(present)
@@ -141,7 +141,7 @@ def _optional_items(buffer: Bytes, limit: int, positions: Ints
     return Lists(counts, present, items), after
 
 
-def decode_ops(buffer: Bytes, limit: int, positions: Ints, ends: Ints) -> OpColumns | None:
+def decode_ops(buffer: Bytes, limit: int, positions: Int64s, ends: Int64s) -> OpColumns | None:
     """The fields after ``state`` of the payloads whose ``op`` field is at ``positions``
     and which end at ``ends`` (exclusive); None when one of them is malformed or uses an
     encoding left to the per-op decoder (see the module)."""

@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafka_changelog.avro_binary import AvroDecodeError, read_long, zigzag_varint
+from kafka_changelog.avro_columns import padded, read_longs
 from kafka_changelog.kafka.reader import decode_log_record
-from kafka_changelog.kafka.record_format import RawChange, encode_value
+from kafka_changelog.kafka.record_format import RawChange, empty_value, encode_changes
 from kafka_changelog.keys import encode_key
 from kafka_changelog.state.kinds import StateKind
 from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
 from spark_integration import change_columns
-from spark_integration.avro_columns import padded, read_longs
 from spark_integration.change_columns import change_starts, column_change_batches
 from spark_integration.change_schema import CHANGES_SCHEMA
 from spark_integration.op_columns import MAX_ITEMS
@@ -82,7 +82,10 @@ def outcome(run: Any) -> tuple[str, Any]:
 
 
 def record(changes: Sequence[RawChange], log_id: str = LOG) -> bytes:
-    return encode_value(log_id, changes)
+    if not changes:
+        return empty_value(log_id)
+    [one] = encode_changes(log_id, changes)
+    return bytes(one.value)
 
 
 def every_kind() -> list[RawChange]:
