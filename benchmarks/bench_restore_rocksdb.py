@@ -285,7 +285,7 @@ class Sides:
         seconds = time.perf_counter() - started
         if profiler is not None:
             profiler.disable()
-        snapshot_end = marks.get("load_group", started)
+        snapshot_end = max(marks.get("load_group", started), marks.get("load_groups", started))
         self.phases.setdefault(kind, []).append(
             (snapshot_end - started, marks.get("apply_batch", snapshot_end) - snapshot_end))
         try:
@@ -296,11 +296,13 @@ class Sides:
 
 
 def _mark_phases(table: KeyedStateTable) -> dict[str, float]:
-    """When ``table``'s last ``load_group`` and ``apply_batch`` calls ended (the snapshot
-    and the changelog phases of a restore), recorded as they run."""
+    """When ``table``'s last ``load_group`` / ``load_groups`` and ``apply_batch`` calls
+    ended (the snapshot and the changelog phases of a restore), recorded as they run."""
     marks: dict[str, float] = {}
-    for name in ("load_group", "apply_batch"):
-        method = getattr(table, name)
+    for name in ("load_group", "load_groups", "apply_batch"):
+        method = getattr(table, name, None)
+        if method is None:
+            continue
 
         def timed(*args: Any, _method: Any = method, _name: str = name) -> None:
             _method(*args)
