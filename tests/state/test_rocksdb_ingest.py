@@ -12,9 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafka_changelog.state import rocksdb_ingest
+from kafka_changelog.state.delta_layer import encode_delta
 from kafka_changelog.state.descriptors import StateKind
 from kafka_changelog.state.key_group_codec import encode_key_group
 from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.restore import load_layers
 from kafka_changelog.state.rocksdb_table import RocksDBStateTable
 from kafka_changelog.state.table import StateTable
 
@@ -227,3 +229,30 @@ def test_a_refused_tail_op_fails_the_load_and_leaves_no_file(tmp_path: Path) -> 
             0: [StateOp("count", OpKind.LIST_ADD, b"a", values=(b"x",))]})
     assert _sst_files(table.path) == []
     table.close()
+
+
+def test_snapshot_deltas_apply_after_the_ingested_whole_states(tmp_path: Path) -> None:
+    """Layers as a layered snapshot gives them (every whole state, then the deltas): the
+    whole states are ingested, each delta merged into its key group afterwards."""
+    before = registered(RocksDBStateTable(tmp_path / "source", track_changes=True))
+    assert isinstance(before, RocksDBStateTable)
+    for i in range(50):
+        before.apply(i % 4, StateOp("count", OpKind.SET, b"k%d" % i, value=b"1"))
+        before.apply(i % 4, StateOp("pages", OpKind.MAP_PUT, b"k%d" % i, b"m", b"1"))
+    wholes = [(kg, before.serialize_group(kg), False) for kg in before.key_groups()]
+    epoch = before.start_change_epoch()
+    before.clear_changes(epoch)
+    for i in range(0, 50, 3):
+        before.apply(i % 4, StateOp("count", OpKind.DELETE, b"k%d" % i))
+        before.apply(i % 4, StateOp("pages", OpKind.MAP_PUT, b"k%d" % i, b"n", b"2"))
+    deltas = [(kg, encode_delta(before, kg, before.changed_keys(kg)), True)
+              for kg in before.key_groups()]
+    target = RocksDBStateTable(tmp_path / "target")
+    load_layers(target, [*wholes, *deltas])
+    assert_same(target, before, metas=False)
+    other = RocksDBStateTable(tmp_path / "other")
+    with pytest.raises(ValueError, match="after its deltas"):
+        load_layers(other, [*wholes, *deltas], {})
+    other.close()
+    target.close()
+    before.close()
