@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,23 +56,20 @@ class SstIngest:
         #: SST files ingested so far.
         self.files_ingested = 0
 
-    def add_group(self, key_group: int, runs: Iterable[Iterable[tuple[bytes, bytes]]]
+    def add_group(self, key_group: int, keys: Sequence[bytes], values: Iterable[bytes]
                   ) -> None:
-        """Write one key group's entries: ``runs`` in ascending key order, each run's
-        (stored key, value) pairs ascending, all keys starting with the key group's
-        prefix. A key group at or below the last one written goes to a new file."""
+        """Write one key group's entries: ``keys`` strictly ascending, all starting with
+        the key group's prefix, ``values`` theirs in the same order. A key group at or
+        below the last one written goes to a new file."""
         if self._writer is not None and (key_group <= self._last_group
                                          or self._writer.file_size() >= self._max_file_bytes):
             self._ingest()
         if self._writer is None:
             self._open()
         self._last_group = key_group
-        writer = self._writer
-        key = None
-        for run in runs:
-            for key, value in run:
-                writer[key] = value
-        if key is not None:
+        # A C-level loop: no bytecode, no tuple per entry.
+        deque(map(self._writer.__setitem__, keys, values), maxlen=0)
+        if keys:
             self._empty = False
 
     def finish(self) -> None:

@@ -507,7 +507,8 @@ class RocksDBStateTable:
                 for mark in writes.marks:
                     marks.put(mark, b"")
                 self._live().write(marks, self._write_options)
-        ingest.add_group(key_group, (sorted(entries.items()),))
+        keys = sorted(entries)  # bytes order: the store's
+        ingest.add_group(key_group, keys, map(entries.__getitem__, keys))
         self._count += count
 
     def _state_load(self, key_group: int, meta: StateMeta, put: Callable[[bytes, Any], Any]
