@@ -332,29 +332,111 @@ def _load_values(p: bytes, pos: int, count: int, load: StateLoad) -> tuple[int, 
 
 
 def _load_other_shapes(p: bytes, pos: int, count: int, load: StateLoad) -> tuple[int, int]:
-    """``count`` entries of a list- or map-shaped state."""
+    """``count`` entries of a list- or map-shaped state: the usual entry of the shape
+    (one block of items, every length below 64: one varint byte) read inline, anything
+    else through ``_rest``."""
     put, prefix, shape = load.put, load.prefix, load.shape
     list_value, map_start = load.list_value, load.map_start
     stored = 0
     for _ in range(count):
-        key, pos = _bytes(p, pos, "StateEntry.key")
-        value, values, items, pos = _rest(p, pos)
-        if value is None and shape == SHAPE_LIST and values is not None and items is None:
-            assert list_value is not None
-            put(prefix + key, list_value(values))
-            stored += 1
-        elif value is None and shape == SHAPE_MAP and items is not None and values is None:
-            if map_start is None:
-                put(prefix + key, dict(items))
+        b = p[pos]
+        if b & 0x81:
+            key, pos = read_bytes(p, pos, "StateEntry.key")
+        else:
+            start = pos + 1
+            pos = start + (b >> 1)
+            key = p[start:pos]
+        if shape == SHAPE_LIST:
+            found = _inline_list(p, pos)
+            if found is not None:
+                values, pos = found
+                assert list_value is not None
+                put(prefix + key, list_value(values))
                 stored += 1
-            elif items:
-                start = map_start(key)
-                for map_key, item in items:
-                    put(start + map_key, item)
+                continue
+        else:
+            found_map = _inline_map(p, pos)
+            if found_map is not None:
+                items, pos = found_map
+                if map_start is None:
+                    put(prefix + key, dict(items))
+                else:
+                    entry = map_start(key)
+                    for map_key, item in items:
+                        put(entry + map_key, item)
+                stored += 1
+                continue
+        value, values_read, items_read, pos = _rest(p, pos)
+        if (value is None and shape == SHAPE_LIST and values_read is not None
+                and items_read is None):
+            assert list_value is not None
+            put(prefix + key, list_value(values_read))
+            stored += 1
+        elif (value is None and shape == SHAPE_MAP and items_read is not None
+              and values_read is None):
+            if map_start is None:
+                put(prefix + key, dict(items_read))
+                stored += 1
+            elif items_read:
+                entry = map_start(key)
+                for map_key, item in items_read:
+                    put(entry + map_key, item)
                 stored += 1
         else:
-            stored += load.other(key, value, values, items)
+            stored += load.other(key, value, values_read, items_read)
     return pos, stored
+
+
+def _inline_list(p: bytes, pos: int) -> tuple[list[bytes], int] | None:
+    """A list entry's items from after its key when it is ``00 02 n items 00 00`` (no
+    value, one block of 1 to 63 items of fewer than 64 bytes, no map); else None (the
+    caller reads it the general way from ``pos``: nothing was consumed)."""
+    if p[pos] != 0 or p[pos + 1] != 2:
+        return None
+    b = p[pos + 2]
+    if not b or b & 0x81:
+        return None
+    q = pos + 3
+    values = []
+    for _ in range(b >> 1):
+        c = p[q]
+        if c & 0x81:
+            return None
+        start = q + 1
+        q = start + (c >> 1)
+        values.append(p[start:q])
+    if p[q] != 0 or p[q + 1] != 0:
+        return None
+    return values, q + 2
+
+
+def _inline_map(p: bytes, pos: int) -> tuple[list[tuple[bytes, bytes]], int] | None:
+    """A map entry's items from after its key when it is ``00 00 02 n items 00`` (no
+    value, no values, one block of 1 to 63 items, keys and values of fewer than 64 bytes);
+    else None (nothing consumed)."""
+    if p[pos] != 0 or p[pos + 1] != 0 or p[pos + 2] != 2:
+        return None
+    b = p[pos + 3]
+    if not b or b & 0x81:
+        return None
+    q = pos + 4
+    items = []
+    for _ in range(b >> 1):
+        c = p[q]
+        if c & 0x81:
+            return None
+        start = q + 1
+        q = start + (c >> 1)
+        map_key = p[start:q]
+        c = p[q]
+        if c & 0x81:
+            return None
+        start = q + 1
+        q = start + (c >> 1)
+        items.append((map_key, p[start:q]))
+    if p[q] != 0:
+        return None
+    return items, q + 1
 
 
 def _rest(p: bytes, pos: int) -> tuple[bytes | None, list[bytes] | None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..change import StateChange
@@ -27,7 +27,7 @@ from .materialization import materialized_at
 from .materializer import MaterializationConfig
 from .ops import StateMeta, StateOp
 from .snapshot_store import SnapshotStore
-from .table_protocol import KeyedStateTable
+from .table_protocol import BulkLoadTable, KeyedStateTable
 
 logger = logging.getLogger(__name__)
 
@@ -123,18 +123,90 @@ def load_keyed_state(
                     table.load_group(key_group, data)
         snapshot = dataclasses.replace(
             snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in remote))
-    if snapshot is not None and snapshot.chunks:
-        for key_group, data, delta in snapshot_store.read_layers(snapshot, key_group_range):
-            if delta:
-                apply_delta(table, key_group, data)
-            else:
-                table.load_group(key_group, data)
     changed: set[int] = set()
-    for changelog in handle.changelog:
+
+    def changes_of(changelog: Any) -> Iterable[StateChange]:
         changes = local.get_changes(changelog) if local is not None else None
-        replay_changes(table, changes if changes is not None else reader.read(changelog),
-                       key_group_range, changed)
+        return changes if changes is not None else reader.read(changelog)
+
+    if snapshot is not None and snapshot.chunks:
+        tail: dict[int, list[StateOp]] | None = None
+        if (isinstance(table, BulkLoadTable) and not snapshot.layered
+                and sum(c.state_size for c in handle.changelog) <= MERGED_TAIL_BYTES):
+            # A small tail is read first and merged into the snapshot as it is loaded
+            # (BulkLoadTable.load_groups); with delta layers it must come after them.
+            tail = {}
+            for changelog in handle.changelog:
+                collect_changes(table, changes_of(changelog), key_group_range, tail)
+            changed.update(tail)
+        load_layers(table, snapshot_store.read_layers(snapshot, key_group_range), tail)
+        if tail is not None:
+            return changed
+    for changelog in handle.changelog:
+        replay_changes(table, changes_of(changelog), key_group_range, changed)
     return changed
+
+
+#: A changelog tail up to this many bytes (its handles' ``state_size``) is held in memory
+#: as ops during a restore into a :class:`BulkLoadTable`, to be merged into the snapshot;
+#: a longer one is replayed after it.
+MERGED_TAIL_BYTES = 16 << 20
+
+
+def collect_changes(table: KeyedStateTable, changes: Iterable[StateChange],
+                    key_group_range: KeyGroupRange, tail: dict[int, list[StateOp]]) -> None:
+    """Registrations of ``changes`` into ``table`` at once, the ops of
+    ``key_group_range`` appended to ``tail`` by key group (each key group's in log
+    order: key groups are independent, so this replays as the log order does)."""
+    contains = key_group_range.contains
+    decode = StateOp.from_bytes
+    for change in changes:
+        if change.is_meta:
+            table.register(StateMeta.from_bytes(change.payload))
+        elif contains(change.key_group):
+            ops = tail.get(change.key_group)
+            if ops is None:
+                ops = tail[change.key_group] = []
+            ops.append(decode(change.payload))
+
+
+def load_layers(table: KeyedStateTable, layers: Iterable[tuple[int, bytes, bool]],
+                tail: Mapping[int, Sequence[StateOp]] | None = None) -> None:
+    """Load snapshot layers (key group, serialized layer, whether a delta) in order:
+    the whole states before the first delta in one :meth:`BulkLoadTable.load_groups` when
+    the table has it (a snapshot's layers come whole states first), each later layer on
+    its own (a delta merged into its key group's state, a whole state replacing it).
+    ``tail``: ops (by key group, in log order) to apply after the layers; only for a
+    :class:`BulkLoadTable` and layers without deltas (ValueError otherwise)."""
+    found = iter(layers)
+    first_delta: tuple[int, bytes] | None = None
+
+    def whole_states() -> Iterator[tuple[int, bytes]]:
+        nonlocal first_delta
+        for key_group, data, delta in found:
+            if delta:
+                first_delta = (key_group, data)
+                return
+            yield key_group, data
+
+    if isinstance(table, BulkLoadTable):
+        table.load_groups(whole_states(), tail)
+    else:
+        if tail is not None:
+            raise ValueError(f"a changelog tail is merged only into a bulk-loading table, "
+                             f"not {type(table).__name__}")
+        for key_group, data in whole_states():
+            table.load_group(key_group, data)
+    if first_delta is not None:
+        if tail is not None:
+            raise ValueError(f"snapshot delta of key group {first_delta[0]}: a changelog "
+                             "tail merged into the snapshot must come after its deltas")
+        apply_delta(table, *first_delta)
+    for key_group, data, delta in found:
+        if delta:
+            apply_delta(table, key_group, data)
+        else:
+            table.load_group(key_group, data)
 
 
 #: Ops a replay hands the table at once (:meth:`KeyedStateTable.apply_batch`).

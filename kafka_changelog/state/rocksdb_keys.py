@@ -45,6 +45,8 @@ NUL, ESCAPED_NUL = b"\x00", b"\x00\xff"
 #: The entry count and change epochs: signed 64-bit big-endian.
 INT64 = struct.Struct(">q")
 _LENGTH = struct.Struct(">I")
+#: The 4-byte lengths of short items, made once (a list is encoded item by item).
+_SMALL_LENGTHS = [_LENGTH.pack(size) for size in range(256)]
 
 
 def key_group_prefix(key_group: int) -> bytes:
@@ -86,8 +88,12 @@ def prefix_end(prefix: bytes) -> bytes | None:
 def encode_items(values: Sequence[bytes]) -> bytes:
     """A list state's stored value: each item as its 4-byte length and its bytes, so
     appending items is appending bytes."""
-    pack = _LENGTH.pack
-    return b"".join([part for v in values for part in (pack(len(v)), v)])
+    parts: list[bytes] = []
+    small = _SMALL_LENGTHS
+    for value in values:
+        size = len(value)
+        parts += (small[size] if size < 256 else _LENGTH.pack(size), value)
+    return b"".join(parts)
 
 
 def decode_items(data: bytes) -> list[bytes]:

@@ -31,7 +31,7 @@ keys, the store's life); what can stand alone is in the modules above.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ from .key_group_codec import (
 )
 from .ops import OpKind, StateMeta, StateOp
 from .rocksdb_changes import ChangeTracker
+from .rocksdb_group_writes import GroupWrites
+from .rocksdb_ingest import SstIngest
 from .rocksdb_keys import (
     COUNT,
     INT64,
@@ -134,10 +136,10 @@ class RocksDBStateTable:
             return
         rocks = _rocksdict()
         self.path.mkdir(parents=True, exist_ok=True)
-        options, self._write_options = self.options.open_options(rocks)
+        self._options, self._write_options = self.options.open_options(rocks)
         self._batch_type = rocks.WriteBatch
         self._read_options_type = rocks.ReadOptions
-        self._db = db = rocks.Rdict(str(self.path), options)
+        self._db = db = rocks.Rdict(str(self.path), self._options)
         self._states: dict[str, _State] = {}
         self._metas: dict[str, StateMeta] = {}
         # (key group, state) -> (key prefix, storage kind): built once per pair.
@@ -422,41 +424,7 @@ class RocksDBStateTable:
         loading: list[StateLoad] = []
 
         def state(meta: StateMeta) -> StateLoad:
-            self.register(meta)
-            prefix, kind = self._prefix(key_group, meta.state)
-
-            def start_of(key: bytes) -> bytes:
-                return map_start(prefix, key)
-
-            def other(key: bytes, value: bytes | None, values: list[bytes] | None,
-                      items: list[tuple[bytes, bytes]] | None) -> int:
-                # An entry of an unusual shape: the entry of the state's kind if present.
-                put = load.put
-                if kind == KIND_VALUE and value is not None:
-                    put(prefix + key, value)
-                elif kind == KIND_LIST and values is not None:
-                    put(prefix + key, encode_items(values))
-                elif kind == KIND_MAP and items is not None:
-                    if not items:
-                        return 0  # an empty map is no entry
-                    start = start_of(key)
-                    for map_key, item in items:
-                        put(start + map_key, item)
-                elif value is None and values is None and items is None:
-                    return 0  # an entry without data
-                else:
-                    raise StateMismatchError(
-                        f"snapshot of key group {key_group} holds an entry of another kind "
-                        f"for {meta.kind.value} state {meta.state!r}")
-                return 1
-
-            if kind == KIND_MAP:
-                load = StateLoad(SHAPE_MAP, prefix, batch.put, other, map_start=start_of)
-            elif kind == KIND_LIST:
-                load = StateLoad(SHAPE_LIST, prefix, batch.put, other,
-                                 list_value=encode_items)
-            else:
-                load = StateLoad(SHAPE_VALUE, prefix, batch.put, other)
+            load = self._state_load(key_group, meta, batch.put)
             loading[:] = [load]
             return load
 
@@ -471,6 +439,117 @@ class RocksDBStateTable:
         self._count += load_key_group(data, state, tick)
         if len(batch):
             db.write(batch, write)
+
+    def load_groups(self, groups: Iterable[tuple[int, bytes]],
+                    tail: Mapping[int, Sequence[StateOp]] | None = None) -> None:
+        """:meth:`load_group` of each (key group, serialized state) in order, then the ops
+        of ``tail`` (key group -> its ops in log order) as :meth:`apply_batch` of them
+        would: the same result. Into an empty store (a restore's fresh working copy), each
+        key group's entries are decoded into memory, its tail ops applied to them there
+        (:mod:`.rocksdb_group_writes`), and the result written as sorted SST files and
+        ingested whole (:mod:`.rocksdb_ingest`): no memtable, no flush or compaction of
+        them, no store read per tail op; one key group's entries in memory at a time. A
+        store with entries, or a key group given twice: through :meth:`load_group` (an
+        ingested file would hide entries, not replace them)."""
+        db = self._live()
+        tail = tail or {}
+        if self._count or self.key_groups():
+            for key_group, data in groups:
+                self.load_group(key_group, data)
+            for key_group in sorted(tail):
+                self.apply_batch([(key_group, op) for op in tail[key_group]])
+            return
+        self._seen.clear()
+        ingest = SstIngest(_rocksdict(), db, self._options, self.path)
+        ingested: set[int] = set()
+        again: set[int] = set()  # loaded twice: its tail goes after the second load
+        try:
+            for key_group, data in groups:
+                if key_group in ingested:
+                    ingest.finish()  # then replaced as load_group replaces
+                    self.load_group(key_group, data)
+                    again.add(key_group)
+                    continue
+                ingested.add(key_group)
+                self._ingest_group(ingest, key_group, data, tail.get(key_group, ()))
+            for key_group in sorted(set(tail) - ingested):  # key groups only the tail has
+                self._ingest_group(ingest, key_group, None, tail[key_group])
+            ingest.finish()
+        except BaseException:
+            ingest.abandon()
+            raise
+        for key_group in sorted(again & set(tail)):
+            self.apply_batch([(key_group, op) for op in tail[key_group]])
+
+    def _ingest_group(self, ingest: SstIngest, key_group: int, data: bytes | None,
+                      ops: Sequence[StateOp]) -> None:
+        """Decode ``data`` (None: the key group has no snapshot) into a dict of stored
+        entries, apply ``ops`` to it, and write it sorted: the store's key order, states
+        by number (a snapshot orders them by name)."""
+        entries: dict[bytes, bytes] = {}  # a later put of a key replaces it, as in a batch
+
+        def state(meta: StateMeta) -> StateLoad:
+            return self._state_load(key_group, meta, entries.__setitem__)
+
+        count = load_key_group(data, state) if data is not None else 0
+        if ops:
+            writes = GroupWrites(entries, self._changes.mark)
+            for op in ops:
+                found = self._prefixes.get((key_group, op.state))
+                prefix, kind = found if found is not None else self._prefix(key_group,
+                                                                           op.state)
+                if op.op not in ALLOWED[kind]:
+                    raise self._refused(key_group, op.state, op.op)
+                count += mutate(writes, kind, op.op, prefix, op.key, op.map_key, op.value,
+                                op.values)
+            if writes.marks:
+                marks = self._batch_type(raw_mode=True)
+                for mark in writes.marks:
+                    marks.put(mark, b"")
+                self._live().write(marks, self._write_options)
+        keys = sorted(entries)  # bytes order: the store's
+        ingest.add_group(key_group, keys, map(entries.__getitem__, keys))
+        self._count += count
+
+    def _state_load(self, key_group: int, meta: StateMeta, put: Callable[[bytes, Any], Any]
+                    ) -> StateLoad:
+        """How :func:`load_key_group` stores ``meta``'s entries of ``key_group`` through
+        ``put(stored key, stored value)`` (registering the state)."""
+        self.register(meta)
+        prefix, kind = self._prefix(key_group, meta.state)
+
+        def start_of(key: bytes) -> bytes:
+            return map_start(prefix, key)
+
+        def other(key: bytes, value: bytes | None, values: list[bytes] | None,
+                  items: list[tuple[bytes, bytes]] | None) -> int:
+            # An entry of an unusual shape: the entry of the state's kind if present.
+            put = load.put
+            if kind == KIND_VALUE and value is not None:
+                put(prefix + key, value)
+            elif kind == KIND_LIST and values is not None:
+                put(prefix + key, encode_items(values))
+            elif kind == KIND_MAP and items is not None:
+                if not items:
+                    return 0  # an empty map is no entry
+                start = start_of(key)
+                for map_key, item in items:
+                    put(start + map_key, item)
+            elif value is None and values is None and items is None:
+                return 0  # an entry without data
+            else:
+                raise StateMismatchError(
+                    f"snapshot of key group {key_group} holds an entry of another kind "
+                    f"for {meta.kind.value} state {meta.state!r}")
+            return 1
+
+        if kind == KIND_MAP:
+            load = StateLoad(SHAPE_MAP, prefix, put, other, map_start=start_of)
+        elif kind == KIND_LIST:
+            load = StateLoad(SHAPE_LIST, prefix, put, other, list_value=encode_items)
+        else:
+            load = StateLoad(SHAPE_VALUE, prefix, put, other)
+        return load
 
     # -- changed keys (``track_changes``) ---------------------------------------------------
 

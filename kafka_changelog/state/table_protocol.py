@@ -10,7 +10,7 @@ the same bytes for the same state, so snapshots restore into either.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -101,6 +101,18 @@ class KeyedStateTable(Protocol):
 
 
 @runtime_checkable
+class BulkLoadTable(KeyedStateTable, Protocol):
+    """A table that loads many key groups' snapshots at once (a restore's whole states)."""
+
+    def load_groups(self, groups: Iterable[tuple[int, bytes]],
+                    tail: Mapping[int, Sequence[StateOp]] | None = None) -> None:
+        """:meth:`load_group` of each (key group, serialized state) in order, then the
+        ``tail`` ops (key group -> its ops in log order) as :meth:`apply_batch` would:
+        the same result, however the table writes them."""
+        ...
+
+
+@runtime_checkable
 class HostStoreTable(KeyedStateTable, Protocol):
     """A working copy kept in a host-local store directory across tasks: it is closed
     and reopened in place, made durable and copied, and it marks the keys mutations
@@ -134,4 +146,4 @@ class HostStoreTable(KeyedStateTable, Protocol):
         ...
 
 
-__all__ = ["Entry", "HostStoreTable", "KeyedStateTable"]
+__all__ = ["BulkLoadTable", "Entry", "HostStoreTable", "KeyedStateTable"]

@@ -225,3 +225,19 @@ def test_value_entries_from_stored_keys_encode_as_entries_do(
     meta = StateMeta("s", StateKind.VALUE, "bytes")
     assert assemble_key_group([(meta, *encode_value_entries(stored, len(prefix)))]) == (
         encode_key_group([(meta, ordered)]))
+
+
+def test_load_key_group_reads_lists_and_maps_of_every_item_count_and_length() -> None:
+    """Item counts and lengths around one varint byte (63, 64): the inline list and map
+    reads and the general one agree."""
+    lists = StateMeta("l", StateKind.LIST, "bytes")
+    maps = StateMeta("m", StateKind.MAP, "bytes", "bytes")
+    sizes = [0, 1, 63, 64, 65]
+    list_entries = [(b"k%d-%d" % (n, size), [bytes([n % 7]) * size] * n)
+                    for n in sizes for size in (0, 63, 64)]
+    map_entries = [(b"k%d-%d" % (n, size), {b"%03d" % i + b"x" * size: b"v" * size
+                                            for i in range(n)})
+                   for n in sizes for size in (0, 60, 64)]
+    data = encode_key_group([(lists, sorted(list_entries)), (maps, sorted(map_entries))])
+    for with_map_start in (True, False):
+        assert loaded(data, with_map_start) == expected_loads(data, with_map_start)
