@@ -69,8 +69,7 @@ class ChangeColumns:
     sequence_numbers: Int64s
     indexes: Int64s
     key_groups: Int64s
-    #: A ``large_binary`` array (possibly a slice of a larger one).
-    payloads: pa.Array
+    payloads: Sequence[bytes]
 
     @classmethod
     def of(cls, changes: Sequence[RawChange]) -> ChangeColumns:
@@ -79,20 +78,79 @@ class ChangeColumns:
             np.array([c[0] for c in changes], np.int64),
             np.array([c[1] for c in changes], np.int64),
             np.array([c[2] for c in changes], np.int64),
-            pa.array([c[3] for c in changes], pa.large_binary()),
+            [c[3] for c in changes],
         )
 
     def __len__(self) -> int:
         return len(self.sequence_numbers)
 
-    def payload_sizes(self) -> Int64s:
-        """The payloads' lengths (read off the array's offsets, not the payloads)."""
-        array = self.payloads
-        offsets = np.frombuffer(array.buffers()[1], np.int64, len(array) + 1, array.offset * 8)
-        return np.diff(offsets)
 
+#: Below this mean payload size, records are laid out by Arrow (no Python object per
+#: change); from it on, by joining the payloads in Python (one copy of their bytes
+#: instead of two, which matters more than a Python step per change).
+ARROW_LAYOUT_BELOW_BYTES = 1024
 
 _NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the records of an upload start and stop (rows), and their change headers."""
+
+    name_part: bytes
+    starts: list[int]
+    stops: list[int]
+    header_data: bytes
+    header_offsets: Int64s
+
+    def framing(self) -> list[bytes]:
+        """Each record's start: log id, then change count (the array block's)."""
+        return [self.name_part + varint(stop - first)
+                for first, stop in zip(self.starts, self.stops, strict=True)]
+
+
+def _values_by_arrow(layout: _Layout, payloads: Sequence[bytes]) -> list[bytes | pa.Buffer]:
+    # One Arrow join of headers and payloads lays out every record in one buffer, and a
+    # record's value is a slice of it. Record framing rides in the headers: the header of
+    # a record's first change starts with the end of the record before (a 0 byte) and the
+    # start of its own. Only the last record's end is added apart, by copying that record.
+    count, starts = len(payloads), layout.starts
+    framing = [(b"\x00" if k else b"") + part for k, part in enumerate(layout.framing())]
+    framing_lengths = np.array([len(f) for f in framing], np.int64)
+    framed_data = np.insert(np.frombuffer(layout.header_data, np.uint8),
+                            np.repeat(layout.header_offsets[starts], framing_lengths),
+                            np.frombuffer(b"".join(framing), np.uint8))
+    inserted = np.zeros(count + 1, np.int64)
+    inserted[starts] = framing_lengths
+    framed_offsets = layout.header_offsets + np.cumsum(inserted) - inserted
+    joined = pc.binary_join_element_wise(
+        pa.Array.from_buffers(pa.large_binary(), count,
+                              [None, pa.py_buffer(framed_offsets), pa.py_buffer(framed_data)]),
+        pa.array(payloads, pa.large_binary()), _NO_SEPARATOR)
+    offsets = np.frombuffer(joined.buffers()[1], np.int64, count + 1, joined.offset * 8)
+    data = joined.buffers()[2]
+    # From just after the 0 byte closing the record before to just after the 0 byte the
+    # next one starts with.
+    byte_starts = (offsets[starts] + (np.arange(len(starts)) > 0)).tolist()
+    byte_stops = (offsets[layout.stops] + 1).tolist()
+    values: list[bytes | pa.Buffer] = [data[a:b] for a, b in zip(
+        byte_starts[:-1], byte_stops[:-1], strict=True)]
+    values.append(b"".join((data[byte_starts[-1]:int(offsets[count])], b"\x00")))
+    return values
+
+
+def _values_by_join(layout: _Layout, payloads: Sequence[bytes]) -> list[bytes | pa.Buffer]:
+    # Large payloads: one bytes join per record, headers and payloads interleaved.
+    header_data, bounds = layout.header_data, layout.header_offsets.tolist()
+    values: list[bytes | pa.Buffer] = []
+    for start_part, first, stop in zip(layout.framing(), layout.starts, layout.stops,
+                                       strict=True):
+        parts = [start_part]
+        for i in range(first, stop):
+            parts += (header_data[bounds[i]:bounds[i + 1]], payloads[i])
+        parts.append(b"\x00")
+        values.append(b"".join(parts))
+    return values
 
 
 def encode_records(
@@ -105,17 +163,15 @@ def encode_records(
     ``breaks`` and the row before it (the writer breaks at each partition's first row).
     Values are byte-identical to fastavro's ``ChangeBatch`` encoding (tested).
 
-    Column by column, without a Python object per change: NumPy encodes the per-change
-    headers (four Avro longs), and one Arrow join of headers and payloads lays out every
-    record's bytes in one buffer, so a record's value is a slice of it. Record framing
-    rides in the headers: the header of a record's first change starts with the end of
-    the record before (a 0 byte) and the start of its own (log id, change count). Only
-    the last record's end is added apart, by copying that one record.
+    Column by column: NumPy encodes the per-change headers (four Avro longs) at once;
+    small payloads are laid out with them by Arrow, without a Python object per change,
+    large ones joined with them in Python (see ``ARROW_LAYOUT_BELOW_BYTES``).
     """
     count = len(columns)
     if count == 0:
         return []
-    sizes = columns.payload_sizes()
+    payloads = columns.payloads
+    sizes = np.fromiter(map(len, payloads), np.int64, count)
     sequence_numbers, key_groups = columns.sequence_numbers, columns.key_groups
     ends = np.cumsum(sizes + CHANGE_OVERHEAD_BYTES)
     forced = sorted({b for b in breaks if 0 < b < count})
@@ -129,26 +185,11 @@ def encode_records(
             start = min(limit, max(start + 1, stop))
     stops = [*starts[1:], count]
     name = log_id.encode()
-    name_part = varint(len(name)) + name
     header_data, header_offsets = varint_rows(
         [sequence_numbers, columns.indexes, key_groups, sizes])
-    framing = [(b"\x00" if k else b"") + name_part + varint(stop - first)
-               for k, (first, stop) in enumerate(zip(starts, stops, strict=True))]
-    framing_lengths = np.array([len(f) for f in framing], np.int64)
-    header_starts = header_offsets[starts]
-    framed_data = np.insert(np.frombuffer(header_data, np.uint8),
-                            np.repeat(header_starts, framing_lengths),
-                            np.frombuffer(b"".join(framing), np.uint8))
-    inserted = np.zeros(count + 1, np.int64)
-    inserted[starts] = framing_lengths
-    framed_offsets = header_offsets + np.cumsum(inserted) - inserted
-    framed_offsets[count] = len(framed_data)
-    joined = pc.binary_join_element_wise(
-        pa.Array.from_buffers(pa.large_binary(), count,
-                              [None, pa.py_buffer(framed_offsets), pa.py_buffer(framed_data)]),
-        columns.payloads, _NO_SEPARATOR)
-    offsets = np.frombuffer(joined.buffers()[1], np.int64, count + 1, joined.offset * 8)
-    data = joined.buffers()[2]
+    layout = _Layout(varint(len(name)) + name, starts, stops, header_data, header_offsets)
+    small = int(ends[-1]) < (ARROW_LAYOUT_BELOW_BYTES + CHANGE_OVERHEAD_BYTES) * count
+    values = (_values_by_arrow if small else _values_by_join)(layout, payloads)
     # Per record: the first and last sequence number, the span of non-meta key groups.
     first_sqns = sequence_numbers[starts].tolist()
     last_sqns = sequence_numbers[[stop - 1 for stop in stops]].tolist()
@@ -156,11 +197,6 @@ def encode_records(
     low_groups = np.minimum.reduceat(np.where(is_meta, np.iinfo(np.int64).max, key_groups),
                                      starts).tolist()
     high_groups = np.maximum.reduceat(key_groups, starts).tolist()
-    # A record from just after the 0 byte closing the one before (its first change's
-    # header starts with it) to just after the 0 byte its successor starts with.
-    byte_starts = (offsets[starts] + (np.arange(len(starts)) > 0)).tolist()
-    byte_stops = (offsets[stops] + 1).tolist()
-    last = data[byte_starts[-1]:int(offsets[count])]
     records = []
     for k, (first, stop) in enumerate(zip(starts, stops, strict=True)):
         group_span = ((low_groups[k], high_groups[k]) if high_groups[k] != META_KEY_GROUP
@@ -168,11 +204,9 @@ def encode_records(
         sqn_span = (first_sqns[k], last_sqns[k])
         members = ((sqn_span[0],) if sqn_span[0] == sqn_span[1] else
                    tuple(np.unique(sequence_numbers[first:stop]).tolist()))
-        value = (data[byte_starts[k]:byte_stops[k]] if stop < count
-                 else b"".join((last, b"\x00")))
         records.append((first, EncodedRecord(
-            name, value,
-            record_headers(log_id, sqn_span, group_span), sqn_span, group_span, members)))
+            name, values[k], record_headers(log_id, sqn_span, group_span), sqn_span,
+            group_span, members)))
     return records
 
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
-import pyarrow as pa
 
 from ..buffering_writer import BufferingChangelogWriter
 from ..change import META_KEY_GROUP
@@ -124,12 +123,11 @@ class KafkaChangelogWriter(BufferingChangelogWriter[KafkaChangelogHandle, KafkaL
             payload_list = [payload_list[i] for i in order.tolist()]
             sequence_numbers, indexes = sequence_numbers[order], indexes[order]
             key_groups, partitions = key_groups[order], partitions[order]
-        payloads = pa.array(payload_list, pa.large_binary())
         # Each partition's first row starts a record of its own.
         breaks = (np.flatnonzero(np.diff(partitions)) + 1).tolist()
         planned = [
             (int(partitions[first]), record) for first, record in encode_records(
-                self.log_id, ChangeColumns(sequence_numbers, indexes, key_groups, payloads),
+                self.log_id, ChangeColumns(sequence_numbers, indexes, key_groups, payload_list),
                 self._max_record_bytes, breaks)
         ]
         for _, record in planned:

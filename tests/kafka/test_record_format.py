@@ -5,12 +5,14 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from unittest import mock
 
 import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kafka_changelog.kafka import record_format
 from kafka_changelog.kafka.record_format import (
     CHANGE_OVERHEAD_BYTES,
     ChangeColumns,
@@ -34,8 +36,20 @@ changes = st.lists(st.builds(
 ), max_size=40)
 
 
-@given(st.text(max_size=80), changes)
-def test_encoder_matches_avro(log_id: str, batch: list[LoggedChange]) -> None:
+#: The mean payload size from which records are joined in Python, not laid out by Arrow:
+#: every test of the encoder runs with both layouts.
+LAYOUTS = pytest.mark.parametrize("arrow_below", [record_format.ARROW_LAYOUT_BELOW_BYTES, 0],
+                                  ids=["arrow", "join"])
+
+
+@LAYOUTS
+@given(log_id=st.text(max_size=80), batch=changes)
+def test_encoder_matches_avro(arrow_below: int, log_id: str, batch: list[LoggedChange]) -> None:
+    with mock.patch.object(record_format, "ARROW_LAYOUT_BELOW_BYTES", arrow_below):
+        check_encoding(log_id, batch)
+
+
+def check_encoding(log_id: str, batch: list[LoggedChange]) -> None:
     expected = io.BytesIO()
     fastavro.schemaless_writer(expected, SCHEMA, {"log_id": log_id, "changes": [
         {"sequence_number": c.sequence_number, "index": c.position, "key_group": c.key_group,
@@ -74,10 +88,17 @@ def test_schema_header_is_checked() -> None:
         check_schema_header([])
 
 
-@given(changes.filter(bool), st.integers(40, 2000), st.lists(st.integers(0, 40), max_size=4))
+@LAYOUTS
+@given(batch=changes.filter(bool), bound=st.integers(40, 2000),
+       breaks=st.lists(st.integers(0, 40), max_size=4))
 def test_records_split_at_breaks_and_at_the_bound(
-    batch: list[LoggedChange], bound: int, breaks: list[int]
+    arrow_below: int, batch: list[LoggedChange], bound: int, breaks: list[int]
 ) -> None:
+    with mock.patch.object(record_format, "ARROW_LAYOUT_BELOW_BYTES", arrow_below):
+        check_split(batch, bound, breaks)
+
+
+def check_split(batch: list[LoggedChange], bound: int, breaks: list[int]) -> None:
     batch.sort(key=lambda c: (c.sequence_number, c.position))
     records = encode_records("log-b", ChangeColumns.of(batch), bound, breaks)
     firsts = [first for first, _ in records]
