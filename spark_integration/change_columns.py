@@ -156,19 +156,15 @@ class _Kept:
 
 
 def _kept(group: _Group, buffer: Bytes, limit: int, piece: OffsetSlice) -> _Kept | None:
-    starts = np.array(group.starts, np.int64)
-    read = read_longs(buffer, limit, starts)
-    if read is None:
-        return None
-    sqn, at = read
-    read = read_longs(buffer, limit, at)
-    if read is None:
-        return None
-    position, at = read
-    read = read_longs(buffer, limit, at)
-    if read is None:
-        return None
-    key_group, at = read
+    at = np.array(group.starts, np.int64)
+    fields: list[Int64s] = []
+    for _ in range(3):  # sequence number, position, key group
+        read = read_longs(buffer, limit, at)
+        if read is None:
+            return None
+        fields.append(read[0])
+        at = read[1]
+    sqn, position, key_group = fields
     content = read_lengths(buffer, limit, at)
     if content is None:
         return None

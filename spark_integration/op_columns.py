@@ -67,16 +67,26 @@ class OpColumns:
     values: Lists
 
 
-def _optional_bytes(buffer: Bytes, limit: int, positions: Int64s
-                    ) -> tuple[Slices, Int64s] | None:
-    """A ``["null", "bytes"]`` union at each position, and the positions after it."""
+def _union_branch(buffer: Bytes, limit: int, positions: Int64s
+                  ) -> tuple[npt.NDArray[np.bool_], Int64s] | None:
+    """Whether the ``["null", X]`` union at each position holds an X, and the positions
+    after its branch index; None unless every index is 0 or 1."""
     read = read_longs(buffer, limit, positions)
     if read is None:
         return None
     branch, after = read
     if not bool(((branch == 0) | (branch == 1)).all()):
         return None
-    present = branch == 1
+    return branch == 1, after
+
+
+def _optional_bytes(buffer: Bytes, limit: int, positions: Int64s
+                    ) -> tuple[Slices, Int64s] | None:
+    """A ``["null", "bytes"]`` union at each position, and the positions after it."""
+    branch = _union_branch(buffer, limit, positions)
+    if branch is None:
+        return None
+    present, after = branch
     rows = np.flatnonzero(present)
     starts = np.zeros(positions.size, np.int64)
     lengths = np.zeros(positions.size, np.int64)
@@ -93,13 +103,10 @@ def _optional_items(buffer: Bytes, limit: int, positions: Int64s
                     ) -> tuple[Lists, Int64s] | None:
     """A ``["null", {"type": "array", "items": "bytes"}]`` union at each position, and the
     positions after it; None for blocks with byte sizes or more than :data:`MAX_ITEMS`."""
-    read = read_longs(buffer, limit, positions)
-    if read is None:
+    branch = _union_branch(buffer, limit, positions)
+    if branch is None:
         return None
-    branch, after = read
-    if not bool(((branch == 0) | (branch == 1)).all()):
-        return None
-    present = branch == 1
+    present, after = branch
     counts = np.zeros(positions.size, np.int64)
     item_rows: list[Int64s] = []
     item_starts: list[Int64s] = []
