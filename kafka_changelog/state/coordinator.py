@@ -41,7 +41,7 @@ from .local_recovery import LocalRecoveryStore
 from .materializer import MaterializationConfig
 from .operator_state import OperatorStateBackend, redistribute
 from .restore import restore_backend
-from .snapshot import ChunkRef
+from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore
 
 logger = logging.getLogger(__name__)
@@ -124,8 +124,7 @@ class CheckpointCoordinator:
         """Tombstone the snapshot chunks no checkpoint can name any more (the rules:
         :mod:`~kafka_changelog.state.chunk_sweep`); reads the whole snapshot topic."""
         live = self.snapshots.live_keys()  # before the names: a chunk named later is newer
-        named = [s.keyed.snapshot for cp in self.checkpoints.all_checkpoints()
-                 for s in cp.subtasks if s.keyed is not None and s.keyed.snapshot is not None]
+        named = list(_snapshots(self.checkpoints.all_checkpoints()))
         for commit in self.checkpoints.all_subtask_commits():
             keyed = SubtaskState.from_bytes(commit.subtask_state).keyed
             if keyed is not None and keyed.snapshot is not None:
@@ -314,13 +313,17 @@ class CheckpointCoordinator:
                                     redistribute(old, parallelism)[subtask_index])
 
 
-def _chunks(checkpoints: Iterable[CompletedCheckpoint]) -> Iterable[tuple[str, ChunkRef]]:
+def _snapshots(checkpoints: Iterable[CompletedCheckpoint]) -> Iterable[SnapshotHandle]:
     for checkpoint in checkpoints:
         for subtask in checkpoint.subtasks:
-            keyed = subtask.keyed
-            if keyed is not None and keyed.snapshot is not None:
-                for chunk in keyed.snapshot.chunks:
-                    yield keyed.snapshot.backend_id, chunk
+            if subtask.keyed is not None and subtask.keyed.snapshot is not None:
+                yield subtask.keyed.snapshot
+
+
+def _chunks(checkpoints: Iterable[CompletedCheckpoint]) -> Iterable[tuple[str, ChunkRef]]:
+    for snapshot in _snapshots(checkpoints):
+        for chunk in snapshot.chunks:
+            yield snapshot.backend_id, chunk
 
 
 def _changelog_handles(checkpoint: CompletedCheckpoint) -> Iterable[ChangelogHandle]:

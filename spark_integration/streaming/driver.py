@@ -160,8 +160,8 @@ class StatefulProcessor:
         #: Batches this processor ran (its reports beyond the window included).
         self.batches_run = 0
         self._struct: Any = None
-        #: The subtask placement: (session, parallelism, cached DataFrame).
-        self._placement_of: tuple[Any, int, Any] | None = None
+        #: The subtask placement: (parallelism, cached DataFrame).
+        self._placement_of: tuple[int, Any] | None = None
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
@@ -181,7 +181,7 @@ class StatefulProcessor:
         kept, self._placement_of = self._placement_of, None
         if kept is not None:
             try:
-                kept[2].unpersist()
+                kept[1].unpersist()
             except Exception as exc:  # a stopped session has nothing cached any more
                 logger.debug("dropping the subtask placement: %s", exc)
 
@@ -191,10 +191,10 @@ class StatefulProcessor:
         micro-batch has a session of its own; the cache is the application's, so every
         batch's placement reads the same cached partitions); the placement of another
         parallelism is dropped."""
-        if self._placement_of is not None and self._placement_of[1] != parallelism:
+        if self._placement_of is not None and self._placement_of[0] != parallelism:
             self._drop_placement()
         placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
-        self._placement_of = (spark, parallelism, placement)
+        self._placement_of = (parallelism, placement)
         return placement
 
     def __enter__(self) -> StatefulProcessor:
