@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -86,11 +87,12 @@ def frames(users: int, per_batch: int, batches: int) -> list[pd.DataFrame]:
 
 
 def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
-                batches: list[pd.DataFrame], own: list[int], *, host_dirs: bool = False
-                ) -> dict[str, Any]:
+                batches: list[pd.DataFrame], own: list[int], *, host_dirs: bool = False,
+                before: dict[int, Callable[[], None]] | None = None) -> dict[str, Any]:
     """Run ``batches`` through a processor of ``backend`` on ``spark``. ``host_dirs``:
     every host keeps its stores in its own default state directory (else all share one
-    directory, made here)."""
+    directory, made here). ``before``: what to do before some batches (by batch id; not
+    timed)."""
     topics = {name: unique_topic(f"cluster-{backend}-{name}")
               for name in ("changelog", "snapshots", "checkpoints")}
     broker.topics.extend(topics.values())
@@ -111,16 +113,19 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
     load = ForeignLoad(own)
     try:
         for batch_id, frame in enumerate(batches):
+            if before and batch_id in before:
+                before[batch_id]()
+                print(f"  before batch {batch_id}: {before[batch_id].__name__}", flush=True)
             df = spark.createDataFrame(frame)
             started = time.perf_counter()
             processor(df, batch_id)
             seconds = time.perf_counter() - started
             report = processor.reports[-1]
-            sources = [report.subtask_metrics[s].state_source
-                       for s in sorted(report.subtask_metrics)]
+            subtasks = [report.subtask_metrics[s] for s in sorted(report.subtask_metrics)]
+            sources = [m.state_source for m in subtasks]
             restore_s = sum(report.restore_s.values())
             runs.append({"batch_id": batch_id, "seconds": seconds, "sources": sources,
-                         "restore_s": restore_s,
+                         "restore_s": restore_s, "attach_s": [m.attach_s for m in subtasks],
                          "state_rows": sum(m.state_rows
                                            for m in report.subtask_metrics.values())})
             if batch_id % 10 == 0 or "restored" in sources:

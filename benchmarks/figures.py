@@ -247,6 +247,36 @@ def cluster_state_figures(data: Json) -> list[Figure]:
         for case in data["cases"]]
 
 
+def _pass(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def host_loss_figures(data: Json) -> list[Figure]:
+    """``bench_host_loss``: two hosts, one lost and back, ``rocksdb``."""
+    checks = data["checks"]
+    first = data["first_batch_after_loss"]
+    caught, restores = data["caught_up_s"], data["restore_s"]
+    where = "cluster, 2 hosts, `rocksdb`"
+    back = (f"{sum(caught) / len(caught):.3f} s against {sum(restores) / len(restores):.3f} s"
+            if caught and restores else f"{len(caught)} catch-ups, {len(restores)} restores")
+    return [
+        Figure("bench_host_loss", f"{where}: warm subtask-batches restored from Kafka",
+               str(data["warm_restores"]), "0", _pass(checks["warm_restores"])),
+        Figure("bench_host_loss", f"{where}: warm batches, p90 / median",
+               f"{data['p90_over_median']:.3f}x ({data['warm_p90_s']:.2f} / "
+               f"{data['warm_median_s']:.2f} s)", "≤ 1.15x", _pass(checks["p90_over_median"])),
+        Figure("bench_host_loss",
+               f"{where}: first batch after a host is lost, subtasks restored in full",
+               f"{first['restored']} ({first['over_warm_median']:.2f}x the warm median); "
+               f"{data['restores_while_lost']} restores in the batches after it",
+               "≤ the lost host's (1); then 0",
+               _pass(checks["first_batch_after_loss"] and checks["restores_while_lost"])),
+        Figure("bench_host_loss", f"{where}: the host back, catch-up against full restore "
+               "(means)", f"{back}; {data['restores_after_back']} restores after the first "
+               "batch back", "then 0", _pass(checks["restores_after_back"])),
+    ]
+
+
 def vectorized_figures(data: Json) -> list[Figure]:
     """``bench_vectorized``: the vectorised entry point against the per-key baseline."""
     same = all(data["same_state_and_outputs_as_per_key"].values())
@@ -316,6 +346,7 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
     ("spark_reader.json", spark_reader_figures),
     ("large_state.json", large_state_figures),
     ("cluster_state.json", cluster_state_figures),
+    ("host_loss.json", host_loss_figures),
     ("vectorized.json", vectorized_figures),
     ("spark_stateful_perkey_10k_cached.json", spark_stateful("ours_rocksdb")),
     ("spark_stateful_200k_keyrows.json",
