@@ -213,9 +213,12 @@ def report(results: dict[str, Any]) -> str:
                   "median / local[2]", "others' CPU", "0 restores warm"], rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
+def measured_run(run: Callable[[Broker, int], dict[str, Any]], doc: str | None,
+                 default_json: Path, argv: list[str] | None) -> tuple[dict[str, Any], Path]:
+    """Parse ``--json``/``--batches``, then ``run`` against a fresh broker; the results
+    (with the machine and the total seconds) and where to write them."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--json", type=Path, default=default_json)
     parser.add_argument("--batches", type=int, default=BATCHES)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -223,13 +226,17 @@ def main(argv: list[str] | None = None) -> int:
         results = run(broker, args.batches)
         results["machine"] = machine_info()
     results["total_s"] = time.perf_counter() - started
+    return results, args.json
+
+
+def main(argv: list[str] | None = None) -> int:
+    results, json_path = measured_run(run, __doc__, DEFAULT_JSON, argv)
     print(f"\nstate sources and batch times ({results['users']:,} users, "
           f"{results['events_per_batch']:,} events per batch, {results['batches']} batches, "
           f"parallelism {PARALLELISM}; batch 0 is fresh and not counted)")
     print(report(results))
-    write_json(args.json, results)
+    write_json(json_path, results)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

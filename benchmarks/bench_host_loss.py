@@ -28,30 +28,26 @@ Run: ``PYTHONPATH=. python -m benchmarks.bench_host_loss [--batches N] [--json F
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
-from pathlib import Path
 from statistics import median
 from typing import Any
 
 from benchmarks.bench_cluster_state import (
-    BATCHES,
     EVENTS,
     FAST_DRIVER,
     PARALLELISM,
     USERS,
     WARM_FROM,
     frames,
+    measured_run,
     own_pids,
     run_backend,
 )
 from benchmarks.common import (
     RESULTS_DIR,
     Broker,
-    kafka_broker,
-    machine_info,
     percentile,
     scaled,
     table,
@@ -181,23 +177,14 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
-    parser.add_argument("--batches", type=int, default=BATCHES)
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    with kafka_broker() as broker:
-        results = run(broker, args.batches)
-        results["machine"] = machine_info()
-    results["total_s"] = time.perf_counter() - started
+    results, json_path = measured_run(run, __doc__, DEFAULT_JSON, argv)
     print(f"\na host lost before batch {results['lose_at']} and back before batch "
           f"{results['back_at']} ({results['users']:,} users, {results['events_per_batch']:,} "
           f"events per batch, {results['batches']} batches, parallelism {PARALLELISM})")
     print(report(results))
     print(f"result: {results['verdict']}")
-    write_json(args.json, results)
+    write_json(json_path, results)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
