@@ -34,6 +34,7 @@ later task applies the result (:func:`attach`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -48,12 +49,13 @@ from ..storage import StateChangelogStorage
 from . import store_materialization as jobs
 from .checkpoint import KeyedStateHandle, SubtaskState
 from .chunk_sweep import DEFAULT_SWEEP_GRACE_S
+from .key_group_codec import assemble_key_group
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S, sweep_idle
 from .local_store import StoreManifest, SubtaskStore
 from .materialization import materialized_at
 from .materializer import MaterializationConfig
-from .restore import replay_changes, restore_backend
+from .restore import load_layers, replay_changes, restore_backend
 from .rocksdb_options import RocksDBOptions
 from .snapshot_store import SnapshotStore
 from .subtask_backend import CachedBackend, StateSource, SubtaskPlacement
@@ -125,6 +127,9 @@ class StoreHold:
     applied_bytes: int = 0
     #: The background materialization this task started (to run after the release).
     started: jobs.StartedJob | None = field(default=None, repr=False)
+    #: Key groups a catch-up replaced by the base's snapshot (``CAUGHT_UP`` across a
+    #: materialization; see :class:`CatchUp`).
+    reloaded: frozenset[int] = frozenset()
 
 
 def expected_handle(placement: SubtaskPlacement,
@@ -142,11 +147,7 @@ def _at_base(manifest: StoreManifest | None, placement: SubtaskPlacement, base: 
              expected: bytes | None) -> bool:
     return (manifest is not None and base is not None and expected is not None
             and manifest.checkpoint_id == base and manifest.handle == expected
-            and manifest.key_group_range == placement.key_groups
-            and manifest.max_parallelism == placement.max_parallelism
-            and (manifest.application, manifest.operator_id, manifest.subtask,
-                 manifest.parallelism) == (placement.application, placement.operator_id,
-                                           placement.subtask, placement.parallelism))
+            and _same_subtask(manifest, placement))
 
 
 def attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int | None,
@@ -265,14 +266,16 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
             return _from_manifest(StoreHold(backend, table, store, placement, source,
                                             time.monotonic() - started, owner), manifest)
         if base is not None and expected is not None and manifest is not None:
-            tail = _tail_after(manifest, placement, handles[0])
-            if tail is not None:
+            catch_up = _catch_up(manifest, placement, handles[0])
+            if catch_up is not None:
                 store.mark_changing()
                 backend, table = _reattach(settings, placement, manifest, handles[0], store,
-                                           storage, snapshots, tail)
-                return _from_manifest(StoreHold(
-                    backend, table, store, placement, StateSource.CAUGHT_UP,
-                    time.monotonic() - started, owner), manifest)
+                                           storage, snapshots, catch_up)
+                hold = StoreHold(backend, table, store, placement, StateSource.CAUGHT_UP,
+                                 time.monotonic() - started, owner,
+                                 reloaded=catch_up.reload)
+                # A rebased store's pending job and schedule were of its older snapshot.
+                return hold if catch_up.rebased else _from_manifest(hold, manifest)
         store.reset()
         table = settings.open_table(store.db_path)
         # Materialization is the task's to start (materialize_in_background): the
@@ -302,54 +305,95 @@ def _from_manifest(hold: StoreHold, manifest: StoreManifest) -> StoreHold:
     return hold
 
 
-def _tail_after(manifest: StoreManifest, placement: SubtaskPlacement,
-                handle: KeyedStateHandle) -> tuple[ChangelogHandle, ...] | None:
-    """The changelog that brings a store at the manifest's (older) checkpoint to
-    ``handle``, when ``handle`` continues the store's state: the same subtask and
-    backend, the same snapshot, and the store's changelog a prefix of ``handle``'s
-    (handles name exact offset ranges, so the store holds nothing the base does not).
-    None: it does not (a materialization or a rescale came between, or the store is of
-    a checkpoint whose batch was re-run)."""
-    if (manifest.key_group_range != placement.key_groups
-            or manifest.max_parallelism != placement.max_parallelism
-            or (manifest.application, manifest.operator_id, manifest.subtask,
-                manifest.parallelism) != (placement.application, placement.operator_id,
-                                          placement.subtask, placement.parallelism)):
+@dataclass(frozen=True)
+class CatchUp:
+    """How a store at an older checkpoint of the subtask becomes the base: when
+    ``rebased``, the key groups of ``reload`` are replaced by the base's snapshot of them
+    (emptied where it has none), making the store that snapshot; then ``changelog`` is
+    replayed. Not ``rebased``: the store continues the base as it is (its changelog a
+    prefix of the base's) and ``changelog`` is the tail after it."""
+
+    rebased: bool
+    reload: frozenset[int]
+    changelog: tuple[ChangelogHandle, ...]
+
+
+def _same_subtask(manifest: StoreManifest, placement: SubtaskPlacement) -> bool:
+    return (manifest.key_group_range == placement.key_groups
+            and manifest.max_parallelism == placement.max_parallelism
+            and (manifest.application, manifest.operator_id, manifest.subtask,
+                 manifest.parallelism) == (placement.application, placement.operator_id,
+                                           placement.subtask, placement.parallelism))
+
+
+def _catch_up(manifest: StoreManifest, placement: SubtaskPlacement,
+              handle: KeyedStateHandle) -> CatchUp | None:
+    """How the store the manifest describes (an older checkpoint of the same subtask)
+    becomes ``handle``'s state, or None when a full restore costs less.
+
+    The store holds exactly the manifest's snapshot plus its changelog, and only the
+    manifest's changed key groups (and those of a job it had pending) differ from that
+    snapshot. When ``handle`` continues the store (same backend and snapshot, the
+    store's changelog a prefix of ``handle``'s: handles name exact offset ranges), only
+    the newer changelog is replayed. Otherwise (a materialization came between, or the
+    store is of a checkpoint whose batch was re-run elsewhere) every key group that may
+    differ from ``handle``'s snapshot is replaced by it (the store's changed key groups,
+    and those whose chunks differ: chunks are immutable records, so the same chunks
+    are the same state), and ``handle``'s whole changelog is replayed: nothing the
+    store applied is applied twice. That is worth it while the snapshot's key groups
+    kept are at least half its bytes; else None."""
+    if not _same_subtask(manifest, placement):
         return None
     old = SubtaskState.from_bytes(manifest.handle).keyed
-    if (old is None or old.backend_id != handle.backend_id
-            or old.backend_id != manifest.backend_id
-            or old.key_group_range != handle.key_group_range
-            or old.materialization_id != handle.materialization_id
-            or old.snapshot != handle.snapshot
-            or handle.changelog[:len(old.changelog)] != old.changelog):
+    if old is None or old.key_group_range != handle.key_group_range:
         return None
-    return handle.changelog[len(old.changelog):]
+    if (old.backend_id == handle.backend_id == manifest.backend_id
+            and old.materialization_id == handle.materialization_id
+            and old.snapshot == handle.snapshot
+            and handle.changelog[:len(old.changelog)] == old.changelog):
+        return CatchUp(False, frozenset(), handle.changelog[len(old.changelog):])
+    snapshot, previous = handle.snapshot, old.snapshot
+    if snapshot is None or (previous is not None and previous.topic != snapshot.topic):
+        return None  # nothing of the store is known to be the base's
+    changed = set(manifest.changed_key_groups)
+    if manifest.pending is not None:
+        changed.update(manifest.pending[1])
+    reload = frozenset(
+        key_group for key_group in handle.key_group_range
+        if key_group in changed or snapshot.chunks_of(key_group) != (
+            previous.chunks_of(key_group) if previous is not None else ()))
+    reloaded_bytes = sum(c.size for kg in reload for c in snapshot.chunks_of(kg))
+    if not snapshot.state_size or 2 * reloaded_bytes > snapshot.state_size:
+        return None  # a restore into an empty store (ingested whole) is faster
+    return CatchUp(True, reload, handle.changelog)
 
 
 def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
               manifest: StoreManifest, handle: KeyedStateHandle, store: SubtaskStore,
               storage: StateChangelogStorage[Any], snapshots: SnapshotStore,
-              tail: Sequence[ChangelogHandle] = ()
+              catch_up: CatchUp | None = None
               ) -> tuple[ChangelogKeyedStateBackend, HostStoreTable]:
-    """A backend on the store as it is, continuing the manifest's backend: same backend
-    id, ``handle``'s snapshot and changelog as base, its key groups still to materialize
-    and its materialization schedule. ``tail``: the changelog ``handle`` has beyond the
-    store's checkpoint, replayed into the store first (a catch-up)."""
+    """A backend on the store as it is, continuing ``handle``: its backend id, snapshot
+    and changelog as base, and (unless rebased by ``catch_up``) the manifest's key groups
+    still to materialize. ``catch_up``: how the store becomes ``handle``'s state first
+    (see :class:`CatchUp`); None: it is exactly at ``handle`` already."""
     table = settings.open_table(store.db_path)
-    changed = set(manifest.changed_key_groups)
+    rebased = catch_up is not None and catch_up.rebased
+    changed = set() if rebased else set(manifest.changed_key_groups)
     try:
         backend = ChangelogKeyedStateBackend(
             storage, snapshots, placement.operator_id, placement.key_groups,
-            placement.max_parallelism, _NO_TIMER, manifest.backend_id, table=table)
+            placement.max_parallelism, _NO_TIMER, handle.backend_id, table=table)
     except BaseException:
         table.close()
         raise
     try:
-        if tail:
+        if catch_up is not None:
+            if rebased:
+                _rebase(table, handle, catch_up.reload, placement, snapshots)
             reader = storage.reader()
             try:
-                for piece in tail:
+                for piece in catch_up.changelog:
                     replay_changes(table, reader.read(piece), placement.key_groups, changed)
             finally:
                 reader.close()
@@ -357,10 +401,29 @@ def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
         backend.close()
         raise
     backend.adopt_base(handle, changed)
-    logger.debug("subtask store %s reattached at checkpoint %d (%d entries; %d changelog "
-                 "handle(s) replayed)", store.directory, manifest.checkpoint_id,
-                 table.entry_count(), len(tail))
+    logger.debug("subtask store %s at checkpoint %d taken to %s (%d entries; %s)",
+                 store.directory, manifest.checkpoint_id, handle.materialization_id,
+                 table.entry_count(), "as it was" if catch_up is None else
+                 f"{len(catch_up.reload)} key group(s) reloaded, "
+                 f"{len(catch_up.changelog)} changelog handle(s) replayed")
     return backend, table
+
+
+def _rebase(table: HostStoreTable, handle: KeyedStateHandle, reload: frozenset[int],
+            placement: SubtaskPlacement, snapshots: SnapshotStore) -> None:
+    """Make the store ``handle``'s snapshot: the key groups of ``reload`` replaced by it
+    (emptied where it has none of them), every changed-key mark forgotten (marks say
+    what changed since the snapshot, and now nothing has)."""
+    snapshot = handle.snapshot
+    assert snapshot is not None  # _catch_up rebases only onto a snapshot
+    table.clear_changes(table.start_change_epoch())
+    empty = assemble_key_group(())
+    for key_group in sorted(reload):
+        if not snapshot.chunks_of(key_group) and table.has_entries(key_group):
+            table.load_group(key_group, empty)
+    wanted = dataclasses.replace(
+        snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in reload))
+    load_layers(table, snapshots.read_layers(wanted, placement.key_groups))
 
 
 def materialize_in_background(hold: StoreHold, checkpoint_id: int, encoded_handle: bytes,

@@ -115,7 +115,7 @@ def test_the_compose_broker_serves_clients_and_the_demo_runs_against_it(
 
     compose("build", "--force-rm", "demo")
     done = compose("run", "--rm", "demo", "python", "-m", "examples.streaming_demo",
-                   "--events", "1500", "--users", "40", "--per-batch", "300", timeout=900)
+                   "--events", "900", "--users", "40", "--per-batch", "300", timeout=900)
     out = done.stdout
     for job in ("clickstream", "sessions"):
         assert f"killed the examples.{job} driver (kill -9)" in out, out[-3000:]

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 def run_demo(kafka_cluster: Any, *extra: str) -> str:
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_cluster.bootstrap_servers}
     done = subprocess.run(
-        [sys.executable, "-m", "examples.streaming_demo", "--events", "1500", "--users", "40",
+        [sys.executable, "-m", "examples.streaming_demo", "--events", "900", "--users", "40",
          "--per-batch", "300", *extra],
         env=env, capture_output=True, text=True, timeout=900, preexec_fn=die_with_parent(),
     )

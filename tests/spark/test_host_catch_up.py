@@ -2,10 +2,11 @@
 left there: only the changelog since is read from Kafka and replayed (real broker).
 
 Each "host" is a local state directory of its own; the subtask moves between them task
-by task, as Spark moves a subtask's task between executors on different hosts. A store
-that the base does not continue (a materialization came between, or the store is of a
-batch that was re-run elsewhere) is restored in full instead: a catch-up never makes the
-state differ from what Kafka holds.
+by task, as Spark moves a subtask's task between executors on different hosts. Across a
+materialization (or from a store of a batch that was re-run elsewhere), the key groups
+that may differ from the base's snapshot are reloaded from it and the base's changelog is
+replayed; a store of which less than half the snapshot's bytes would be kept is restored
+in full instead. A catch-up never makes the state differ from what Kafka holds.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kafka_changelog import key_group_for_key
 from kafka_changelog.state.materializer import MaterializationConfig
 from tests.spark.host_subtasks import EVERY_TASK, Subtask, subtask_runner, users_in_groups
 
@@ -61,7 +63,62 @@ def test_a_subtask_back_on_a_host_catches_up_from_the_store_it_left(
     assert subtask.restored(5) == subtask.model
 
 
-def test_a_store_the_base_no_longer_continues_is_restored_in_full(
+def key_groups_of(users: list[str]) -> set[int]:
+    return {key_group_for_key(user.encode(), 128) for user in users}
+
+
+def test_across_a_materialization_only_the_key_groups_changed_since_are_reloaded(
+        subtask: Subtask, tmp_path: Path) -> None:
+    host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
+    groups = set(range(20, 36))
+    everyone = users_in_groups(groups, 64)
+    subtask.task(1, None, everyone, EVERY_TASK)  # every key group in a snapshot ...
+    on_a = [u for u in everyone if key_group_for_key(u.encode(), 128) == 20]
+    assert subtask.task(2, 1, on_a, NEVER).applied == 1  # ... applied here
+    move_to(subtask, host_b)
+    on_b = [u for u in everyone if key_group_for_key(u.encode(), 128) in {21, 22}]
+    assert subtask.task(3, 2, on_b, EVERY_TASK).source == "restored"
+    later = [u for u in everyone if key_group_for_key(u.encode(), 128) == 23]
+    assert subtask.task(4, 3, later, NEVER).applied == 1  # a newer snapshot, on host B
+    assert subtask.handles[4].materialization_id > subtask.handles[2].materialization_id
+    move_to(subtask, host_a)
+    back = subtask.task(5, 4, everyone[:3], NEVER)
+    assert back.source == "caught-up"
+    # The store's own changes and those of host B's snapshot: the rest is kept as it is,
+    # and the base's changelog (key group 23's changes and batch 5's) replayed on top.
+    assert back.reloaded == {20, 21, 22}
+    assert subtask.restored(5) == subtask.model
+    assert subtask.task(6, 5, everyone, NEVER).source == "reattached"
+    assert subtask.restored(6) == subtask.model
+
+
+def test_a_store_of_a_batch_run_again_elsewhere_loses_its_changes_in_a_catch_up(
+        subtask: Subtask, tmp_path: Path) -> None:
+    """Host A's store is at its attempt of checkpoint 3, which never completed, and a
+    materialization came since: the attempt's key groups are reloaded, so none of its
+    changes (each a count incremented: applied twice, a count would be wrong) stays."""
+    host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
+    everyone = users_in_groups(set(range(40, 52)), 48)
+    subtask.task(1, None, everyone, EVERY_TASK)
+    subtask.task(2, 1, everyone[:2], NEVER)
+    before = dict(subtask.model)
+    attempt = [u for u in everyone if key_group_for_key(u.encode(), 128) == 41]
+    subtask.task(3, 2, attempt, NEVER)  # host A's attempt of checkpoint 3: not completed
+    subtask.model = before
+    move_to(subtask, host_b)
+    on_b = [u for u in everyone if key_group_for_key(u.encode(), 128) == 42]
+    assert subtask.task(3, 2, on_b, EVERY_TASK).source == "restored"
+    subtask.task(4, 3, on_b, NEVER)
+    move_to(subtask, host_a)
+    back = subtask.task(5, 4, attempt, NEVER)
+    assert back.source == "caught-up"
+    assert back.reloaded == key_groups_of(everyone[:2]) | {41, 42}
+    assert subtask.restored(5) == subtask.model
+    assert subtask.task(6, 5, everyone, NEVER).source == "reattached"
+    assert subtask.restored(6) == subtask.model
+
+
+def test_a_store_whose_key_groups_all_changed_since_is_restored_in_full(
         subtask: Subtask, tmp_path: Path) -> None:
     host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
     everyone = users_in_groups({7, 8}, 8)
