@@ -39,7 +39,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,21 @@ class HostStoreSettings:
         return RocksDBStateTable(path, track_changes=True, options=self.rocksdb_options)
 
 
+@dataclass(frozen=True)
+class CatchUp:
+    """How a store at an older checkpoint of the subtask becomes the base: when
+    ``rebased``, the store is made the base's snapshot first (the key groups of
+    ``reload`` replaced by it, emptied where it has none; those of ``deltas`` given the
+    snapshot's newer delta layers, key group -> layers the store holds already); then
+    ``changelog`` is replayed. Not ``rebased``: the store continues the base as it is
+    (its changelog a prefix of the base's) and ``changelog`` is the tail after it."""
+
+    rebased: bool
+    reload: frozenset[int]
+    changelog: tuple[ChangelogHandle, ...]
+    deltas: Mapping[int, int] = field(default_factory=dict)
+
+
 @dataclass
 class StoreHold:
     """A task's hold on its subtask's host-local store, from attach to release."""
@@ -127,9 +142,8 @@ class StoreHold:
     applied_bytes: int = 0
     #: The background materialization this task started (to run after the release).
     started: jobs.StartedJob | None = field(default=None, repr=False)
-    #: Key groups a catch-up replaced by the base's snapshot (``CAUGHT_UP`` across a
-    #: materialization; see :class:`CatchUp`).
-    reloaded: frozenset[int] = frozenset()
+    #: How the store was caught up (``CAUGHT_UP`` only).
+    catch_up: CatchUp | None = None
 
 
 def expected_handle(placement: SubtaskPlacement,
@@ -272,8 +286,7 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
                 backend, table = _reattach(settings, placement, manifest, handles[0], store,
                                            storage, snapshots, catch_up)
                 hold = StoreHold(backend, table, store, placement, StateSource.CAUGHT_UP,
-                                 time.monotonic() - started, owner,
-                                 reloaded=catch_up.reload)
+                                 time.monotonic() - started, owner, catch_up=catch_up)
                 # A rebased store's pending job and schedule were of its older snapshot.
                 return hold if catch_up.rebased else _from_manifest(hold, manifest)
         store.reset()
@@ -303,19 +316,6 @@ def _from_manifest(hold: StoreHold, manifest: StoreManifest) -> StoreHold:
     hold.pending = manifest.pending
     hold.failures = manifest.materialization_failures
     return hold
-
-
-@dataclass(frozen=True)
-class CatchUp:
-    """How a store at an older checkpoint of the subtask becomes the base: when
-    ``rebased``, the key groups of ``reload`` are replaced by the base's snapshot of them
-    (emptied where it has none), making the store that snapshot; then ``changelog`` is
-    replayed. Not ``rebased``: the store continues the base as it is (its changelog a
-    prefix of the base's) and ``changelog`` is the tail after it."""
-
-    rebased: bool
-    reload: frozenset[int]
-    changelog: tuple[ChangelogHandle, ...]
 
 
 def _same_subtask(manifest: StoreManifest, placement: SubtaskPlacement) -> bool:
@@ -358,14 +358,25 @@ def _catch_up(manifest: StoreManifest, placement: SubtaskPlacement,
     changed = set(manifest.changed_key_groups)
     if manifest.pending is not None:
         changed.update(manifest.pending[1])
-    reload = frozenset(
-        key_group for key_group in handle.key_group_range
-        if key_group in changed or snapshot.chunks_of(key_group) != (
-            previous.chunks_of(key_group) if previous is not None else ()))
-    reloaded_bytes = sum(c.size for kg in reload for c in snapshot.chunks_of(kg))
-    if not snapshot.state_size or 2 * reloaded_bytes > snapshot.state_size:
+    reload: set[int] = set()
+    deltas: dict[int, int] = {}
+    read_bytes = 0
+    for key_group in handle.key_group_range:
+        layers = snapshot.layers_of(key_group)
+        held = previous.layers_of(key_group) if previous is not None else ()
+        if key_group not in changed and layers[:len(held)] == held:
+            if len(layers) > len(held) and held:
+                deltas[key_group] = len(held)  # the store is its older layers exactly
+                read_bytes += sum(c.size for layer in layers[len(held):] for c in layer)
+            elif len(layers) > len(held):
+                reload.add(key_group)
+                read_bytes += sum(c.size for c in snapshot.chunks_of(key_group))
+            continue  # the same chunks (immutable records): the same state
+        reload.add(key_group)
+        read_bytes += sum(c.size for c in snapshot.chunks_of(key_group))
+    if not snapshot.state_size or 2 * read_bytes > snapshot.state_size:
         return None  # a restore into an empty store (ingested whole) is faster
-    return CatchUp(True, reload, handle.changelog)
+    return CatchUp(True, frozenset(reload), handle.changelog, deltas)
 
 
 def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
@@ -390,7 +401,7 @@ def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
     try:
         if catch_up is not None:
             if rebased:
-                _rebase(table, handle, catch_up.reload, placement, snapshots)
+                _rebase(table, handle, catch_up, placement, snapshots)
             reader = storage.reader()
             try:
                 for piece in catch_up.changelog:
@@ -404,26 +415,27 @@ def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
     logger.debug("subtask store %s at checkpoint %d taken to %s (%d entries; %s)",
                  store.directory, manifest.checkpoint_id, handle.materialization_id,
                  table.entry_count(), "as it was" if catch_up is None else
-                 f"{len(catch_up.reload)} key group(s) reloaded, "
+                 f"{len(catch_up.reload)} key group(s) reloaded, {len(catch_up.deltas)} "
+                 f"given newer delta layers, "
                  f"{len(catch_up.changelog)} changelog handle(s) replayed")
     return backend, table
 
 
-def _rebase(table: HostStoreTable, handle: KeyedStateHandle, reload: frozenset[int],
+def _rebase(table: HostStoreTable, handle: KeyedStateHandle, catch_up: CatchUp,
             placement: SubtaskPlacement, snapshots: SnapshotStore) -> None:
-    """Make the store ``handle``'s snapshot: the key groups of ``reload`` replaced by it
-    (emptied where it has none of them), every changed-key mark forgotten (marks say
-    what changed since the snapshot, and now nothing has)."""
+    """Make the store ``handle``'s snapshot (see :class:`CatchUp`), every changed-key mark
+    forgotten (marks say what changed since the snapshot, and now nothing has)."""
     snapshot = handle.snapshot
     assert snapshot is not None  # _catch_up rebases only onto a snapshot
     table.clear_changes(table.start_change_epoch())
     empty = assemble_key_group(())
-    for key_group in sorted(reload):
+    for key_group in sorted(catch_up.reload):
         if not snapshot.chunks_of(key_group) and table.has_entries(key_group):
             table.load_group(key_group, empty)
+    read = catch_up.reload | catch_up.deltas.keys()
     wanted = dataclasses.replace(
-        snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in reload))
-    load_layers(table, snapshots.read_layers(wanted, placement.key_groups))
+        snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in read))
+    load_layers(table, snapshots.read_layers(wanted, placement.key_groups, catch_up.deltas))
 
 
 def materialize_in_background(hold: StoreHold, checkpoint_id: int, encoded_handle: bytes,

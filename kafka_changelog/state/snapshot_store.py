@@ -131,24 +131,29 @@ class SnapshotStore(ABC):
             yield key_group, data
 
     def read_layers(
-        self, handle: SnapshotHandle, key_group_range: KeyGroupRange | None = None
+        self, handle: SnapshotHandle, key_group_range: KeyGroupRange | None = None,
+        held_layers: Mapping[int, int] | None = None,
     ) -> Iterator[tuple[int, bytes, bool]]:
         """(key group, serialized layer, whether it is a delta) for each layer of each
         non-empty key group (see :meth:`SnapshotHandle.layers_of`): every key group's
         whole state first, then their first deltas, and so on, so that a key group's
         layers come in order; within each pass the layers are read in the order they are
         stored (by partition and offset: a materialization's chunks are neighbours in the
-        topic, a key group's layers are not). Errors as :meth:`read`."""
+        topic, a key group's layers are not). ``held_layers``: key group -> how many of
+        its first layers the reader holds already (not read). Errors as :meth:`read`."""
         target = handle if key_group_range is None else handle.intersection(key_group_range)
         if target is None or not target.chunks:
             return
+        held = held_layers or {}
         layers = {kg: target.layers_of(kg) for kg in target.key_groups}
         depth = max((len(found) for found in layers.values()), default=0)
         plan = [(chunk, level > 0) for level in range(depth)
-                for layer in sorted((found[level] for found in layers.values()
-                                     if level < len(found)),
+                for layer in sorted((found[level] for kg, found in layers.items()
+                                     if held.get(kg, 0) <= level < len(found)),
                                     key=lambda chunks: (chunks[0].partition, chunks[0].offset))
                 for chunk in layer]
+        if not plan:
+            return
         source = self._open_source(handle.topic)
         fetched = source.fetch_all([(c.partition, c.offset) for c, _ in plan])
         try:

@@ -71,12 +71,14 @@ def test_across_a_materialization_only_the_key_groups_changed_since_are_reloaded
         subtask: Subtask, tmp_path: Path) -> None:
     host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
     groups = set(range(20, 36))
-    everyone = users_in_groups(groups, 64)
+    everyone = users_in_groups(groups, 320)
     subtask.task(1, None, everyone, EVERY_TASK)  # every key group in a snapshot ...
     on_a = [u for u in everyone if key_group_for_key(u.encode(), 128) == 20]
     assert subtask.task(2, 1, on_a, NEVER).applied == 1  # ... applied here
     move_to(subtask, host_b)
-    on_b = [u for u in everyone if key_group_for_key(u.encode(), 128) in {21, 22}]
+    # Key group 21: one user of 20, written as a delta layer; 22: all of them, whole.
+    on_b = [next(u for u in everyone if key_group_for_key(u.encode(), 128) == 21),
+            *(u for u in everyone if key_group_for_key(u.encode(), 128) == 22)]
     assert subtask.task(3, 2, on_b, EVERY_TASK).source == "restored"
     later = [u for u in everyone if key_group_for_key(u.encode(), 128) == 23]
     assert subtask.task(4, 3, later, NEVER).applied == 1  # a newer snapshot, on host B
@@ -84,9 +86,16 @@ def test_across_a_materialization_only_the_key_groups_changed_since_are_reloaded
     move_to(subtask, host_a)
     back = subtask.task(5, 4, everyone[:3], NEVER)
     assert back.source == "caught-up"
-    # The store's own changes and those of host B's snapshot: the rest is kept as it is,
-    # and the base's changelog (key group 23's changes and batch 5's) replayed on top.
-    assert back.reloaded == {20, 21, 22}
+    # Key group 20 changed in the store since its snapshot: reloaded whole, as 22, which
+    # host B's snapshot wrote whole; 21 only takes the delta layer on the store's layer.
+    # The rest is kept as it is, and the base's changelog (key group 23's changes and
+    # batch 5's) replayed on top.
+    snapshot = subtask.handles[4].snapshot
+    assert snapshot is not None
+    assert [len(snapshot.layers_of(kg)) for kg in (20, 21, 22)] == [1, 2, 1]
+    assert back.catch_up is not None
+    assert dict(back.catch_up.deltas) == {21: 1}
+    assert back.catch_up.reload == {20, 22}
     assert subtask.restored(5) == subtask.model
     assert subtask.task(6, 5, everyone, NEVER).source == "reattached"
     assert subtask.restored(6) == subtask.model
@@ -112,7 +121,10 @@ def test_a_store_of_a_batch_run_again_elsewhere_loses_its_changes_in_a_catch_up(
     move_to(subtask, host_a)
     back = subtask.task(5, 4, attempt, NEVER)
     assert back.source == "caught-up"
-    assert back.reloaded == key_groups_of(everyone[:2]) | {41, 42}
+    assert back.catch_up is not None
+    stale = key_groups_of(everyone[:2]) | {41}  # changed in the store since its snapshot
+    assert stale <= back.catch_up.reload
+    assert back.catch_up.reload | back.catch_up.deltas.keys() == stale | {42}
     assert subtask.restored(5) == subtask.model
     assert subtask.task(6, 5, everyone, NEVER).source == "reattached"
     assert subtask.restored(6) == subtask.model
