@@ -277,6 +277,20 @@ def host_loss_figures(data: Json) -> list[Figure]:
     ]
 
 
+def catch_up_figures(data: Json) -> list[Figure]:
+    """``bench_catch_up``: a subtask back on a host, catch-up against a full restore."""
+    return [
+        Figure("bench_catch_up",
+               f"subtask back on a host ({case['keys']:,} keys), {case['case']}: catch-up "
+               "seconds against a full restore",
+               f"{ratio(case['ratio'])} ({case['catch_up_s']:.2f} against "
+               f"{case['full_restore_s']:.2f} s; {case['key_groups_reloaded']} key groups "
+               f"reloaded, {case['key_groups_given_deltas']} given deltas; "
+               f"{case['mismatched_keys']} wrong keys)",
+               f"≤ {case['target_ratio']:g}x, exact", case["verdict"])
+        for case in data["cases"]]
+
+
 def vectorized_figures(data: Json) -> list[Figure]:
     """``bench_vectorized``: the vectorised entry point against the per-key baseline."""
     same = all(data["same_state_and_outputs_as_per_key"].values())
@@ -347,6 +361,7 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
     ("large_state.json", large_state_figures),
     ("cluster_state.json", cluster_state_figures),
     ("host_loss.json", host_loss_figures),
+    ("catch_up.json", catch_up_figures),
     ("vectorized.json", vectorized_figures),
     ("spark_stateful_perkey_10k_cached.json", spark_stateful("ours_rocksdb")),
     ("spark_stateful_200k_keyrows.json",
