@@ -20,7 +20,9 @@ What it reports, against the issue's goals:
 - after the host is back: where each subtask's state came from (``caught-up`` when a
   subtask returns to the copy it left there and replays only the changelog since), the
   seconds getting it (``attach_s``) against the full restores' seconds, and restores in
-  the batches after the first one back (goal 0).
+  the batches after the first one back (goal 0), and their median batch time against the
+  warm median (both hosts used again: the driver places the subtasks anew when executors
+  join).
 
 Run: ``PYTHONPATH=. python -m benchmarks.bench_host_loss [--batches N] [--json FILE]``
 (default ``benchmarks/results/host_loss.json``; ``BENCH_SCALE`` scales users and events).
@@ -113,6 +115,8 @@ def summarize(runs: list[dict[str, Any]], lose_at: int, back_at: int) -> dict[st
         "first_batches_back_sources": back_sources,
         "first_batch_back_s": first_back["seconds"],
         "restores_after_back": restored(after_back),
+        "back_median_s": median(r["seconds"] for r in after_back),
+        "back_median_over_warm": median(r["seconds"] for r in after_back) / warm_median,
         "caught_up_s": caught_up_s, "restore_s": restore_s,
         "checks": checks, "verdict": verdict(all(checks.values())),
     }
@@ -172,6 +176,8 @@ def report(results: dict[str, Any]) -> str:
           if caught and restores else f"{len(caught)} catch-ups, {len(restores)} restores"),
          "-"],
         ["batches after the first back: restored", str(results["restores_after_back"]), "0"],
+        ["batches after the first back: median / warm median",
+         f"{results['back_median_over_warm']:.2f}x ({results['back_median_s']:.2f} s)", "-"],
     ]
     return table(["figure", "measured", "goal"], rows)
 

@@ -18,8 +18,11 @@ partition prefers the host most of its parents' partitions prefer: the host that
 the placement's partition ``i``, which is where subtask ``i``'s task first ran. Spark's
 delay scheduling (``spark.locality.wait``) then runs the task there whenever that host
 frees a core in time. A lost executor loses its cached partitions, and the next batch
-places those subtasks anew. Plain DataFrame operations: the same in classic Spark and
-under Spark Connect.
+places those subtasks anew. When executors join (a host back, a worker added), the
+driver drops the placement (:func:`executor_count`), so that the next batch spreads the
+subtasks over every executor again. Plain DataFrame operations: the same in classic
+Spark and under Spark Connect (where the driver sees no executors, and joins are not
+noticed).
 """
 
 from __future__ import annotations
@@ -73,6 +76,16 @@ def placement_possible(spark: Any) -> bool:
     :data:`PLACEMENT_SETTINGS`)."""
     return all(str(spark.conf.get(key, default)).lower() == default
                for key, default in PLACEMENT_SETTINGS.items())
+
+
+def executor_count(spark: Any) -> int | None:
+    """Block managers registered with ``spark``'s application (its executors and the
+    driver's), or None where the session has no SparkContext (Spark Connect)."""
+    try:
+        context = spark.sparkContext
+        return int(context._jsc.sc().getExecutorMemoryStatus().size())
+    except (AttributeError, NotImplementedError):  # Connect's NotImplementedError
+        return None
 
 
 def subtask_markers(spark: Any, subtask_column: str, marker_column: str,

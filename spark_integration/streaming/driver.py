@@ -45,6 +45,7 @@ from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch
 from ..streaming_config import StreamingStateConfig
 from ..subtask_partitioning import (
+    executor_count,
     partition_by_subtask,
     placement_possible,
     subtask_markers,
@@ -160,8 +161,9 @@ class StatefulProcessor:
         #: Batches this processor ran (its reports beyond the window included).
         self.batches_run = 0
         self._struct: Any = None
-        #: The subtask placement: (parallelism, cached DataFrame).
-        self._placement_of: tuple[int, Any] | None = None
+        #: The subtask placement: (parallelism, cached DataFrame, the fewest executors
+        #: registered since it was made: None where unknown).
+        self._placement_of: tuple[int, Any, int | None] | None = None
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
@@ -190,11 +192,24 @@ class StatefulProcessor:
         :mod:`spark_integration.subtask_partitioning`) as a DataFrame of ``spark`` (each
         micro-batch has a session of its own; the cache is the application's, so every
         batch's placement reads the same cached partitions); the placement of another
-        parallelism is dropped."""
-        if self._placement_of is not None and self._placement_of[0] != parallelism:
-            self._drop_placement()
+        parallelism is dropped, and so is the placement when executors joined since it
+        was made (more are registered than the fewest seen since)."""
+        executors = executor_count(spark)
+        fewest = executors
+        if self._placement_of is not None:
+            made_at, _, seen = self._placement_of
+            if made_at != parallelism:
+                self._drop_placement()
+            elif seen is not None and executors is not None and executors > seen:
+                # Executors joined (a host back, a worker added): place the subtasks
+                # anew, over every executor, rather than keep them where they were.
+                logger.info("executors went from %d to %d: subtasks are placed anew",
+                            seen, executors)
+                self._drop_placement()
+            elif seen is not None and executors is not None:
+                fewest = min(seen, executors)
         placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
-        self._placement_of = (parallelism, placement)
+        self._placement_of = (parallelism, placement, fewest)
         return placement
 
     def __enter__(self) -> StatefulProcessor:
