@@ -70,6 +70,9 @@ class SubtaskMetrics:
     #: timer.
     timers_fired: int = 0
     expiry_checks: int = 0
+    #: Where the task ran: the host's name and its host-local state directory ("" when
+    #: the batch reused an earlier run's commit).
+    host: str = ""
 
     def to_json(self) -> str:
         """One JSON object (what a task sends to the driver)."""

@@ -27,6 +27,7 @@ noticed).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -55,11 +56,15 @@ def subtask_slots(parallelism: int) -> tuple[int, ...]:
     return tuple(s for s in slots if s is not None)
 
 
-def _slotted(df: Any, subtask_column: str, parallelism: int) -> Any:
-    """``df`` repartitioned by subtask, keeping the slot column (its partitioning)."""
+def _slotted(df: Any, subtask_column: str, parallelism: int,
+             partition_of: Sequence[int] | None = None) -> Any:
+    """``df`` repartitioned by subtask, keeping the slot column (its partitioning); the
+    rows of subtask ``s`` in partition ``partition_of[s]`` (default ``s``)."""
     from pyspark.sql import functions as F
 
-    slots = F.array(*[F.lit(s) for s in subtask_slots(parallelism)])
+    slots_by_partition = subtask_slots(parallelism)
+    order = partition_of if partition_of is not None else range(parallelism)
+    slots = F.array(*[F.lit(slots_by_partition[partition]) for partition in order])
     # element_at is 1-based and fails on an index out of range (ANSI), as it should.
     slot = F.element_at(slots, F.col(subtask_column) + 1)
     return df.withColumn(SLOT_COLUMN, slot).repartition(parallelism, SLOT_COLUMN)
@@ -115,9 +120,11 @@ def subtask_placement(spark: Any, subtask_column: str, marker_column: str,
 
 
 def partition_by_subtask(df: Any, subtask_column: str, parallelism: int,
-                         placement: Any = None) -> Any:
-    """``df`` in ``parallelism`` partitions, partition ``i`` holding the rows whose
-    ``subtask_column`` is ``i`` (values outside ``0..parallelism-1`` are an error).
+                         placement: Any = None,
+                         partition_of: Sequence[int] | None = None) -> Any:
+    """``df`` in ``parallelism`` partitions, partition ``partition_of[i]`` (default
+    ``i``: a permutation) holding the rows whose ``subtask_column`` is ``i`` (values
+    outside ``0..parallelism-1`` are an error).
 
     ``placement``: a :func:`subtask_placement` of the same parallelism, whose rows (two
     per subtask) are added to their subtask's partition, and which keeps each partition's
@@ -125,7 +132,7 @@ def partition_by_subtask(df: Any, subtask_column: str, parallelism: int,
     :data:`SLOT_COLUMN`: the partitioning refers to it, and a plan that drops it before
     the partitions are used loses the partitioning (the union would append the
     placement's partitions instead of adding them partition by partition)."""
-    slotted = _slotted(df, subtask_column, parallelism)
+    slotted = _slotted(df, subtask_column, parallelism, partition_of)
     if placement is None:
         return slotted.drop(SLOT_COLUMN)
     # Twice: the placement's host then outvotes any host the shuffled rows prefer.

@@ -249,11 +249,13 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
     try:
         store.remove_stale()
         sweep_idle(settings.root, settings.idle_store_retention_s)
+        manifest = store.read_manifest()
+        expected = expected_handle(placement, handles)
+        if manifest is None and base is not None and expected is not None:
+            manifest = _kept_copy_to_catch_up_from(store, placement, base, handles[0])
         # Only the base can be started from again: a copy of any other checkpoint is
         # superseded (older) or of a batch that is being re-run (newer).
         store.prune_retained(base)
-        manifest = store.read_manifest()
-        expected = expected_handle(placement, handles)
         at_base = _at_base(manifest, placement, base, expected)
         if cached is not None:
             if (at_base and manifest is not None and cached.table is not None
@@ -309,6 +311,22 @@ def _attach(settings: HostStoreSettings, placement: SubtaskPlacement, base: int 
     except BaseException:
         store.unlock()
         raise
+
+
+def _kept_copy_to_catch_up_from(store: SubtaskStore, placement: SubtaskPlacement, base: int,
+                                handle: KeyedStateHandle) -> StoreManifest | None:
+    """A store without a manifest (a task died holding it: its host was lost mid-batch)
+    is at no checkpoint, but the copy its last task kept is: when that copy is of an
+    older checkpoint than ``base`` and can be caught up from, it becomes the live store
+    (its manifest returned, not written: the store is about to change)."""
+    kept = store.retained_checkpoints()
+    if not kept or kept[-1] >= base:
+        return None  # none, or the base's (rolled back to as it is) or a re-run's
+    copy = store.read_retained_manifest(kept[-1])
+    if copy is None or _catch_up(copy, placement, handle) is None:
+        return None
+    store.roll_back(kept[-1])
+    return copy
 
 
 def _from_manifest(hold: StoreHold, manifest: StoreManifest) -> StoreHold:

@@ -44,6 +44,7 @@ from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch
 from ..streaming_config import StreamingStateConfig
+from ..subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
 from ..subtask_partitioning import (
     executor_count,
     partition_by_subtask,
@@ -164,6 +165,10 @@ class StatefulProcessor:
         #: The subtask placement: (parallelism, cached DataFrame, the fewest executors
         #: registered since it was made: None where unknown).
         self._placement_of: tuple[int, Any, int | None] | None = None
+        #: Which subtask each partition of the placement runs (None: in order), and the
+        #: hosts each subtask ran on (from the tasks' reports).
+        self._partition_subtasks: tuple[int, ...] | None = None
+        self._subtask_hosts: SubtaskHosts | None = None
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
@@ -187,13 +192,17 @@ class StatefulProcessor:
             except Exception as exc:  # a stopped session has nothing cached any more
                 logger.debug("dropping the subtask placement: %s", exc)
 
-    def _placement(self, spark: Any, parallelism: int) -> Any:
+    def _placement(self, spark: Any, parallelism: int, config: StreamingStateConfig
+                   ) -> tuple[Any, tuple[int, ...] | None]:
         """The subtask placement at ``parallelism`` (see
         :mod:`spark_integration.subtask_partitioning`) as a DataFrame of ``spark`` (each
         micro-batch has a session of its own; the cache is the application's, so every
-        batch's placement reads the same cached partitions); the placement of another
+        batch's placement reads the same cached partitions), and which subtask each of
+        its partitions runs (None: partition i runs subtask i). The placement of another
         parallelism is dropped, and so is the placement when executors joined since it
-        was made (more are registered than the fewest seen since)."""
+        was made (more are registered than the fewest seen since): the new one is
+        computed first, and each partition gets a subtask that ran on its host before
+        (:mod:`spark_integration.subtask_hosts`)."""
         executors = executor_count(spark)
         fewest = executors
         if self._placement_of is not None:
@@ -208,9 +217,19 @@ class StatefulProcessor:
                 self._drop_placement()
             elif seen is not None and executors is not None:
                 fewest = min(seen, executors)
+        if self._subtask_hosts is None or self._subtask_hosts.parallelism != parallelism:
+            self._subtask_hosts = SubtaskHosts(parallelism)
         placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
+        if self._placement_of is None:
+            self._partition_subtasks = None
+            if self._subtask_hosts.ran_on:
+                hosts = placement_hosts(placement, config)
+                if hosts is not None:
+                    self._partition_subtasks = assign(hosts, self._subtask_hosts)
+                    logger.info("subtask placement: partition -> (subtask, host) %s", {
+                        q: (s, hosts.get(q)) for q, s in enumerate(self._partition_subtasks)})
         self._placement_of = (parallelism, placement, fewest)
-        return placement
+        return placement, self._partition_subtasks
 
     def __enter__(self) -> StatefulProcessor:
         return self
@@ -266,6 +285,9 @@ class StatefulProcessor:
         )
         outputs_to_driver = sink is not None and kafka_sink is None
         output_struct = self._output_struct(batch_df)
+        spark = batch_df.sparkSession
+        placement, partition_subtasks = (self._placement(spark, p, config)
+                                         if placement_possible(spark) else (None, None))
         task = SubtaskTask(
             config, self.fn, columns, self.order_by, plan.base,
             _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,
@@ -274,7 +296,8 @@ class StatefulProcessor:
                        {s: c.to_bytes() for s, c in reused.items()}, hold.holder)
             if kafka_sink is not None else None,
             outputs_to_driver, self.task_listener, vectorized=self.vectorized,
-            time=TaskTime(context, self.event_time, self.on_timer, tuple(types)))
+            time=TaskTime(context, self.event_time, self.on_timer, tuple(types)),
+            partition_subtasks=partition_subtasks)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
@@ -286,10 +309,10 @@ class StatefulProcessor:
         # after the union, by a condition the optimizer cannot push below it. (A null key
         # hashes like any value, Spark's hash(null) being its seed; the task that gets it
         # refuses it, naming the column.)
-        spark = batch_df.sparkSession
-        if placement_possible(spark):
-            partitioned = partition_by_subtask(keyed, SUBTASK_COLUMN, p,
-                                               self._placement(spark, p))
+        if placement is not None:
+            partitioned = partition_by_subtask(
+                keyed, SUBTASK_COLUMN, p, placement,
+                inverse(partition_subtasks) if partition_subtasks is not None else None)
         else:  # the same rows, shuffled with the batch's: no placement
             markers = subtask_markers(spark, SUBTASK_COLUMN, MARKER_COLUMN, p)
             partitioned = partition_by_subtask(
@@ -331,6 +354,8 @@ class StatefulProcessor:
         partitions = {int(s): int(q) for s, q in
                       zip(handles[SUBTASK_COLUMN], handles[PARTITION_COLUMN], strict=True)}
         metrics = {m.subtask: m for m in map(SubtaskMetrics.from_json, handles[METRICS_COLUMN])}
+        if self._subtask_hosts is not None and self._subtask_hosts.parallelism == p:
+            self._subtask_hosts.record({s: m.host for s, m in metrics.items()})
         restores = {s: m.restore_s for s, m in metrics.items()
                     if m.state_source is StateSource.RESTORED and not m.reused}
         materializations = {

@@ -43,6 +43,7 @@ from ..key_runs import keys_at, natural_key_value, run_starts
 from ..metrics import SubtaskMetrics
 from ..output_rows import output_records
 from ..streaming_config import StreamingStateConfig
+from ..subtask_hosts import host_identity
 from .columns import (
     HANDLE_COLUMN,
     INPUT_COLUMNS,
@@ -125,8 +126,12 @@ class SubtaskTask:
                  output_columns: Sequence[str], batch_id: int,
                  commit: TaskCommit | None = None,
                  outputs_to_driver: bool = True, listener: TaskListener | None = None,
-                 vectorized: bool = False, time: TaskTime | None = None) -> None:
+                 vectorized: bool = False, time: TaskTime | None = None,
+                 partition_subtasks: Sequence[int] | None = None) -> None:
         self.config = config
+        # Partition -> the subtask it runs (None: partition i runs subtask i; see
+        # spark_integration.subtask_hosts).
+        self.partition_subtasks = tuple(partition_subtasks) if partition_subtasks else None
         # Without a batch time (a task run outside a query): the wall clock, fixed now.
         self.time = time or TaskTime(BatchContext(batch_id, checkpoint_id,
                                                   int(dt.datetime.now().timestamp() * 1000)))
@@ -153,21 +158,23 @@ class SubtaskTask:
         return [*self.output_columns, *internal] if self.outputs_to_driver else internal
 
     def run_partition(self, batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        """Run the subtask of one Spark partition: partition ``i`` is subtask ``i``
-        (``partition_by_subtask``); it runs for every subtask (see the driver's marker
-        rows), its rows possibly none."""
+        """Run the subtask of one Spark partition: partition ``i`` is subtask ``i``, or
+        ``partition_subtasks[i]`` (``partition_by_subtask``); it runs for every subtask
+        (see the driver's marker rows), its rows possibly none."""
         from pyspark import TaskContext
 
         context = TaskContext.get()
         if context is None:
             raise ChangelogError("the stateful task runs outside a Spark task")
-        subtask = context.partitionId()
-        if subtask >= self.config.parallelism:
+        partition = context.partitionId()
+        if partition >= self.config.parallelism:
             raise ChangelogError(
-                f"batch {self.batch_id}: Spark partition {subtask} of a stateful step of "
+                f"batch {self.batch_id}: Spark partition {partition} of a stateful step of "
                 f"parallelism {self.config.parallelism}: the rows lost their partitioning "
                 "on the way to the task (see spark_integration.subtask_partitioning's "
                 "PLACEMENT_SETTINGS)")
+        subtask = (self.partition_subtasks[partition] if self.partition_subtasks is not None
+                   else partition)
         frames = list(batches)
         rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (
             frames[0] if frames else None)
@@ -175,11 +182,12 @@ class SubtaskTask:
             wrong = rows[rows[SUBTASK_COLUMN] != subtask]
             if len(wrong):
                 raise ChangelogError(
-                    f"batch {self.batch_id}: Spark partition {subtask} holds rows of subtask "
+                    f"batch {self.batch_id}: Spark partition {partition} of subtask "
+                    f"{subtask} holds rows of subtask "
                     f"{int(wrong[SUBTASK_COLUMN].iloc[0])}; every partition must hold "
                     "exactly its own subtask's rows")
         frame = self(rows, subtask)
-        frame[PARTITION_COLUMN] = subtask
+        frame[PARTITION_COLUMN] = partition
         yield frame[self._columns()]
 
     def _emit(self, event: TaskEvent, subtask: int) -> None:
@@ -377,7 +385,7 @@ class SubtaskTask:
             restore_s=acquired.seconds if acquired.source is StateSource.RESTORED else 0.0,
             attach_s=acquired.seconds, processing_time_ms=time.context.processing_time_ms,
             late_rows=late, max_event_time_ms=max_event_ms, timers_fired=fired,
-            expiry_checks=expired)
+            expiry_checks=expired, host=host_identity(self.config))
         return outputs, metrics, handle
 
     def _call_per_key(self, backend: ChangelogKeyedStateBackend, data: pd.DataFrame,

@@ -19,8 +19,16 @@ from typing import Any
 import pytest
 
 from kafka_changelog import key_group_for_key
+from kafka_changelog.state import host_store
 from kafka_changelog.state.materializer import MaterializationConfig
-from tests.spark.host_subtasks import EVERY_TASK, Subtask, subtask_runner, users_in_groups
+from spark_integration.streaming.task import host_store_settings, placement_of
+from tests.spark.host_subtasks import (
+    COUNT,
+    EVERY_TASK,
+    Subtask,
+    subtask_runner,
+    users_in_groups,
+)
 
 pytestmark = [pytest.mark.broker]
 
@@ -162,3 +170,34 @@ def test_a_store_of_a_batch_that_was_run_again_elsewhere_is_not_caught_up(
     assert subtask.task(3, 2, everyone[:2], NEVER).source == "restored"
     assert subtask.task(4, 3, everyone, NEVER).source == "reattached"
     assert subtask.restored(4) == subtask.model
+
+
+def test_a_store_whose_task_died_mid_batch_catches_up_from_the_copy_it_kept(
+        subtask: Subtask, tmp_path: Path) -> None:
+    """Host A was lost while a task held its store (no manifest: at no checkpoint); the
+    copy the task before it kept at checkpoint 1 is caught up from when the subtask comes
+    back."""
+    host_a, host_b = Path(subtask.config.local_state_dir or ""), tmp_path / "host-b"
+    everyone = users_in_groups({60, 61, 62}, 12)
+    subtask.task(1, None, everyone, NEVER)
+    move_to(subtask, host_a)  # the task of batch 2 starts in a new process on host A ...
+    settings = host_store_settings(subtask.config)
+    assert settings is not None
+    dying = host_store.attach(settings, placement_of(subtask.config, 0), 1,
+                              [subtask.handles[1]], None, subtask.storage, subtask.snapshots,
+                              NEVER)
+    dying.backend.set_current_key(everyone[0].encode())
+    dying.backend.state(COUNT).update(1000)  # ... changes the store, and dies
+    dying.table.flush()
+    host_store.abandon(dying)
+    assert subtask.store.read_manifest() is None
+    move_to(subtask, host_b)
+    assert subtask.task(2, 1, everyone[:5], NEVER).source == "restored"
+    subtask.task(3, 2, everyone[5:], NEVER)
+    move_to(subtask, host_a)
+    back = subtask.task(4, 3, everyone[:2], NEVER)
+    assert back.source == "caught-up"
+    assert back.catch_up is not None and not back.catch_up.rebased
+    assert subtask.restored(4) == subtask.model
+    assert subtask.task(5, 4, everyone, NEVER).source == "reattached"
+    assert subtask.restored(5) == subtask.model
