@@ -126,6 +126,7 @@ def run_backend(broker: Broker, spark: Any, engine: str, backend: str,
             restore_s = sum(report.restore_s.values())
             runs.append({"batch_id": batch_id, "seconds": seconds, "sources": sources,
                          "restore_s": restore_s, "attach_s": [m.attach_s for m in subtasks],
+                         "hosts": [m.host for m in subtasks],
                          "state_rows": sum(m.state_rows
                                            for m in report.subtask_metrics.values())})
             if batch_id % 10 == 0 or "restored" in sources:

@@ -222,12 +222,18 @@ class StatefulProcessor:
         placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
         if self._placement_of is None:
             self._partition_subtasks = None
-            if self._subtask_hosts.ran_on:
+            # On a cluster (the driver's block manager and two executors at least), the
+            # placement is computed in a job of its own: its small tasks spread over the
+            # idle executors (in the batch's job they would follow its input), and they
+            # say where each partition is, for the subtasks that ran there before.
+            if executors is not None and executors > 2:
                 hosts = placement_hosts(placement, config)
-                if hosts is not None:
+                if hosts is not None and self._subtask_hosts.ran_on:
                     self._partition_subtasks = assign(hosts, self._subtask_hosts)
+                if hosts is not None:
                     logger.info("subtask placement: partition -> (subtask, host) %s", {
-                        q: (s, hosts.get(q)) for q, s in enumerate(self._partition_subtasks)})
+                        q: (self._partition_subtasks[q] if self._partition_subtasks
+                            else q, hosts.get(q)) for q in range(parallelism)})
         self._placement_of = (parallelism, placement, fewest)
         return placement, self._partition_subtasks
 
