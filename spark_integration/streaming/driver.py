@@ -227,7 +227,8 @@ class StatefulProcessor:
             # idle executors (in the batch's job they would follow its input), and they
             # say where each partition is, for the subtasks that ran there before.
             if executors is not None and executors > 2:
-                hosts = placement_hosts(placement, config)
+                placement, hosts = _spread_placement(spark, placement, parallelism, config,
+                                                     executors - 1)
                 if hosts is not None and self._subtask_hosts.ran_on:
                     self._partition_subtasks = assign(hosts, self._subtask_hosts)
                 if hosts is not None:
@@ -441,6 +442,34 @@ class StatefulProcessor:
                 f" (at their parallelism {earlier}; {config.parallelism} from the next batch)")
             config = dataclasses.replace(config, parallelism=earlier)
         return config, reused
+
+
+#: Times a new placement is computed at most until its partitions are on as many hosts
+#: as there are executors (or partitions), and the pause between two tries.
+PLACEMENT_TRIES = 3
+PLACEMENT_RETRY_PAUSE_S = 1.0
+
+
+def _spread_placement(spark: Any, placement: Any, parallelism: int,
+                      config: StreamingStateConfig, executors: int
+                      ) -> tuple[Any, dict[int, str] | None]:
+    """Compute and cache ``placement`` in a job of its own (``subtask_hosts``), again
+    (dropped and cached anew) while its partitions are on fewer hosts than they could
+    be: Spark puts a task where its input is, and an executor that has just joined may
+    hold none of the placement's input yet. Returns the placement and where each of its
+    partitions is (None: not known)."""
+    wanted = min(parallelism, executors)
+    hosts = placement_hosts(placement, config)
+    tries = 1
+    while hosts is not None and len(set(hosts.values())) < wanted and tries < PLACEMENT_TRIES:
+        logger.info("subtask placement on %d host(s) of %d executors: computed again",
+                    len(set(hosts.values())), executors)
+        placement.unpersist(blocking=True)
+        time.sleep(PLACEMENT_RETRY_PAUSE_S)
+        placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
+        hosts = placement_hosts(placement, config)
+        tries += 1
+    return placement, hosts
 
 
 def _query_id(batch_df: Any) -> str:
