@@ -383,13 +383,12 @@ def _catch_up(manifest: StoreManifest, placement: SubtaskPlacement,
         layers = snapshot.layers_of(key_group)
         held = previous.layers_of(key_group) if previous is not None else ()
         if key_group not in changed and layers[:len(held)] == held:
-            if len(layers) > len(held) and held:
-                deltas[key_group] = len(held)  # the store is its older layers exactly
+            if len(layers) == len(held):
+                continue  # the same chunks (immutable records): the same state
+            if held:  # the store is its older layers exactly: only the newer ones
+                deltas[key_group] = len(held)
                 read_bytes += sum(c.size for layer in layers[len(held):] for c in layer)
-            elif len(layers) > len(held):
-                reload.add(key_group)
-                read_bytes += sum(c.size for c in snapshot.chunks_of(key_group))
-            continue  # the same chunks (immutable records): the same state
+                continue
         reload.add(key_group)
         read_bytes += sum(c.size for c in snapshot.chunks_of(key_group))
     if not snapshot.state_size or 2 * read_bytes > snapshot.state_size:
@@ -430,9 +429,10 @@ def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
         backend.close()
         raise
     backend.adopt_base(handle, changed)
-    logger.debug("subtask store %s at checkpoint %d taken to %s (%d entries; %s)",
-                 store.directory, manifest.checkpoint_id, handle.materialization_id,
-                 table.entry_count(), "as it was" if catch_up is None else
+    logger.debug("subtask store %s at checkpoint %d taken to the base of materialization "
+                 "%d (%d entries; %s)", store.directory, manifest.checkpoint_id,
+                 handle.materialization_id, table.entry_count(),
+                 "as it was" if catch_up is None else
                  f"{len(catch_up.reload)} key group(s) reloaded, {len(catch_up.deltas)} "
                  f"given newer delta layers, "
                  f"{len(catch_up.changelog)} changelog handle(s) replayed")
