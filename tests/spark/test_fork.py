@@ -126,8 +126,8 @@ def test_forks_continue_independently_and_survive_each_others_gc_and_reset(
         blue_input = [[("ann", 10), ("dan", 5)], [("bob", 7)], [("ann", 1), ("eve", 2)]]
         green_input = [[("bob", 100)], [("cat", 200), ("fay", 1)], [("ann", 1000)]]
         with processor(blue) as run_blue, processor(green) as run_green:
-            for batch_id, (blue_rows, green_rows) in enumerate(zip(blue_input, green_input),
-                                                               start=2):
+            pairs = zip(blue_input, green_input, strict=True)
+            for batch_id, (blue_rows, green_rows) in enumerate(pairs, start=2):
                 run_blue(frame(blue_rows), batch_id)
                 apply(blue_expected, blue_rows)
                 run_green(frame(green_rows), batch_id)
