@@ -1,12 +1,13 @@
 """``fork``: blue/green on identical state, continuing independently on shared topics.
 
-One streaming run (state in memory: materializations at known batches): blue runs two
-batches; green is forked at blue's latest checkpoint and teal at blue's first; blue and
-green then run three batches each with different input (retain 2, a materialization at
-every batch, so both applications' garbage collection subsumes the forked checkpoints and
-tombstones chunks); a sweep of the snapshot topic; every chunk a stored checkpoint names is
-still live; blue's state is read (a full restore from Kafka) and compared with what it must
-be; blue is reset, and green and teal restore exactly; green continues.
+One streaming run (blue's state in memory: materializations at known batches; green's in
+RocksDB): blue runs two batches; green is forked at blue's latest checkpoint and teal at
+blue's first; blue and green then run three batches each with different input (retain 2,
+materializations due at every batch, so both applications' garbage collection subsumes the
+forked checkpoints and tombstones chunks); a sweep of the snapshot topic; every chunk a
+stored checkpoint names is still live (a snapshot naming chunks under the wrong backend id
+would fail this too); blue's state is read (a full restore from Kafka) and compared with
+what it must be; blue is reset, and green and teal restore exactly; green continues.
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ def test_forks_continue_independently_and_survive_each_others_gc_and_reset(
         materialization_interval_s=0.001, state_backend="memory",
         changelog_topic=f"{prefix}-log",
         snapshot_topic=f"{prefix}-snap", checkpoint_topic=f"{prefix}-cp")
-    green = dataclasses.replace(blue, application=f"{prefix}-green")
+    # Green keeps its state in host-local RocksDB stores (the default backend): a fork
+    # restores into either, and its background materializations write under its own
+    # backend ids.
+    green = dataclasses.replace(blue, application=f"{prefix}-green", state_backend="rocksdb")
     teal = f"{prefix}-teal"
 
     def frame(rows: list[tuple[str, int]]) -> Any:
