@@ -122,9 +122,10 @@ def _print(plan: ForkPlan) -> None:
         print(f"{_DONE[plan.outcome]} application {source} at checkpoint {checkpoint_id} "
               f"to {target} (checkpoint topic {plan.where}); its next checkpoint is "
               f"{checkpoint_id + 1}")
+    unnamed = f"(none named yet: {source}'s)"
     print(f"  run {target} with checkpoint_topic={plan.where!r}, changelog_topic="
-          f"{', '.join(summary['changelog_topics']) or '(any)'}, snapshot_topic="
-          f"{', '.join(summary['snapshot_topics']) or '(any)'}")
+          f"{', '.join(summary['changelog_topics']) or unnamed}, snapshot_topic="
+          f"{', '.join(summary['snapshot_topics']) or unnamed}")
 
 
 def _run(args: argparse.Namespace) -> int:
