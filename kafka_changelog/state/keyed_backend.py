@@ -55,6 +55,7 @@ from .ops import (
     StateOp,
     encode_ops,
 )
+from .schema_evolution import evolve_meta, resolved_descriptor
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore, finish_or_abandon
 from .state_objects import (
@@ -322,21 +323,25 @@ class ChangelogKeyedStateBackend:
         """Register ``descriptor``'s state (logged on first use, as :meth:`state` does) and
         return the descriptor the backend knows under its name (the first one used).
 
-        A different kind or serializer under a registered name raises
-        :class:`~kafka_changelog.state.errors.StateMismatchError`.
+        A declaration that cannot read what the state's earlier ones wrote (another kind
+        or serializer type, an Avro schema without a resolution: see
+        :mod:`~kafka_changelog.state.schema_evolution`) raises
+        :class:`~kafka_changelog.state.errors.StateSchemaError`; the descriptor returned
+        reads every value the state's earlier Avro schemas wrote.
         """
         if descriptor.name == TIMERS_STATE and descriptor is not _TIMERS_DESCRIPTOR:
             raise StateMismatchError(f"state name {TIMERS_STATE!r} is reserved for timers")
         known = self._descriptors.get(descriptor.name)
         if known is None:
-            meta = StateMeta(
+            requested = StateMeta(
                 descriptor.name, descriptor.kind, descriptor.value_serializer_name(),
                 descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
-            check_ttl_unchanged(self._table.metas.get(descriptor.name), meta)
-            self._table.register(meta)  # refuses a different kind or serializer
-            self._descriptors[descriptor.name] = descriptor
+            registered = self._table.metas.get(descriptor.name)
+            check_ttl_unchanged(registered, requested)
+            meta = evolve_meta(registered, requested)  # refuses what cannot read the old
+            self._table.register(meta)
             self._append_meta(meta)
-            known = descriptor
+            known = self._descriptors[descriptor.name] = resolved_descriptor(descriptor, meta)
         return known
 
     def mutate(self, key_group: int, op: StateOp) -> None:
