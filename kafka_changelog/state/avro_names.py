@@ -22,9 +22,20 @@ HEADER_SIZE = 10
 _LEGACY_DIGITS = 16
 
 
-def schema_json(schema: dict[str, Any] | str) -> str:
+def schema_data(schema: Any) -> Any:
+    """An Avro schema as JSON data: given as data, as JSON text, or as a type's name
+    (``"long"``)."""
+    if not isinstance(schema, str):
+        return schema
+    try:
+        return json.loads(schema)
+    except json.JSONDecodeError:
+        return schema  # a name, such as "long" or a named type's
+
+
+def schema_json(schema: Any) -> str:
     """``schema`` as compact JSON with sorted keys (parsed to check it is valid Avro)."""
-    data = json.loads(schema) if isinstance(schema, str) else schema
+    data = schema_data(schema)
     fastavro.schema.parse_schema(data)
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 

@@ -20,10 +20,11 @@ Resolution") on the two schemas alone and names every problem with its path:
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import fastavro
+
+from .avro_names import schema_data
 
 #: The promotions Avro allows, by writer type.
 _PROMOTIONS = {
@@ -39,17 +40,13 @@ _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "st
 def resolution_problems(writer: dict[str, Any] | str, reader: dict[str, Any] | str
                         ) -> list[str]:
     """Why data written with ``writer`` cannot be read with ``reader`` (each problem with
-    the path of the field it is at); empty when it can. Both are Avro schemas as JSON
-    data (a dict, or a JSON string)."""
-    written = fastavro.parse_schema(_as_json(writer), _write_hint=False)
-    wanted = fastavro.parse_schema(_as_json(reader), _write_hint=False)
+    the path of the field it is at); empty when it can. Both are Avro schemas (JSON
+    data, JSON text, or a type's name)."""
+    written = fastavro.parse_schema(schema_data(writer), _write_hint=False)
+    wanted = fastavro.parse_schema(schema_data(reader), _write_hint=False)
     check = _Check(_named(written), _named(wanted))
     check.resolve(_strip(written), _strip(wanted), "")
     return check.problems
-
-
-def _as_json(schema: dict[str, Any] | str) -> Any:
-    return json.loads(schema) if isinstance(schema, str) else schema
 
 
 def _named(parsed: Any) -> dict[str, Any]:

@@ -344,6 +344,32 @@ class ChangelogKeyedStateBackend:
             known = self._descriptors[descriptor.name] = resolved_descriptor(descriptor, meta)
         return known
 
+    def drop_state(self, name: str) -> int:
+        """Delete every entry of state ``name`` in this backend's key groups, as logged
+        changes, and return how many there were (0: unknown here, or already empty).
+
+        The next materialization writes the key groups without it, and changelog GC
+        then frees what held it. The state's registration stays (a restore of the log
+        meets it before the deletions), so the name cannot be given another kind or
+        serializer until a materialization has run since. A state this backend's
+        function has used cannot be dropped (``StateMismatchError``).
+        """
+        if name == TIMERS_STATE:
+            raise StateMismatchError(f"state name {TIMERS_STATE!r} is reserved for timers")
+        if name in self._descriptors:
+            raise StateMismatchError(
+                f"state {name!r} is declared and in use: it cannot also be dropped")
+        if name not in self._table.metas:
+            return 0
+        self._buffer.flush()
+        dropped = 0
+        for key_group in self.key_groups():
+            keys = [key for key, _ in self._table.state_entries(key_group, name)]
+            for key in keys:
+                self._apply_and_log(key_group, StateOp(name, DELETE, key))
+            dropped += len(keys)
+        return dropped
+
     def mutate(self, key_group: int, op: StateOp) -> None:
         """Apply ``op`` to the working copy and log it now (after the buffered changes)."""
         self._buffer.flush()

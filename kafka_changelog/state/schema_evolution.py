@@ -210,5 +210,11 @@ def _json_data(value: Any) -> Any:
     return value
 
 
-__all__ = ["read_avro_value", "describe_meta", "evolve_meta", "merge_metas", "reading_serializer",
-           "resolved_descriptor"]
+__all__ = [
+    "describe_meta",
+    "evolve_meta",
+    "merge_metas",
+    "read_avro_value",
+    "reading_serializer",
+    "resolved_descriptor",
+]
