@@ -55,7 +55,7 @@ from .ops import (
     StateOp,
     encode_ops,
 )
-from .schema_evolution import evolve_meta, resolved_descriptor
+from .schema_evolution import evolve_meta, requested_meta, resolved_descriptor
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore, finish_or_abandon
 from .state_objects import (
@@ -162,6 +162,7 @@ class ChangelogKeyedStateBackend:
         self._materialization = MaterializationManager(
             materialization or MaterializationConfig(interval_s=None), self.backend_id)
         self._descriptors: dict[str, StateDescriptor] = {}
+        self._dropped: set[str] = set()  # dropped by drop_state
         self._current: tuple[int, bytes] | None = None
         # The materialized base: snapshot, where the log continues, and (after a restore
         # that adopted an earlier backend's base) that backend's log since its snapshot.
@@ -333,9 +334,7 @@ class ChangelogKeyedStateBackend:
             raise StateMismatchError(f"state name {TIMERS_STATE!r} is reserved for timers")
         known = self._descriptors.get(descriptor.name)
         if known is None:
-            requested = StateMeta(
-                descriptor.name, descriptor.kind, descriptor.value_serializer_name(),
-                descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
+            requested = requested_meta(descriptor)
             registered = self._table.metas.get(descriptor.name)
             check_ttl_unchanged(registered, requested)
             meta = evolve_meta(registered, requested)  # refuses what cannot read the old
@@ -359,7 +358,7 @@ class ChangelogKeyedStateBackend:
         if name in self._descriptors:
             raise StateMismatchError(
                 f"state {name!r} is declared and in use: it cannot also be dropped")
-        if name not in self._table.metas:
+        if name not in self._table.metas or name in self._dropped:
             return 0
         self._buffer.flush()
         dropped = 0
@@ -368,6 +367,7 @@ class ChangelogKeyedStateBackend:
             for key in keys:
                 self._apply_and_log(key_group, StateOp(name, DELETE, key))
             dropped += len(keys)
+        self._dropped.add(name)  # nothing is written to it here after: no second pass
         return dropped
 
     def mutate(self, key_group: int, op: StateOp) -> None:

@@ -41,6 +41,13 @@ from .serializers import AvroSerializer, Serializer
 from .ttl import split_serializer_name, ttl_serializer_name
 
 
+def requested_meta(descriptor: StateDescriptor) -> StateMeta:
+    """The registration ``descriptor`` asks for."""
+    map_keys = descriptor.map_key_serializer
+    return StateMeta(descriptor.name, descriptor.kind, descriptor.value_serializer_name(),
+                     map_keys.name if map_keys is not None else None)
+
+
 def evolve_meta(known: StateMeta | None, requested: StateMeta) -> StateMeta:
     """The registration a user's declaration ``requested`` makes of a state registered as
     ``known`` (None: new): ``requested`` itself, ``known`` (the same declaration, or a
@@ -216,5 +223,6 @@ __all__ = [
     "merge_metas",
     "read_avro_value",
     "reading_serializer",
+    "requested_meta",
     "resolved_descriptor",
 ]
