@@ -39,8 +39,8 @@ from ..streaming_config import StreamingStateConfig
 from .batch_time import next_watermark
 from .columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
 from .key_state import BatchContext, EventTime, KeyState, TimerInfo, to_ms
-from .task import StatefulFunction, SubtaskTask
 from .state_declarations import StateDeclarations
+from .task import StatefulFunction, SubtaskTask
 from .task_time import TaskTime, TimerFunction
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
 

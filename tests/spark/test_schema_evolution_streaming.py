@@ -95,9 +95,12 @@ def run(spark: Any, config: StreamingStateConfig, fn: Any, input_dir: Path,
              .writeStream.foreachBatch(processor)
              .option("checkpointLocation", str(location))
              .trigger(availableNow=True).start())
+    error: Any = None
     try:
         query.awaitTermination(300)
         error = query.exception()
+    except Exception as e:  # the query failed: its error, raised by awaitTermination
+        error = e
     finally:
         query.stop()
         processor.close()
@@ -133,7 +136,7 @@ def test_avro_state_evolves_across_restarts_and_a_rescale(
                             [profile(V2), SEEN], dropped=("legacy",))
     assert second == {u: (3, 4.5, "app", 1) for u in USERS[:4]}
     assert [r.restored_from is not None for r in processor.reports] == [True]
-    recorded = json.loads(_recorded(kafka_cluster, prefix)["profile"])
+    recorded = json.loads(_latest(kafka_cluster, prefix).properties["state.profile"])
     assert [f["name"] for s in json.loads(recorded["value_serializer"][5:])
             for f in s["fields"]][:3] == ["last_page", "visits", "spent"]
 
@@ -158,6 +161,7 @@ def test_avro_state_evolves_across_restarts_and_a_rescale(
                                                       "channel": "app"}
 
     # An incompatible declaration is refused on the driver: no task runs, nothing commits.
+    before = _latest(kafka_cluster, prefix).checkpoint_id
     narrowed = {"type": "record", "name": "Profile", "namespace": "shop", "fields": [
         {"name": "visits", "type": "int"}, {"name": "spent", "type": "double"}]}
     write_batches(tmp_path / "in1", [rows[:12], rows[12:], rows[:4], rows[:12], rows[:1]])
@@ -166,13 +170,13 @@ def test_avro_state_evolves_across_restarts_and_a_rescale(
             [profile(narrowed)])
     assert (f"StateSchemaError: application {prefix!r}, operator 'profiles': state "
             "'profile': the declared Avro schema cannot read values its earlier schemas "
-            "wrote (from schema 1 of 3: visits: long cannot be read as int; from schema 2 "
-            "of 3: visits: long cannot be read as int; from schema 3 of 3: visits: long "
-            "cannot be read as int)") in str(caught.value)
+            "wrote (from schema 2 of 3: visits: long cannot be read as int; from schema 3 "
+            "of 3: visits: long cannot be read as int)") in str(caught.value)
+    assert _latest(kafka_cluster, prefix).checkpoint_id == before
     assert issubclass(StateSchemaError, ValueError)
 
 
-def _recorded(kafka_cluster: Any, prefix: str) -> dict[str, str]:
+def _latest(kafka_cluster: Any, prefix: str) -> Any:
     from kafka_changelog.kafka import CheckpointStoreConfig, KafkaCheckpointView
 
     with KafkaCheckpointView(CheckpointStoreConfig(
@@ -180,8 +184,7 @@ def _recorded(kafka_cluster: Any, prefix: str) -> dict[str, str]:
             topic=f"{prefix}-checkpoints")) as view:
         latest = view.latest(prefix)
     assert latest is not None
-    return {k[len("state."):]: v for k, v in latest.properties.items()
-            if k.startswith("state.")}
+    return latest
 
 
 def test_declarations_are_checked_when_the_processor_is_built() -> None:
