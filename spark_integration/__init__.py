@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .output_rows import OutputColumnsError as OutputColumnsError
     from .session import local_session as local_session
     from .session import spark_session as spark_session
+    from .starting_offsets import starting_offsets as starting_offsets
     from .streaming import BATCH_EVENTS as BATCH_EVENTS
     from .streaming import BatchContext as BatchContext
     from .streaming import BatchListener as BatchListener

@@ -36,6 +36,7 @@ from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.source_offsets import source_offsets_property
 from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
@@ -72,6 +73,7 @@ from .columns import (
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
+from .source_offsets import batch_end_offsets
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
 from .ticks import without_ticks
@@ -373,9 +375,13 @@ class StatefulProcessor:
         self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
         commit_started = time.monotonic()
         if plan.commit:
+            # The input offsets the batch read up to: where a query restarts after a
+            # rewind to this checkpoint (source_offsets.py).
+            offsets = source_offsets_property(batch_end_offsets(batch_df, query_id, batch_id))
             coordinator.complete(plan.checkpoint_id, subtasks,
                                  properties={**plan.properties(query_id, batch_id),
-                                             **time_properties(context, watermark)})
+                                             **time_properties(context, watermark),
+                                             **offsets})
         commit_s = time.monotonic() - commit_started
         self._emit(BatchEvent.AFTER_COMMIT, batch_id)
         sink_started = time.monotonic()
