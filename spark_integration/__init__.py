@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from .metrics import StateMetricsListener as StateMetricsListener
     from .metrics import SubtaskMetrics as SubtaskMetrics
     from .output_rows import OutputColumnsError as OutputColumnsError
+    from .rewind_offsets import starting_offsets as starting_offsets
     from .session import local_session as local_session
     from .session import spark_session as spark_session
-    from .starting_offsets import starting_offsets as starting_offsets
     from .streaming import BATCH_EVENTS as BATCH_EVENTS
     from .streaming import BatchContext as BatchContext
     from .streaming import BatchListener as BatchListener

@@ -29,7 +29,7 @@ from ..kafka.checkpoint_store import (
     KafkaCheckpointView,
 )
 from ..kafka.producer import AckedProducer
-from ..state.checkpoint_store import CheckpointStore
+from ..state.checkpoint_store import RETAIN_ALL, CheckpointStore
 from ..state.driver_claim import DEFAULT_DRIVER_LEASE_S
 from ..state.errors import SnapshotWriteError
 from ..state.records import OutRecord
@@ -45,10 +45,6 @@ from .options import Connection, connection
 from .output import age, now_ms, print_json, progress
 from .readonly import open_view
 from .reset import DEFAULT_ALIVE_WITHIN_S
-
-#: ``retain`` of the view when the application's retention is not given: every stored
-#: checkpoint counts as retained.
-_EVERY_STORED = 2**31
 
 
 def _looks_alive(store: CheckpointStore, plan: RewindPlan, alive_within_s: float,
@@ -121,7 +117,7 @@ def _print_plan(plan: RewindPlan, topic: str, done: bool) -> None:
 def _store_config(connected: Connection, args: argparse.Namespace) -> CheckpointStoreConfig:
     return dataclasses.replace(
         connected.checkpoint_config(args.checkpoint_topic),
-        retain=args.retain if args.retain is not None else _EVERY_STORED,
+        retain=args.retain if args.retain is not None else RETAIN_ALL,
         retain_for_s=args.retain_for)
 
 

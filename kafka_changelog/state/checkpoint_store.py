@@ -52,6 +52,9 @@ PARTITION = 0
 #: The fewest checkpoints retention may keep (the latest and the one before it).
 MIN_RETAIN = 2
 DEFAULT_RETAIN = 3
+#: ``retain`` of a reader that does not know the application's retention: every stored
+#: checkpoint counts as retained (garbage collection discards the others promptly).
+RETAIN_ALL = 2**31
 #: How long a guard counts (seconds): an application's first checkpoint commits within
 #: its first batch, so a week-old guard belongs to an application abandoned before it.
 DEFAULT_GUARD_LIFETIME_S = 7 * 24 * 3600.0

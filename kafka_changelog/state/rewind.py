@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .checkpoint import CompletedCheckpoint, SubtaskState
-from .checkpoint_store import CheckpointStore
+from .checkpoint_store import RETAIN_ALL, CheckpointStore
 from .driver_claim import DEFAULT_DRIVER_LEASE_S, DriverIdentity, Takeover
 from .errors import CheckpointStoreError
 from .source_offsets import SOURCE_OFFSETS_PROPERTY
@@ -130,8 +130,7 @@ def plan_rewind(store: CheckpointStore, application: str, to: int,
                if to < latest.checkpoint_id else "it is newer than the latest checkpoint")
         raise RewindError(
             f"cannot rewind application {application!r} to checkpoint {to}: {why}; "
-            f"retained checkpoints: {', '.join(map(str, retained))} (retain="
-            f"{store.retain}, retain_for_s={store.retain_for_s})")
+            f"retained checkpoints: {', '.join(map(str, retained))} ({_retention(store)})")
     target = store.get(application, to)
     discard = tuple(i for i in ids if i > to)
     copy = dataclasses.replace(
@@ -141,6 +140,12 @@ def plan_rewind(store: CheckpointStore, application: str, to: int,
                     REWOUND_AT_PROPERTY: str(now)})
     return RewindPlan(application, to, latest.checkpoint_id, copy, copy, discard,
                       _doomed_chunks(store, application, discard))
+
+
+def _retention(store: CheckpointStore) -> str:
+    if store.retain >= RETAIN_ALL:
+        return "every stored checkpoint counts as retained"
+    return f"retain={store.retain}, retain_for_s={store.retain_for_s}"
 
 
 def check_not_held(store: CheckpointStore, application: str,

@@ -14,7 +14,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["state.md"])
+@pytest.mark.parametrize("doc", ["state.md", "rewind.md"])
 def test_examples_run(doc: str) -> None:
     blocks = python_blocks(DOCS / doc)
     assert blocks, f"no python example in {doc}"

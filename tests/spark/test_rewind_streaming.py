@@ -32,9 +32,19 @@ from examples.clickstream import (
 )
 from examples.events import events
 from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY
+from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
 from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
 from spark_integration import starting_offsets
+from spark_integration.batch_identity import (
+    BATCH_ID,
+    QUERY_ID,
+    BatchKind,
+    BatchOrderError,
+    BatchPlan,
+    plan_batch,
+)
 from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.worker_resources import WorkerResources
@@ -72,7 +82,10 @@ def run(spark: Any, config: StreamingStateConfig, input_topic: str, output_topic
              .option("checkpointLocation", str(location))
              .trigger(availableNow=True).start())
     try:
-        query.awaitTermination(300)
+        try:
+            query.awaitTermination(300)
+        except Exception as exc:  # the query failed (raised again by awaitTermination)
+            return processor.reports, exc
         return processor.reports, query.exception()
     finally:
         query.stop()
@@ -179,3 +192,22 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
     finally:
         WorkerResources.release(fwd)
         WorkerResources.release(ref)
+
+
+def test_after_a_rewind_only_a_new_query_may_run_and_it_starts_from_the_copy() -> None:
+    store = InMemoryCheckpointStore(retain=10)
+    for checkpoint_id in (1, 2, 3):
+        store.commit(CompletedCheckpoint("shop", checkpoint_id, 0, 128, (), properties={
+            QUERY_ID: "q1", BATCH_ID: str(checkpoint_id - 1),
+            SOURCE_OFFSETS_PROPERTY: f'{{"in":{{"0":{checkpoint_id * 5}}}}}'}))
+    execute_rewind(store, plan_rewind(store, "shop", 1), lambda chunks: None)
+    for batch_id in (0, 1, 3):  # q1's batch 0 again, its next, and the one after its last
+        with pytest.raises(BatchOrderError) as refused:
+            plan_batch(store, "shop", "q1", batch_id)
+        assert str(refused.value) == (
+            f"application 'shop' was rewound to checkpoint 1 (now checkpoint 4), but Spark "
+            f"query q1 runs batch {batch_id} from the checkpointLocation that committed it "
+            "(batch 0): that checkpointLocation goes on after input the rewind took back, "
+            "which would be skipped. Start the query with a new checkpointLocation and "
+            'startingOffsets={"in":{"0":5}} (spark_integration.starting_offsets gives it)')
+    assert plan_batch(store, "shop", "q2", 0) == BatchPlan(5, 4, True, BatchKind.NEW_QUERY)
