@@ -41,7 +41,7 @@ from ..state.rewind import (
     execute_rewind,
     plan_rewind,
 )
-from .options import Connection, connection
+from .options import CliError, Connection, connection
 from .output import age, now_ms, print_json, progress
 from .readonly import open_view
 from .reset import DEFAULT_ALIVE_WITHIN_S
@@ -115,17 +115,22 @@ def _print_plan(plan: RewindPlan, topic: str, done: bool) -> None:
 
 
 def _store_config(connected: Connection, args: argparse.Namespace) -> CheckpointStoreConfig:
-    return dataclasses.replace(
-        connected.checkpoint_config(args.checkpoint_topic),
-        retain=args.retain if args.retain is not None else RETAIN_ALL,
-        retain_for_s=args.retain_for)
+    if args.retain_for is not None and args.retain is None:
+        raise CliError("--retain-for needs --retain (the application's retain)")
+    try:
+        return dataclasses.replace(
+            connected.checkpoint_config(args.checkpoint_topic),
+            retain=args.retain if args.retain is not None else RETAIN_ALL,
+            retain_for_s=args.retain_for)
+    except ValueError as exc:  # retain below 2, an age not positive
+        raise CliError(str(exc)) from exc
 
 
 def _run(args: argparse.Namespace) -> int:
     connected = connection(args)
     topic = args.checkpoint_topic
-    open_view(connected, topic).close()  # refuses a missing topic, naming those there
     config = _store_config(connected, args)
+    open_view(connected, topic).close()  # refuses a missing topic, naming those there
     now = now_ms()
     # A dry run only reads (no producer, nothing created).
     with (KafkaCheckpointStore if args.yes else KafkaCheckpointView)(config) as store:

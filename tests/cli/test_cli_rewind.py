@@ -244,3 +244,13 @@ def test_garbage_collection_keeps_the_count_and_what_is_younger_than_the_age(
         assert (plan.target_id, plan.discard) == (3, (4, 5))
     finally:
         deployment.close()
+
+
+def test_bad_retention_options_are_refused_before_connecting() -> None:
+    no_count = cli("-b", "127.0.0.1:1", "rewind", "app", "--to", "1", "--retain-for", "60")
+    assert (no_count.returncode, no_count.stderr) == (
+        2, "kafka-changelog: error: --retain-for needs --retain (the application's retain)\n")
+    too_few = cli("-b", "127.0.0.1:1", "rewind", "app", "--to", "1", "--retain", "1")
+    assert (too_few.returncode, too_few.stderr) == (
+        2, "kafka-changelog: error: retain must be at least 2 (the latest checkpoint and the "
+           "one before it), got 1\n")

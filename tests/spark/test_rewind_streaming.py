@@ -1,7 +1,7 @@
 """Rewind with Spark's Kafka source: state and input go back together.
 
-Application ``fwd`` runs three batches over input A (checkpoints 1..3, each recording
-the input offsets its batch read up to), is rewound to checkpoint 1 with the CLI, and
+Application ``fwd`` runs two batches over input A (checkpoints 1, 2, each recording the
+input offsets its batch read up to), is rewound to checkpoint 1 with the CLI, and
 restarts with a new checkpointLocation and ``starting_offsets`` of checkpoint 1 over A
 and B. Application ``ref`` shares its topics and ran once over A and B without ever
 going forward. Both end with exactly the same state, and ``fwd``'s outputs after the
@@ -132,22 +132,22 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
             materialization_interval_s=None, state_backend="memory")
 
     fwd, ref = config(f"{prefix}-fwd"), config(f"{prefix}-ref")
-    all_events = list(events(4 * BATCH_ROWS, 6))
+    all_events = list(events(3 * BATCH_ROWS, 6))
     users = sorted({e["user"] for e in all_events})
-    input_a, input_b = all_events[:3 * BATCH_ROWS], all_events[3 * BATCH_ROWS:]
+    input_a, input_b = all_events[:2 * BATCH_ROWS], all_events[2 * BATCH_ROWS:]
     try:
         produce(settings, input_topic, input_a)
         forward, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
         assert error is None, error
-        assert [(r.batch_id, r.checkpoint_id) for r in forward] == [(0, 1), (1, 2), (2, 3)]
+        assert [(r.batch_id, r.checkpoint_id) for r in forward] == [(0, 1), (1, 2)]
         # Each checkpoint records the offsets its batch read up to.
-        assert [starting_offsets(fwd, checkpoint_id=i) for i in (1, 2, 3)] == [
-            f'{{"{input_topic}":{{"0":{n * BATCH_ROWS}}}}}' for n in (1, 2, 3)]
+        assert [starting_offsets(fwd, checkpoint_id=i) for i in (1, 2)] == [
+            f'{{"{input_topic}":{{"0":{n * BATCH_ROWS}}}}}' for n in (1, 2)]
 
         produce(settings, input_topic, input_b)
         reference, error = run(spark, ref, input_topic, ref_out, tmp_path / "ref")
         assert error is None, error
-        assert [r.checkpoint_id for r in reference] == [1, 2, 3, 4]
+        assert [r.checkpoint_id for r in reference] == [1, 2, 3]
         ref_state = state_of(ref, users)
         expected = {u: (s["events"], s["spent"])
                     for u, s in expected_state(iter(all_events)).items()}
@@ -159,8 +159,8 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
         assert rewound.returncode == 0, rewound.stderr
         assert rewound.stdout.splitlines() == [
             f"application {fwd.application} (checkpoint topic {fwd.checkpoint_topic}):",
-            "  rewound to checkpoint 1: its copy is checkpoint 4, the latest (was 3)",
-            "  discarded checkpoints: 2, 3",
+            "  rewound to checkpoint 1: its copy is checkpoint 3, the latest (was 2)",
+            "  discarded checkpoints: 2",
             "  deleted snapshot chunks only they use: none",
             f'  startingOffsets: {{"{input_topic}":{{"0":{BATCH_ROWS}}}}}']
         # The other application sharing the topics still restores exactly.
@@ -170,25 +170,25 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
         _, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
         assert error is not None
         assert (f"application '{fwd.application}' was rewound to checkpoint 1 (now "
-                "checkpoint 4)") in str(error)
+                "checkpoint 3)") in str(error)
 
         start = starting_offsets(fwd)
         assert start == f'{{"{input_topic}":{{"0":{BATCH_ROWS}}}}}'
         rerun, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-2", start)
         assert error is None, error
         assert [(r.batch_id, r.checkpoint_id, r.restored_from, r.kind) for r in rerun] == [
-            (0, 5, 4, "new-query"), (1, 6, 5, "new"), (2, 7, 6, "new")]
+            (0, 4, 3, "new-query"), (1, 5, 4, "new")]
         assert state_of(fwd, users) == ref_state
 
         fwd_batches = by_batch(read_outputs(settings, fwd_out))
         ref_batches = by_batch(read_outputs(settings, ref_out))
-        # Checkpoints 1, 2, 3 (2 and 3 abandoned), then 5, 6, 7 after the rewind.
-        assert len(fwd_batches) == 6
-        assert [fwd_batches[0], *fwd_batches[3:]] == ref_batches
+        # Checkpoints 1, 2 (2 abandoned), then 4, 5 after the rewind.
+        assert len(fwd_batches) == 4
+        assert [fwd_batches[0], *fwd_batches[2:]] == ref_batches
         latest = WorkerResources.coordinator(fwd).checkpoint()
         assert latest is not None and REWOUND_FROM_PROPERTY not in latest.properties
         assert latest.properties[SOURCE_OFFSETS_PROPERTY] == (
-            f'{{"{input_topic}":{{"0":{4 * BATCH_ROWS}}}}}')
+            f'{{"{input_topic}":{{"0":{3 * BATCH_ROWS}}}}}')
     finally:
         WorkerResources.release(fwd)
         WorkerResources.release(ref)
