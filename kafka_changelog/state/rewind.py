@@ -160,8 +160,9 @@ def check_not_held(store: CheckpointStore, application: str,
         return
     raise RewindError(
         f"cannot rewind application {application!r}: {claim.describe()} holds it; stop "
-        "its streaming query first (a stopped query releases it; a driver that died "
-        f"stops holding it {lease_s:g} s after its last heartbeat)")
+        "its streaming query first (its driver releases it at its next heartbeat, within "
+        f"a quarter of driver_lease_s; a driver that died stops holding it {lease_s:g} s "
+        "after its last heartbeat)")
 
 
 def execute_rewind(store: CheckpointStore, plan: RewindPlan,

@@ -8,6 +8,7 @@ import pytest
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.driver_claim import DriverClaim, DriverIdentity, driver_claim_key
 from kafka_changelog.state.errors import CheckpointOrderError
 from kafka_changelog.state.rewind import (
     REWOUND_AT_PROPERTY,
@@ -15,6 +16,7 @@ from kafka_changelog.state.rewind import (
     REWOUND_LATEST_PROPERTY,
     Chunk,
     RewindError,
+    check_not_held,
     execute_rewind,
     plan_rewind,
 )
@@ -156,3 +158,26 @@ def test_retention_by_age_keeps_the_count_always_and_younger_ones_too() -> None:
     assert by_count.subsumed_ids("app", NOW) == [1, 2, 3]
     with pytest.raises(ValueError, match="retain_for_s must be None or positive, got 0"):
         InMemoryCheckpointStore(retain_for_s=0)
+
+
+def test_a_live_driver_holding_the_application_is_refused(
+    store: InMemoryCheckpointStore,
+) -> None:
+    def claim(heartbeat_ms: int, released: bool = False) -> None:
+        driver = DriverIdentity("d" * 32, "elsewhere", 4242, "1")
+        record = DriverClaim("app", 3, driver, "q1", NOW - 60_000, heartbeat_ms, released)
+        store.apply_record(driver_claim_key("app").encode(), record.to_bytes(), "test")
+
+    claim(NOW - 1_000)
+    with pytest.raises(RewindError) as held:
+        check_not_held(store, "app", 60.0, NOW)
+    assert str(held.value) == (
+        f"cannot rewind application 'app': driver dddddddd (host elsewhere, pid 4242, Spark "
+        f"query q1, epoch 3, last heartbeat at {NOW - 1_000} ms since the epoch) holds it; "
+        "stop its streaming query first (its driver releases it at its next heartbeat, "
+        "within a quarter of driver_lease_s; a driver that died stops holding it 60 s after "
+        "its last heartbeat)")
+    claim(NOW - 1_000, released=True)
+    check_not_held(store, "app", 60.0, NOW)
+    claim(NOW - 61_000)  # no heartbeat for longer than the lease
+    check_not_held(store, "app", 60.0, NOW)
