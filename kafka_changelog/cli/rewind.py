@@ -1,7 +1,7 @@
 """``rewind APP --to N --yes``: make retained checkpoint N the application's latest again.
 
 What is written, in the crash-safe order of :mod:`kafka_changelog.state.rewind`: a copy
-of checkpoint N as the new latest (id: the latest + 1), tombstones of the snapshot
+of checkpoint N as the new latest (id: the latest + 2), tombstones of the snapshot
 chunks only the checkpoints after N name (none another application's checkpoint
 uses), then tombstones of those checkpoints. Running the command again finishes an
 interrupted rewind. Nothing of other applications sharing the topics changes.

@@ -2,7 +2,7 @@
 
 A rewind to checkpoint ``N`` of an application whose latest checkpoint is ``L``:
 
-1. commits a **copy** of ``N`` under the new id ``M = L + 1`` (the same subtask
+1. commits a **copy** of ``N`` under the new id ``M = L + 2`` (the same subtask
    handles, log floors, time and Spark properties, plus :data:`REWOUND_FROM_PROPERTY`
    naming ``N``). ``M`` is the latest from the moment its record is durable: the next
    run restores exactly ``N``'s state, and its checkpoints continue at ``M + 1``;
@@ -17,9 +17,10 @@ Why a copy under a new id rather than pointing back at ``N``: checkpoint ids nam
 than the checkpoint record. Writers hold changelog records per checkpoint id, host
 stores and task-local copies are kept per checkpoint id, and subtask commits of a
 batch in the making are matched by it. Ids ``N + 1 .. L`` were used by data that still
-exists (a host store at ``L``, a subtask commit of ``L + 1``): reusing them would let
-that data pass for the rewound application's. Every id after a rewind is above every
-id used before.
+exists (a host store at ``L``); ``L + 1`` may have been used by a batch in the making
+when the application stopped (a subtask commit, a backend a Python worker keeps at
+``L + 1``, matched by id alone). Reusing any of them would let that data pass for the
+rewound application's; ``L + 2`` and the ids after it were never used.
 
 Crash safety: the latest is valid after every write (``L`` until ``M`` is durable, ``M``
 afterwards). A rewind interrupted after step 1 is finished by running it again: the
@@ -49,6 +50,10 @@ REWOUND_FROM_PROPERTY = "rewind.from_checkpoint"
 REWOUND_LATEST_PROPERTY = "rewind.abandoned_latest"
 #: Property of a rewind's copy: when the rewind was made (epoch ms).
 REWOUND_AT_PROPERTY = "rewind.at_ms"
+
+#: The copy's id is the latest + this: the latest + 1 may have been used by a batch in
+#: the making when the application stopped (see the module docstring).
+COPY_ID_GAP = 2
 
 #: A snapshot chunk record: (topic, partition, record key).
 Chunk = tuple[str, int, str]
@@ -134,7 +139,7 @@ def plan_rewind(store: CheckpointStore, application: str, to: int,
     target = store.get(application, to)
     discard = tuple(i for i in ids if i > to)
     copy = dataclasses.replace(
-        target, checkpoint_id=latest.checkpoint_id + 1,
+        target, checkpoint_id=latest.checkpoint_id + COPY_ID_GAP,
         properties={**target.properties, REWOUND_FROM_PROPERTY: str(to),
                     REWOUND_LATEST_PROPERTY: str(latest.checkpoint_id),
                     REWOUND_AT_PROPERTY: str(now)})

@@ -136,7 +136,7 @@ def test_a_dry_run_writes_nothing_and_yes_rewinds_leaving_others_alone(
     assert dry.returncode == 1, dry.stderr
     assert dry.stdout.splitlines() == [
         f"application alpha (checkpoint topic {topics.checkpoint}):",
-        "  would rewind to checkpoint 2: its copy is checkpoint 5, the latest (was 4)",
+        "  would rewind to checkpoint 2: its copy is checkpoint 6, the latest (was 4)",
         "  would discard checkpoints: 3, 4",
         f"  would delete snapshot chunks only they use: {len(third)} in {topics.snapshot}",
         "  startingOffsets: (not recorded)"]
@@ -168,7 +168,7 @@ def test_a_dry_run_writes_nothing_and_yes_rewinds_leaving_others_alone(
         .replace("would delete", "deleted") for line in dry.stdout.splitlines()]
     stored = stored_checkpoints(shared.cluster, topics, "alpha")
     # (Checkpoint 1 went by retention, retain=3, at the commit of 4.)
-    assert [cp.checkpoint_id for cp in stored] == [2, 5]
+    assert [cp.checkpoint_id for cp in stored] == [2, 6]
     two = shared.checkpoints["alpha"][1]
     assert stored[1].subtasks == two.subtasks and stored[1].log_floors == two.log_floors
     assert stored[1].properties[REWOUND_FROM_PROPERTY] == "2"
@@ -183,7 +183,7 @@ def test_a_dry_run_writes_nothing_and_yes_rewinds_leaving_others_alone(
     assert shared.state("beta") == beta_state
     assert shared.state("gamma") == shared.models["gamma"][-1]
     # The next checkpoint continues after the copy, from its state.
-    shared.deployments["alpha"].run_round(6, {"counts": Operator(2, counts_work)}, 5,
+    shared.deployments["alpha"].run_round(7, {"counts": Operator(2, counts_work)}, 5,
                                           int(time.time() * 1000), materialize=False)
     assert shared.state("alpha") == {u: 500 + i for i, u in enumerate(USERS) if i}
 
@@ -195,23 +195,23 @@ def test_an_interrupted_rewind_is_finished_by_a_second_run(shared: Shared) -> No
     store.commit(plan.copy)  # the first write only: the process died there
     assert shared.state("gamma") == shared.models["gamma"][2]
     assert [cp.checkpoint_id for cp in stored_checkpoints(
-        shared.cluster, shared.topics, "gamma")] == [2, 3, 4, 5]
+        shared.cluster, shared.topics, "gamma")] == [2, 3, 4, 6]
 
     second = cli(*shared.args("rewind", "gamma", "--to", "3", "--yes"))
     assert second.returncode == 0, second.stderr
     assert second.stdout.splitlines() == [
         f"application gamma (checkpoint topic {shared.topics.checkpoint}):",
-        "  finished the interrupted rewind to checkpoint 3 (its copy 5 is the latest)",
+        "  finished the interrupted rewind to checkpoint 3 (its copy 6 is the latest)",
         "  discarded checkpoints: 4",
         "  deleted snapshot chunks only they use: none",
         "  startingOffsets: (not recorded)"]
     assert [cp.checkpoint_id for cp in stored_checkpoints(
-        shared.cluster, shared.topics, "gamma")] == [2, 3, 5]
+        shared.cluster, shared.topics, "gamma")] == [2, 3, 6]
     assert shared.state("gamma") == shared.models["gamma"][2]
     again = cli(*shared.args("rewind", "gamma", "--to", "3", "--yes"))
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[1] == (
-        "  checkpoint 5 holds the state of checkpoint 3 and is the latest: nothing to do")
+        "  checkpoint 6 holds the state of checkpoint 3 and is the latest: nothing to do")
 
 
 def test_garbage_collection_keeps_the_count_and_what_is_younger_than_the_age(

@@ -129,7 +129,7 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
             bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
             changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
             checkpoint_topic=f"{prefix}-checkpoints", partitions=2,
-            materialization_interval_s=None, state_backend="memory")
+            materialization_interval_s=None)
 
     fwd, ref = config(f"{prefix}-fwd"), config(f"{prefix}-ref")
     all_events = list(events(3 * BATCH_ROWS, 6))
@@ -159,7 +159,7 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
         assert rewound.returncode == 0, rewound.stderr
         assert rewound.stdout.splitlines() == [
             f"application {fwd.application} (checkpoint topic {fwd.checkpoint_topic}):",
-            "  rewound to checkpoint 1: its copy is checkpoint 3, the latest (was 2)",
+            "  rewound to checkpoint 1: its copy is checkpoint 4, the latest (was 2)",
             "  discarded checkpoints: 2",
             "  deleted snapshot chunks only they use: none",
             f'  startingOffsets: {{"{input_topic}":{{"0":{BATCH_ROWS}}}}}']
@@ -170,19 +170,19 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
         _, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
         assert error is not None
         assert (f"application '{fwd.application}' was rewound to checkpoint 1 (now "
-                "checkpoint 3)") in str(error)
+                "checkpoint 4)") in str(error)
 
         start = starting_offsets(fwd)
         assert start == f'{{"{input_topic}":{{"0":{BATCH_ROWS}}}}}'
         rerun, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-2", start)
         assert error is None, error
         assert [(r.batch_id, r.checkpoint_id, r.restored_from, r.kind) for r in rerun] == [
-            (0, 4, 3, "new-query"), (1, 5, 4, "new")]
+            (0, 5, 4, "new-query"), (1, 6, 5, "new")]
         assert state_of(fwd, users) == ref_state
 
         fwd_batches = by_batch(read_outputs(settings, fwd_out))
         ref_batches = by_batch(read_outputs(settings, ref_out))
-        # Checkpoints 1, 2 (2 abandoned), then 4, 5 after the rewind.
+        # Checkpoints 1, 2 (2 abandoned), then 5, 6 after the rewind (its copy: 4).
         assert len(fwd_batches) == 4
         assert [fwd_batches[0], *fwd_batches[2:]] == ref_batches
         latest = WorkerResources.coordinator(fwd).checkpoint()
@@ -205,9 +205,9 @@ def test_after_a_rewind_only_a_new_query_may_run_and_it_starts_from_the_copy() -
         with pytest.raises(BatchOrderError) as refused:
             plan_batch(store, "shop", "q1", batch_id)
         assert str(refused.value) == (
-            f"application 'shop' was rewound to checkpoint 1 (now checkpoint 4), but Spark "
+            f"application 'shop' was rewound to checkpoint 1 (now checkpoint 5), but Spark "
             f"query q1 runs batch {batch_id} from the checkpointLocation that committed it "
             "(batch 0): that checkpointLocation goes on after input the rewind took back, "
             "which would be skipped. Start the query with a new checkpointLocation and "
             'startingOffsets={"in":{"0":5}} (spark_integration.starting_offsets gives it)')
-    assert plan_batch(store, "shop", "q2", 0) == BatchPlan(5, 4, True, BatchKind.NEW_QUERY)
+    assert plan_batch(store, "shop", "q2", 0) == BatchPlan(6, 5, True, BatchKind.NEW_QUERY)
