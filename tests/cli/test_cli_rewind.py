@@ -5,6 +5,7 @@ another application on the same topics keeps exactly its state."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -122,7 +123,7 @@ def shared(kafka_cluster: Any) -> Iterator[Shared]:
 
 
 def test_a_dry_run_writes_nothing_and_yes_rewinds_leaving_others_alone(
-    shared: Shared,
+    shared: Shared, capsys: pytest.CaptureFixture[str],
 ) -> None:
     topics = shared.topics
     before = end_offsets(shared.cluster, topics.all())
@@ -142,6 +143,12 @@ def test_a_dry_run_writes_nothing_and_yes_rewinds_leaving_others_alone(
         f"  would delete snapshot chunks only they use: {len(third)} in {topics.snapshot}",
         "  startingOffsets: (not recorded)"]
     assert "kafka-changelog: dry run: nothing written; pass --yes to rewind" in dry.stderr
+    assert main(shared.args("rewind", "alpha", "--to", "2", "--json")) == 1
+    assert json.loads(capsys.readouterr().out) == {
+        "application": "alpha", "checkpoint_topic": topics.checkpoint, "to": 2,
+        "latest_before": 4, "new_latest": 6, "finishing": False, "discard": [3, 4],
+        "snapshot_chunks": {topics.snapshot: len(third)}, "starting_offsets": None,
+        "rewound": False, "refused": "dry run: nothing written; pass --yes to rewind"}
 
     missing = cli(*shared.args("rewind", "alpha", "--to", "9", "--yes"))
     assert missing.returncode == 2
