@@ -37,6 +37,7 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
+from kafka_changelog.state.source_offsets import source_offsets_property
 from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
@@ -73,6 +74,7 @@ from .columns import (
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
+from .source_offsets import batch_end_offsets
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
@@ -400,11 +402,15 @@ class StatefulProcessor:
         self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
         commit_started = time.monotonic()
         if plan.commit:
+            # The input offsets the batch read up to: where a query restarts after a
+            # rewind to this checkpoint (source_offsets.py).
+            offsets = source_offsets_property(batch_end_offsets(batch_df, query_id, batch_id))
             coordinator.complete(plan.checkpoint_id, subtasks,
                                  properties={**plan.properties(query_id, batch_id),
                                              **time_properties(context, watermark),
                                              **self._declared_properties(coordinator,
-                                                                         plan.base)})
+                                                                         plan.base),
+                                             **offsets})
         commit_s = time.monotonic() - commit_started
         self._emit(BatchEvent.AFTER_COMMIT, batch_id)
         sink_started = time.monotonic()
