@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .metrics import StateMetricsListener as StateMetricsListener
     from .metrics import SubtaskMetrics as SubtaskMetrics
     from .output_rows import OutputColumnsError as OutputColumnsError
+    from .rewind_offsets import starting_offsets as starting_offsets
     from .session import local_session as local_session
     from .session import spark_session as spark_session
     from .streaming import BATCH_EVENTS as BATCH_EVENTS

@@ -15,7 +15,12 @@ is then one of:
   latest checkpoint and the batch commits latest + 1, whatever its batch id;
 * **rolled back** — the same query at a batch *before* the one that committed the
   latest checkpoint (its ``checkpointLocation`` was restored from an older copy):
-  refused with :class:`BatchOrderError`, since its input was already applied.
+  refused with :class:`BatchOrderError`, since its input was already applied;
+* **after a rewind** — the same query as the latest checkpoint when that checkpoint is
+  a rewind's copy (``kafka-changelog rewind``): refused with :class:`BatchOrderError`,
+  since the query's ``checkpointLocation`` goes on after the input of the abandoned
+  checkpoints; a new query (a new ``checkpointLocation`` reading from the offsets the
+  rewound checkpoint recorded) is a *new query* as above.
 
 An application holds the state of one stateful operator (one processor commits its
 checkpoints): a batch of operator B in an application whose checkpoints hold operator A
@@ -49,6 +54,8 @@ from kafka_changelog.keys import (
 )
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoint_store import CheckpointStore
+from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY
+from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
 
 #: Checkpoint properties the streaming layer records.
 QUERY_ID = "spark.query_id"
@@ -132,6 +139,17 @@ def _plan(store: CheckpointStore, application: str, query_id: str, batch_id: int
     if recorded_query != query_id:
         return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, BatchKind.NEW_QUERY)
     recorded_batch = int(latest.properties.get(BATCH_ID, "-1"))
+    rewound_from = latest.properties.get(REWOUND_FROM_PROPERTY)
+    if rewound_from is not None:
+        raise BatchOrderError(
+            f"application {application!r} was rewound to checkpoint {rewound_from} (now "
+            f"checkpoint {latest.checkpoint_id}), but Spark query {query_id} runs batch "
+            f"{batch_id} from the checkpointLocation that committed it (batch "
+            f"{recorded_batch}): that checkpointLocation goes on after input the rewind "
+            "took back, which would be skipped. Start the query with a new "
+            "checkpointLocation and startingOffsets="
+            f"{latest.properties.get(SOURCE_OFFSETS_PROPERTY, '(not recorded)')} "
+            "(spark_integration.starting_offsets gives it)")
     if batch_id > recorded_batch:
         return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, BatchKind.NEW)
     if batch_id == recorded_batch:

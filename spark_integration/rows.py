@@ -12,6 +12,7 @@ because Spark refuses batches whose schema differs. No pyspark import.
 from __future__ import annotations
 
 import itertools
+import json
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -21,7 +22,9 @@ import pyarrow as pa
 from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.errors import RecordDecodeError
 from kafka_changelog.keys import key_text
+from kafka_changelog.state.avro_names import is_avro_name
 from kafka_changelog.state.ops import StateMeta
+from kafka_changelog.state.schema_evolution import read_avro_value
 from kafka_changelog.state.table_protocol import Entry, KeyedStateTable
 from kafka_changelog.state.ttl import live_entry, split_serializer_name
 
@@ -197,9 +200,15 @@ def render_value(serializer: str, data: bytes) -> str | None:
     """A readable rendering of ``data`` written by serializer ``serializer``, else None.
 
     ``utf8``: the text; ``int64``/``float64``: the number as text; ``json``: the JSON
-    text. Other serializers (``bytes``, ``avro:...``) and bytes that do not decode
-    give None.
+    text; Avro: the value resolved to the state's latest recorded schema, as JSON text.
+    Other serializers (``bytes``, Avro states of 0.2.0, whose schema is not recorded)
+    and bytes that do not decode give None.
     """
+    if is_avro_name(serializer):
+        try:
+            return json.dumps(read_avro_value(serializer, data), sort_keys=True)
+        except ValueError:
+            return None
     try:
         if serializer == "utf8" or serializer == "json":
             return data.decode()

@@ -81,6 +81,10 @@ class StreamingStateConfig:
     materialization_nice: int | None = 10
     #: Checkpoints kept (at least 2).
     retain: int = 3
+    #: Checkpoints beyond ``retain`` are kept as well while younger than this (seconds;
+    #: None: by count only): what ``kafka-changelog rewind`` can go back to. Garbage
+    #: collection drops a checkpoint once it is beyond the count *and* older than this.
+    retain_for_s: float | None = None
     #: How often (seconds) the driver sweeps the snapshot topic for chunks no checkpoint
     #: can name any more (a materialization killed mid-write, or one whose store was
     #: deleted before a task applied it), in a background thread after a checkpoint
@@ -139,6 +143,9 @@ class StreamingStateConfig:
         if not self.snapshot_sweep_grace_s > 0:
             raise ValueError(f"snapshot_sweep_grace_s must be positive, got "
                              f"{self.snapshot_sweep_grace_s!r}")
+        if self.retain_for_s is not None and not self.retain_for_s > 0:
+            raise ValueError(f"retain_for_s must be None or positive, got "
+                             f"{self.retain_for_s!r}")
         if not self.driver_lease_s > 0:
             raise ValueError(f"driver_lease_s must be positive, got {self.driver_lease_s!r}")
         if self.materialization_nice is not None and not 0 <= self.materialization_nice <= 19:
@@ -190,4 +197,4 @@ class StreamingStateConfig:
     def checkpoints(self) -> CheckpointStoreConfig:
         """The checkpoint store's config."""
         return CheckpointStoreConfig.on(self.connection(), topic=self.checkpoint_topic,
-                                        retain=self.retain)
+                                        retain=self.retain, retain_for_s=self.retain_for_s)

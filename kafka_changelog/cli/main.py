@@ -1,8 +1,8 @@
 """The ``kafka-changelog`` console script: argument parsing and dispatch.
 
 Exit codes: 0 done; 1 the command ran and found a problem (``verify``), nothing
-(``state`` of a key without state) or refused (``reset`` of a live application,
-or without ``--yes``); 2 an error (bad arguments, Kafka unreachable, unknown
+(``state`` of a key without state) or refused (``reset`` or ``rewind`` of a live
+application, or without ``--yes``); 2 an error (bad arguments, Kafka unreachable, unknown
 application, ...), printed on stderr.
 """
 
@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from ..errors import ChangelogError
 from ..kafka.error_text import describe
-from . import applications, broker, fork, handles, reset, state, verify
+from . import applications, broker, fork, handles, reset, rewind, state, verify
 from .options import add_connection_options, add_json_option, add_topic_options
 
 DESCRIPTION = """\
@@ -28,6 +28,7 @@ Operate kafka-changelog applications and look at handles and topics.
   kafka-changelog -b HOST:PORT state APP --operator OP --key K
   kafka-changelog -b HOST:PORT verify APP      restore every subtask, report problems
   kafka-changelog -b HOST:PORT reset APP --yes delete an application's state
+  kafka-changelog -b HOST:PORT rewind APP --to N --yes  go back to checkpoint N
   kafka-changelog -b HOST:PORT fork APP NEW    start NEW from APP's latest checkpoint
 """
 
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     state.register(commands, [application])
     verify.register(commands, [application])
     reset.register(commands, [application])
+    rewind.register(commands, [application])
     fork.register(commands, [application])
     handles.register(commands, [connection])
     return parser

@@ -1,9 +1,10 @@
 """State values decoded by the serializer names recorded with each state's registration.
 
-``utf8``, ``int64``, ``float64`` and ``json`` decode (as the serializers of
-:mod:`kafka_changelog.state.serializers` write them); ``bytes``, ``avro:...``
-(the schema is not recorded) and bytes that do not decode stay raw and are
-shown as base64 in JSON and hex in tables.
+``utf8``, ``int64``, ``float64``, ``json`` and Avro decode (as the serializers of
+:mod:`kafka_changelog.state.serializers` write them; Avro values resolved to the
+state's latest recorded schema); ``bytes``, Avro states of 0.2.0 (their schema is
+not recorded) and bytes that do not decode stay raw and are shown as base64 in JSON
+and hex in tables.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import base64
 import json
 from typing import Any
 
+from ..state.avro_names import is_avro_name
 from ..state.ops import StateMeta
+from ..state.schema_evolution import read_avro_value
 from ..state.serializers import FLOAT64, INT64, JSON, UTF8, Serializer
 from ..state.table_protocol import Entry
 from ..state.ttl import split_serializer_name
@@ -37,7 +40,13 @@ class Raw:
 
 
 def decode_value(serializer: str | None, data: bytes) -> Any:
-    """The value ``serializer`` wrote as ``data``, or :class:`Raw` when it cannot tell."""
+    """The value ``serializer`` wrote as ``data``, or :class:`Raw` when it cannot tell
+    (an Avro value resolved to the state's latest schema)."""
+    if serializer is not None and is_avro_name(serializer):
+        try:
+            return read_avro_value(serializer, data)
+        except ValueError:  # 0.2.0's unrecorded schema, or not its bytes
+            return Raw(data)
     known = _KNOWN.get(serializer or "")
     if known is None:
         return Raw(data)

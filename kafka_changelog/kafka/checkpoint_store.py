@@ -24,6 +24,7 @@ from ..state.checkpoint_store import (
     CheckpointStore,
     check_guard_lifetime,
     check_retain,
+    check_retain_for,
 )
 from ..state.driver_claim import DriverIdentity
 from ..state.errors import CheckpointStoreError
@@ -66,6 +67,9 @@ class CheckpointStoreConfig(KafkaConnection):
     topic: str = "kafka-changelog-checkpoints"
     #: Checkpoints kept per application (at least 2).
     retain: int = DEFAULT_RETAIN
+    #: Older checkpoints are kept too while younger than this (seconds; None: by count
+    #: only). See ``CheckpointStore.subsumed_ids``.
+    retain_for_s: float | None = None
     #: How long (seconds) a guard of an application without a checkpoint keeps other
     #: applications' GC off its changelog offsets (None: until its first commit or reset).
     guard_lifetime_s: float | None = DEFAULT_GUARD_LIFETIME_S
@@ -77,6 +81,7 @@ class CheckpointStoreConfig(KafkaConnection):
     def __post_init__(self) -> None:
         self._check_bootstrap_servers()
         check_retain(self.retain)
+        check_retain_for(self.retain_for_s)
         check_guard_lifetime(self.guard_lifetime_s)
 
     def producer(self) -> dict[str, Any]:
@@ -144,7 +149,7 @@ class KafkaCheckpointView(CheckpointStore):
     PARTITION = PARTITION
 
     def __init__(self, config: CheckpointStoreConfig) -> None:
-        super().__init__(config.retain, config.guard_lifetime_s)
+        super().__init__(config.retain, config.guard_lifetime_s, config.retain_for_s)
         self.config = config
         self.topic = config.topic
         self._consumer = Consumer(config.consumer())

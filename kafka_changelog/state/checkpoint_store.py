@@ -2,7 +2,10 @@
 
 A checkpoint is complete once :meth:`CheckpointStore.commit` returns (its record
 is acknowledged). Retention keeps the newest ``retain`` checkpoints of an
-application; ``commit`` returns the older ones still stored, the caller frees
+application always, and with ``retain_for_s`` also every older one committed less
+than ``retain_for_s`` seconds ago (:meth:`CheckpointStore.subsumed_ids`: a checkpoint
+goes only when it is beyond the count *and* older than the age); ``commit`` returns
+the older ones still stored, the caller frees
 what only they need and then calls :meth:`CheckpointStore.discard`, which
 removes them for good. Until discarded they stay readable, so a caller that
 crashed half-way through garbage collection is told again by the next commit.
@@ -49,6 +52,9 @@ PARTITION = 0
 #: The fewest checkpoints retention may keep (the latest and the one before it).
 MIN_RETAIN = 2
 DEFAULT_RETAIN = 3
+#: ``retain`` of a reader that does not know the application's retention: every stored
+#: checkpoint counts as retained (garbage collection discards the others promptly).
+RETAIN_ALL = 2**31
 #: How long a guard counts (seconds): an application's first checkpoint commits within
 #: its first batch, so a week-old guard belongs to an application abandoned before it.
 DEFAULT_GUARD_LIFETIME_S = 7 * 24 * 3600.0
@@ -88,6 +94,12 @@ def check_guard_lifetime(lifetime_s: float | None) -> None:
         raise ValueError(f"guard_lifetime_s must be None or positive, got {lifetime_s!r}")
 
 
+def check_retain_for(retain_for_s: float | None) -> None:
+    """Raise ``ValueError`` unless ``retain_for_s`` is None or positive."""
+    if retain_for_s is not None and not retain_for_s > 0:
+        raise ValueError(f"retain_for_s must be None or positive, got {retain_for_s!r}")
+
+
 def check_retain(retain: int) -> None:
     """Raise ``ValueError`` unless ``retain`` is at least :data:`MIN_RETAIN`."""
     if retain < MIN_RETAIN:
@@ -118,10 +130,15 @@ class CheckpointStore(ABC):
     """
 
     def __init__(self, retain: int = DEFAULT_RETAIN,
-                 guard_lifetime_s: float | None = DEFAULT_GUARD_LIFETIME_S) -> None:
+                 guard_lifetime_s: float | None = DEFAULT_GUARD_LIFETIME_S,
+                 retain_for_s: float | None = None) -> None:
         check_retain(retain)
         check_guard_lifetime(guard_lifetime_s)
+        check_retain_for(retain_for_s)
         self.retain = retain
+        #: Checkpoints beyond ``retain`` are kept too while younger than this (seconds,
+        #: by their ``timestamp_ms``; None: by count only). See :meth:`subsumed_ids`.
+        self.retain_for_s = retain_for_s
         #: How long a guard keeps other applications' GC off its offsets (None: until the
         #: application's first commit or ``reset``, however long that takes).
         self.guard_lifetime_s = guard_lifetime_s
@@ -145,8 +162,8 @@ class CheckpointStore(ABC):
         """Store ``checkpoint`` as the application's latest; the checkpoints retention subsumed.
 
         Blocks until the checkpoint is durable: it is complete only when this
-        returns. The returned checkpoints (oldest first) are beyond the newest
-        ``retain``; they stay stored until :meth:`discard`. Raises
+        returns. The returned checkpoints (oldest first) are those
+        :meth:`subsumed_ids` names; they stay stored until :meth:`discard`. Raises
         :class:`CheckpointOrderError` unless the id is greater than the latest.
         ``persist`` replaces the store's own durable write (a transactional commit
         that writes the store's records with others, see ``transactional_commit``);
@@ -165,8 +182,35 @@ class CheckpointStore(ABC):
             stored = self._checkpoints.setdefault(application, {})
             stored[checkpoint.checkpoint_id] = checkpoint
             self._pointers[application] = checkpoint.checkpoint_id
-            ids = sorted(stored)
-            return [stored[i] for i in ids[: max(0, len(ids) - self.retain)]]
+            return [stored[i] for i in self._subsumed(application, int(time.time() * 1000))]
+
+    def subsumed_ids(self, application: str, now_ms: int | None = None) -> list[int]:
+        """Stored checkpoints retention no longer keeps at ``now_ms`` (default: now),
+        ascending: those beyond the newest ``retain`` that are also older than
+        ``retain_for_s`` (committed at or before ``now_ms - retain_for_s``; any age when
+        ``retain_for_s`` is None). The newest ``retain`` are always kept."""
+        with self._lock:
+            self._refresh()
+            return self._subsumed(application,
+                                  int(time.time() * 1000) if now_ms is None else now_ms)
+
+    def retained_ids(self, application: str, now_ms: int | None = None) -> list[int]:
+        """Stored checkpoints retention keeps at ``now_ms`` (default: now), ascending:
+        what can be restored, read or rewound to."""
+        with self._lock:
+            self._refresh()
+            subsumed = set(self._subsumed(
+                application, int(time.time() * 1000) if now_ms is None else now_ms))
+            return [i for i in self._ids(application) if i not in subsumed]
+
+    def _subsumed(self, application: str, now_ms: int) -> list[int]:
+        stored = self._checkpoints.get(application, {})
+        ids = sorted(stored)
+        beyond = ids[: max(0, len(ids) - self.retain)]
+        if self.retain_for_s is None:
+            return beyond
+        oldest_kept_ms = now_ms - self.retain_for_s * 1000
+        return [i for i in beyond if stored[i].timestamp_ms <= oldest_kept_ms]
 
     def latest(self, application: str) -> CompletedCheckpoint | None:
         """The application's latest completed checkpoint (None before the first)."""

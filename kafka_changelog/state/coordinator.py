@@ -183,8 +183,9 @@ class CheckpointCoordinator:
             return latest.log_floors
 
     def retained(self) -> list[CompletedCheckpoint]:
-        """Checkpoints retention keeps (newest last)."""
-        ids = self.checkpoints.checkpoint_ids(self.application)[-self.checkpoints.retain:]
+        """Checkpoints retention keeps (newest last): the newest ``retain`` and, with
+        ``retain_for_s``, older ones younger than that (``CheckpointStore.retained_ids``)."""
+        ids = self.checkpoints.retained_ids(self.application)
         return [self.checkpoints.get(self.application, i) for i in ids]
 
     def collect_garbage(self, subsumed: Sequence[CompletedCheckpoint]) -> GarbageReport:

@@ -139,6 +139,12 @@ class StateMismatchError(ChangelogError, ValueError):
     """A state was registered (or restored) with another kind or serializer."""
 
 
+class StateSchemaError(StateMismatchError):
+    """A state's new declaration cannot read what its old ones wrote: another kind, a
+    serializer of another type, or an Avro schema change without a resolution. The
+    message names the state and every incompatibility."""
+
+
 class MaxParallelismMismatchError(ChangelogError, ValueError):
     """A checkpoint is restored with another max parallelism than it was written with
     (keys would hash to other key groups and miss their state)."""

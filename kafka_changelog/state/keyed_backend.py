@@ -55,6 +55,7 @@ from .ops import (
     StateOp,
     encode_ops,
 )
+from .schema_evolution import evolve_meta, requested_meta, resolved_descriptor
 from .snapshot import ChunkRef, SnapshotHandle
 from .snapshot_store import SnapshotStore, finish_or_abandon
 from .state_objects import (
@@ -161,6 +162,7 @@ class ChangelogKeyedStateBackend:
         self._materialization = MaterializationManager(
             materialization or MaterializationConfig(interval_s=None), self.backend_id)
         self._descriptors: dict[str, StateDescriptor] = {}
+        self._dropped: set[str] = set()  # dropped by drop_state
         self._current: tuple[int, bytes] | None = None
         # The materialized base: snapshot, where the log continues, and (after a restore
         # that adopted an earlier backend's base) that backend's log since its snapshot.
@@ -322,22 +324,51 @@ class ChangelogKeyedStateBackend:
         """Register ``descriptor``'s state (logged on first use, as :meth:`state` does) and
         return the descriptor the backend knows under its name (the first one used).
 
-        A different kind or serializer under a registered name raises
-        :class:`~kafka_changelog.state.errors.StateMismatchError`.
+        A declaration that cannot read what the state's earlier ones wrote (another kind
+        or serializer type, an Avro schema without a resolution: see
+        :mod:`~kafka_changelog.state.schema_evolution`) raises
+        :class:`~kafka_changelog.state.errors.StateSchemaError`; the descriptor returned
+        reads every value the state's earlier Avro schemas wrote.
         """
         if descriptor.name == TIMERS_STATE and descriptor is not _TIMERS_DESCRIPTOR:
             raise StateMismatchError(f"state name {TIMERS_STATE!r} is reserved for timers")
         known = self._descriptors.get(descriptor.name)
         if known is None:
-            meta = StateMeta(
-                descriptor.name, descriptor.kind, descriptor.value_serializer_name(),
-                descriptor.map_key_serializer.name if descriptor.map_key_serializer else None)
-            check_ttl_unchanged(self._table.metas.get(descriptor.name), meta)
-            self._table.register(meta)  # refuses a different kind or serializer
-            self._descriptors[descriptor.name] = descriptor
+            requested = requested_meta(descriptor)
+            registered = self._table.metas.get(descriptor.name)
+            check_ttl_unchanged(registered, requested)
+            meta = evolve_meta(registered, requested)  # refuses what cannot read the old
+            self._table.register(meta)
             self._append_meta(meta)
-            known = descriptor
+            known = self._descriptors[descriptor.name] = resolved_descriptor(descriptor, meta)
         return known
+
+    def drop_state(self, name: str) -> int:
+        """Delete every entry of state ``name`` in this backend's key groups, as logged
+        changes, and return how many there were (0: unknown here, or already empty).
+
+        The next materialization writes the key groups without it, and changelog GC
+        then frees what held it. The state's registration stays (a restore of the log
+        meets it before the deletions), so the name cannot be given another kind or
+        serializer until a materialization has run since. A state this backend's
+        function has used cannot be dropped (``StateMismatchError``).
+        """
+        if name == TIMERS_STATE:
+            raise StateMismatchError(f"state name {TIMERS_STATE!r} is reserved for timers")
+        if name in self._descriptors:
+            raise StateMismatchError(
+                f"state {name!r} is declared and in use: it cannot also be dropped")
+        if name not in self._table.metas or name in self._dropped:
+            return 0
+        self._buffer.flush()
+        dropped = 0
+        for key_group in self.key_groups():
+            keys = [key for key, _ in self._table.state_entries(key_group, name)]
+            for key in keys:
+                self._apply_and_log(key_group, StateOp(name, DELETE, key))
+            dropped += len(keys)
+        self._dropped.add(name)  # nothing is written to it here after: no second pass
+        return dropped
 
     def mutate(self, key_group: int, op: StateOp) -> None:
         """Apply ``op`` to the working copy and log it now (after the buffered changes)."""

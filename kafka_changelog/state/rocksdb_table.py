@@ -78,7 +78,7 @@ from .rocksdb_mutation import (
     mutate,
 )
 from .rocksdb_options import RocksDBOptions
-from .table import describe_meta
+from .schema_evolution import merge_metas
 from .table_protocol import Entry
 
 
@@ -175,9 +175,12 @@ class RocksDBStateTable:
                              self._write_options)
             self._add_state(meta, sid)
         elif known != meta:
-            raise StateMismatchError(
-                f"state {meta.state!r} is registered as {describe_meta(known)} but "
-                f"{describe_meta(meta)} was requested")
+            merged = merge_metas(known, meta)
+            if merged != known:  # more Avro writer schemas: the same state id
+                sid = self._states[meta.state].sid
+                self._live().put(META + meta.state.encode(), sid + merged.to_bytes(),
+                                 self._write_options)
+                self._add_state(merged, sid)
 
     def _add_state(self, meta: StateMeta, sid: bytes) -> None:
         self._states[meta.state] = _State(meta, sid)

@@ -26,6 +26,7 @@ from .ops import (
     StateOp,
     ops_of_columns,
 )
+from .schema_evolution import merge_metas
 from .table_protocol import Entry
 
 
@@ -44,9 +45,7 @@ class StateTable:
         if known is None:
             self.metas[meta.state] = meta
         elif known != meta:
-            raise StateMismatchError(
-                f"state {meta.state!r} is registered as {describe_meta(known)} but "
-                f"{describe_meta(meta)} was requested")
+            self.metas[meta.state] = merge_metas(known, meta)
 
     # -- mutations ---------------------------------------------------------------------
 
@@ -247,14 +246,6 @@ def _same(values: list[bytes]) -> list[bytes]:
 def _ordered(entry: Entry) -> Entry:
     """A map with its items ordered by map key (the snapshot's order)."""
     return {k: entry[k] for k in sorted(entry)} if isinstance(entry, dict) else entry
-
-
-def describe_meta(meta: StateMeta) -> str:
-    """How a refused registration names a state's kind and serializers."""
-    text = f"{meta.kind.value} with value serializer {meta.value_serializer!r}"
-    if meta.map_key_serializer:
-        text += f" and map key serializer {meta.map_key_serializer!r}"
-    return text
 
 
 __all__ = ["Entry", "StateKind", "StateTable"]

@@ -36,6 +36,8 @@ from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.descriptors import StateDescriptor
+from kafka_changelog.state.source_offsets import source_offsets_property
 from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
@@ -72,6 +74,8 @@ from .columns import (
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
 from .key_state import BatchContext, EventTime
+from .source_offsets import batch_end_offsets
+from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
 from .ticks import without_ticks
@@ -119,6 +123,14 @@ class StatefulProcessor:
     ``clock`` gives new batches their processing time (default: the wall clock; a test
     may drive time by hand).
 
+    Versions: ``states`` declares state descriptors up front: the driver checks each
+    against the registration the application's latest checkpoint recorded before any
+    task runs (a change that cannot read the old values raises
+    :class:`~kafka_changelog.state.errors.StateSchemaError`), and every task registers
+    them before the function runs. ``dropped_states`` names states whose entries every
+    task deletes (the next materialization writes the key groups without them). See
+    docs/schema-evolution.md.
+
     :attr:`reports` keeps the :class:`BatchReport` of the last ``reports_kept`` batches
     of this driver (oldest first; a query that runs for months keeps a bounded window);
     :attr:`batches_run` counts them all.
@@ -139,6 +151,8 @@ class StatefulProcessor:
         event_time: EventTime | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         reports_kept: int = 1000,
+        states: Sequence[StateDescriptor] = (),
+        dropped_states: Sequence[str] = (),
     ) -> None:
         if reports_kept < 1:
             raise ValueError(f"reports_kept must be at least 1, got {reports_kept}")
@@ -146,6 +160,8 @@ class StatefulProcessor:
         #: Where new batches take their processing time from (ms since the epoch).
         self.clock = clock
         self.fn = fn
+        #: The states declared up front and those dropped (see state_declarations).
+        self.declarations = StateDeclarations.of(states, dropped_states)
         self.vectorized = vectorized
         self.on_timer = on_timer
         self.event_time = event_time
@@ -238,6 +254,17 @@ class StatefulProcessor:
         self._placement_of = (parallelism, placement, fewest)
         return placement, self._partition_subtasks
 
+    def _declared_properties(self, coordinator: CheckpointCoordinator, base: int | None
+                             ) -> dict[str, str]:
+        """The declared states checked against checkpoint ``base``'s registrations (before
+        any task runs), as the properties the batch's checkpoint records."""
+        recorded = (coordinator.checkpoints.get(self.config.application, base).properties
+                    if base is not None else {})
+        if not self.declarations:
+            return {k: v for k, v in recorded.items() if k.startswith(STATE_PROPERTY_PREFIX)}
+        return self.declarations.checked_properties(
+            self.config.application, self.config.operator_id, recorded)
+
     def __enter__(self) -> StatefulProcessor:
         return self
 
@@ -262,6 +289,8 @@ class StatefulProcessor:
             check_event_time_column(batch_df.schema, self.event_time)
         plan = plan_batch(coordinator.checkpoints, config.application, query_id, batch_id,
                           config.operator_id, types)
+        # A declared state that cannot read what was written is refused before any task.
+        self._declared_properties(coordinator, plan.base)
         if plan.kind is BatchKind.NEW_QUERY:
             logger.warning(
                 "application %s: batch %d of Spark query %s follows checkpoint %d of another "
@@ -304,7 +333,7 @@ class StatefulProcessor:
             if kafka_sink is not None else None,
             outputs_to_driver, self.task_listener, vectorized=self.vectorized,
             time=TaskTime(context, self.event_time, self.on_timer, tuple(types)),
-            partition_subtasks=partition_subtasks)
+            partition_subtasks=partition_subtasks, declarations=self.declarations)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
@@ -373,9 +402,15 @@ class StatefulProcessor:
         self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
         commit_started = time.monotonic()
         if plan.commit:
+            # The input offsets the batch read up to: where a query restarts after a
+            # rewind to this checkpoint (source_offsets.py).
+            offsets = source_offsets_property(batch_end_offsets(batch_df, query_id, batch_id))
             coordinator.complete(plan.checkpoint_id, subtasks,
                                  properties={**plan.properties(query_id, batch_id),
-                                             **time_properties(context, watermark)})
+                                             **time_properties(context, watermark),
+                                             **self._declared_properties(coordinator,
+                                                                         plan.base),
+                                             **offsets})
         commit_s = time.monotonic() - commit_started
         self._emit(BatchEvent.AFTER_COMMIT, batch_id)
         sink_started = time.monotonic()
@@ -526,6 +561,8 @@ def stateful_foreach_batch(
     event_time: EventTime | None = None,
     clock: Callable[[], int] = wall_clock_ms,
     reports_kept: int = 1000,
+    states: Sequence[StateDescriptor] = (),
+    dropped_states: Sequence[str] = (),
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
@@ -537,7 +574,7 @@ def stateful_foreach_batch(
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
                              task_listener, vectorized, on_timer, event_time, clock,
-                             reports_kept)
+                             reports_kept, states, dropped_states)
 
 
 __all__ = ["StatefulProcessor", "stateful_foreach_batch"]

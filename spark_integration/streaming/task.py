@@ -56,6 +56,7 @@ from .columns import (
 )
 from .events import TaskEvent, TaskListener
 from .key_state import BatchContext, KeyState
+from .state_declarations import StateDeclarations
 from .task_time import TaskTime, fire_timers, split_late_rows
 from .vectorized import (
     VectorizedFunction,
@@ -127,8 +128,11 @@ class SubtaskTask:
                  commit: TaskCommit | None = None,
                  outputs_to_driver: bool = True, listener: TaskListener | None = None,
                  vectorized: bool = False, time: TaskTime | None = None,
-                 partition_subtasks: Sequence[int] | None = None) -> None:
+                 partition_subtasks: Sequence[int] | None = None,
+                 declarations: StateDeclarations | None = None) -> None:
         self.config = config
+        # States registered (and dropped) before the function runs.
+        self.declarations = declarations or StateDeclarations()
         # Partition -> the subtask it runs (None: partition i runs subtask i; see
         # spark_integration.subtask_hosts).
         self.partition_subtasks = tuple(partition_subtasks) if partition_subtasks else None
@@ -346,6 +350,7 @@ class SubtaskTask:
         # No reset of the logged counts here: a cached backend's were taken at its last
         # batch's end, and what a restore or reattach logged (registrations) is persisted
         # by this batch's checkpoint.
+        self.declarations.apply(backend)
         outputs: list[dict[str, Any]] = []
         keys = late = 0
         max_event_ms: int | None = None

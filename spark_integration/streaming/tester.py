@@ -39,6 +39,7 @@ from ..streaming_config import StreamingStateConfig
 from .batch_time import next_watermark
 from .columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
 from .key_state import BatchContext, EventTime, KeyState, TimerInfo, to_ms
+from .state_declarations import StateDeclarations
 from .task import StatefulFunction, SubtaskTask
 from .task_time import TaskTime, TimerFunction
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
@@ -80,12 +81,15 @@ class StatefulTester:
                  on_timer: TimerFunction | VectorizedTimerFunction | None = None,
                  event_time: EventTime | None = None, vectorized: bool = False,
                  order_by: Sequence[str] = (), key_types: Sequence[str] | None = None,
-                 start: Any = 0, max_parallelism: int = 128) -> None:
+                 start: Any = 0, max_parallelism: int = 128,
+                 states: Sequence[StateDescriptor] = (),
+                 dropped_states: Sequence[str] = ()) -> None:
         self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
         self.output_columns = list(output_columns)
         self._fn, self._on_timer, self._event_time = fn, on_timer, event_time
         self._vectorized, self._order_by = vectorized, tuple(order_by)
         self._key_types = list(key_types) if key_types is not None else None
+        self._declarations = StateDeclarations.of(states, dropped_states)
         self._storage = InMemoryChangelogStorage()
         self.backend = ChangelogKeyedStateBackend(
             self._storage, InMemorySnapshotStore(), "tester",
@@ -133,7 +137,7 @@ class StatefulTester:
             context.checkpoint_id, self.output_columns, self.batch_id,
             outputs_to_driver=False, vectorized=self._vectorized,
             time=TaskTime(context, self._event_time, self._on_timer,
-                          tuple(self._key_types or ())))
+                          tuple(self._key_types or ())), declarations=self._declarations)
         outputs, metrics, _ = task.run_function(
             AcquiredBackend(self.backend, StateSource.REATTACHED, 0.0), frame, 0)
         self.backend.notify_checkpoint_complete(context.checkpoint_id)

@@ -14,7 +14,16 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["state.md", "fork.md"])
+#: The documents whose examples run here (one per line).
+IN_PROCESS_DOCS = [
+    "state.md",
+    "schema-evolution.md",
+    "rewind.md",
+    "fork.md",
+]
+
+
+@pytest.mark.parametrize("doc", IN_PROCESS_DOCS)
 def test_examples_run(doc: str) -> None:
     blocks = python_blocks(DOCS / doc)
     assert blocks, f"no python example in {doc}"

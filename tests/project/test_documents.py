@@ -12,9 +12,16 @@ import kafka_changelog
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Documents whose ``python`` blocks a test runs: README.md and docs/spark.md in
-#: test_readme_examples.py (against a broker and Spark), docs/state.md in
+#: test_readme_examples.py (against a broker and Spark), the in-process documents in
 #: test_docs_examples.py. A new document with examples must join one of them.
-RUN_EXAMPLES = {"README.md", "docs/fork.md", "docs/spark.md", "docs/state.md"}
+RUN_EXAMPLES = {
+    "README.md",
+    "docs/spark.md",
+    "docs/state.md",
+    "docs/schema-evolution.md",
+    "docs/rewind.md",
+    "docs/fork.md",
+}
 #: Documents whose ``python`` blocks are fragments, not programs (a record's ``value`` from
 #: elsewhere), so no test runs them.
 FRAGMENTS = {"docs/kafka-storage.md"}
@@ -25,7 +32,10 @@ SECURED = {"docs/security.md"}
 #: The documents whose links are checked.
 LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/spark-internals.md",
           "docs/state.md", "docs/kafka-storage.md", "docs/snapshots-and-checkpoints.md",
-          "docs/security.md", "docs/operations.md", "docs/fork.md",
+          "docs/security.md", "docs/operations.md",
+          "docs/schema-evolution.md",
+          "docs/rewind.md",
+          "docs/fork.md",
           "benchmarks/README.md", "benchmarks/HISTORY.md")
 
 RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\]", re.M)

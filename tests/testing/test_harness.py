@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import textwrap
@@ -436,6 +437,9 @@ def test_brokers_die_with_a_sigkilled_python_parent(tmp_path: Path) -> None:
     )
     try:
         assert child.stdout is not None
+        # A child that never prints (its broker never starts) fails the test in 3 minutes.
+        ready, _, _ = select.select([child.stdout], [], [], 180)
+        assert ready, "the child started no cluster within 180 s"
         line = child.stdout.readline()
         assert line, f"the child failed to start a cluster (exit code {child.poll()})"
         info = json.loads(line)

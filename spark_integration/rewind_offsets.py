@@ -1,0 +1,57 @@
+"""``starting_offsets``: where Spark's Kafka source restarts for a checkpoint's state.
+
+Each checkpoint the streaming driver commits records the Kafka offsets its batch
+consumed up to (``kafka_changelog/state/source_offsets.py``). After
+``kafka-changelog rewind APP --to N --yes``, a query started with a new
+``checkpointLocation`` and ``.option("startingOffsets", starting_offsets(...))`` reads
+exactly the input that came after checkpoint ``N``'s (see ``docs/rewind.md``).
+"""
+
+from __future__ import annotations
+
+from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
+from kafka_changelog.state.source_offsets import (
+    SOURCE_OFFSETS_PROPERTY,
+    SourceOffsetsError,
+    parse_offsets,
+    starting_offsets_json,
+)
+
+from .streaming_config import StreamingStateConfig
+
+
+def starting_offsets(config: StreamingStateConfig | str, application: str | None = None,
+                     checkpoint_id: int | None = None,
+                     checkpoint_topic: str = "kafka-changelog-checkpoints") -> str:
+    """The ``startingOffsets`` JSON (``{"topic": {"partition": offset}}``) of the input
+    that follows checkpoint ``checkpoint_id`` (None: the latest) of ``application``.
+
+    ``config`` is the application's :class:`StreamingStateConfig` (its brokers, client
+    settings, checkpoint topic and, unless given, application), or a bootstrap servers
+    string (then ``application`` is required and ``checkpoint_topic`` is used). Raises
+    :class:`SourceOffsetsError` when the checkpoint records no offsets (not committed by
+    a streaming query reading Kafka, or by kafka-changelog 0.2), and
+    ``CheckpointNotFoundError`` (naming the stored ids) when it is not stored.
+    """
+    if isinstance(config, StreamingStateConfig):
+        store_config = CheckpointStoreConfig.on(config.connection(),
+                                                topic=config.checkpoint_topic)
+        application = application or config.application
+    else:
+        if not application:
+            raise ValueError("starting_offsets: give the application with bootstrap servers")
+        store_config = CheckpointStoreConfig(bootstrap_servers=config, topic=checkpoint_topic)
+    assert application is not None
+    with KafkaCheckpointView(store_config) as store:
+        checkpoint = (store.latest(application) if checkpoint_id is None
+                      else store.get(application, checkpoint_id))
+        if checkpoint is None:
+            raise SourceOffsetsError(f"application {application!r} has no checkpoint in "
+                                     f"checkpoint topic {store_config.topic}")
+    text = checkpoint.properties.get(SOURCE_OFFSETS_PROPERTY)
+    where = f"checkpoint {checkpoint.checkpoint_id} of application {application!r}"
+    if text is None:
+        raise SourceOffsetsError(
+            f"{where} records no input offsets (property {SOURCE_OFFSETS_PROPERTY}): it was "
+            "not committed by a streaming query reading Kafka with this version")
+    return starting_offsets_json(parse_offsets(text, where))

@@ -1,0 +1,90 @@
+"""The states a stateful query declares up front, and those it drops.
+
+A function reaches its states lazily (``state(descriptor)``), so without declarations
+a state's new schema meets the old one only in a task, where a refusal fails the batch.
+Declared states (``stateful_foreach_batch(states=...)``) are checked on the driver
+before any task runs, against the registrations the application's latest checkpoint
+recorded (checkpoint properties ``state.<name>``), and every task registers them before
+the function runs: every subtask then records the new schema in the same batch.
+Dropped states (``dropped_states=...``) have their entries deleted by every task (as
+logged changes: the next materialization writes the key groups without them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kafka_changelog.state.descriptors import StateDescriptor
+from kafka_changelog.state.errors import StateSchemaError
+from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.ops import StateMeta
+from kafka_changelog.state.schema_evolution import evolve_meta, requested_meta
+from kafka_changelog.state.timers import TIMERS_STATE
+from kafka_changelog.state.ttl_state import check_ttl_unchanged
+
+#: Checkpoint properties ``state.<name>``: a declared state's registration (JSON).
+STATE_PROPERTY_PREFIX = "state."
+
+
+@dataclass(frozen=True)
+class StateDeclarations:
+    """Declared states (descriptors) and dropped state names of one operator.
+
+    Invariants: names are unique, not the timers' reserved name, and no state is both
+    declared and dropped (``ValueError`` naming it otherwise).
+    """
+
+    states: tuple[StateDescriptor, ...] = ()
+    dropped: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.states]
+        for name in {n for n in names if names.count(n) > 1}:
+            raise ValueError(f"state {name!r} is declared more than once")
+        for name in (*names, *self.dropped):
+            if name == TIMERS_STATE:
+                raise ValueError(f"state name {TIMERS_STATE!r} is reserved for timers")
+        for name in set(names) & set(self.dropped):
+            raise ValueError(f"state {name!r} is both declared and dropped")
+
+    @classmethod
+    def of(cls, states: Sequence[StateDescriptor], dropped: Sequence[str]) -> StateDeclarations:
+        """Declarations from the query's arguments (a single string is one name)."""
+        return cls(tuple(states), (dropped,) if isinstance(dropped, str) else tuple(dropped))
+
+    def __bool__(self) -> bool:
+        return bool(self.states or self.dropped)
+
+    def checked_properties(self, application: str, operator: str,
+                           recorded: Mapping[str, str]) -> dict[str, str]:
+        """The ``state.*`` properties the next checkpoint records: the registrations of
+        ``recorded`` (a checkpoint's properties) but the dropped ones, with each declared
+        state's evolved registration. Raises
+        :class:`~kafka_changelog.state.errors.StateSchemaError` naming the application,
+        operator and state when a declaration cannot read what was written."""
+        known = {name[len(STATE_PROPERTY_PREFIX):]: StateMeta.from_record(json.loads(value))
+                 for name, value in recorded.items() if name.startswith(STATE_PROPERTY_PREFIX)}
+        metas = {name: meta for name, meta in known.items() if name not in self.dropped}
+        for descriptor in self.states:
+            requested = requested_meta(descriptor)
+            try:
+                check_ttl_unchanged(known.get(descriptor.name), requested)
+                metas[descriptor.name] = evolve_meta(known.get(descriptor.name), requested)
+            except ValueError as e:
+                raise StateSchemaError(
+                    f"application {application!r}, operator {operator!r}: {e}") from e
+        return {STATE_PROPERTY_PREFIX + name: json.dumps(meta.to_record(), sort_keys=True)
+                for name, meta in sorted(metas.items())}
+
+    def apply(self, backend: ChangelogKeyedStateBackend) -> None:
+        """Register the declared states on ``backend`` and delete the dropped ones'
+        entries (both logged), before the function runs."""
+        for descriptor in self.states:
+            backend.register(descriptor)
+        for name in self.dropped:
+            backend.drop_state(name)
+
+
+__all__ = ["STATE_PROPERTY_PREFIX", "StateDeclarations"]
