@@ -4,7 +4,8 @@ A checkpoint is complete once its record in the checkpoint store is durable. The
 retention subsumes the oldest ones. Garbage collection runs in an order that a
 crash at any point leaves nothing behind for good:
 
-1. tombstone the snapshot chunks of subsumed checkpoints that no retained one uses;
+1. tombstone the snapshot chunks of subsumed checkpoints that no retained one, nor any
+   stored checkpoint of another application (a fork, ``state/fork.py``), uses;
 2. discard the subsumed checkpoint records (until then the store returns them again
    from the next commit, so a crash before this point repeats step 1);
 3. delete changelog records below what anyone still needs (DeleteRecords), computed
@@ -205,7 +206,12 @@ class CheckpointCoordinator:
     def _collect(self, subsumed: Sequence[CompletedCheckpoint], report: GarbageReport) -> None:
         subsumed_ids = {cp.checkpoint_id for cp in subsumed}
         retained = [cp for cp in self.retained() if cp.checkpoint_id not in subsumed_ids]
-        keep = {(backend, chunk.record_key(backend)) for backend, chunk in _chunks(retained)}
+        # A forked application's checkpoints name chunks of the one it was forked from
+        # (state/fork.py), and the other way round: keep what any other one names.
+        others = [cp for cp in self.checkpoints.all_checkpoints()
+                  if cp.application != self.application]
+        keep = {(backend, chunk.record_key(backend))
+                for backend, chunk in _chunks([*retained, *others])}
         doomed: dict[str, list[ChunkRef]] = {}
         for backend, chunk in _chunks(subsumed):
             if (backend, chunk.record_key(backend)) not in keep:

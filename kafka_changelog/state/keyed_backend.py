@@ -837,6 +837,11 @@ class ChangelogKeyedStateBackend:
         self.snapshot_handle = base.snapshot
         self._base_changelog = tuple(base.changelog)
         self._changed = set(replayed)
+        if base.snapshot is not None and base.snapshot.backend_id != self.backend_id:
+            # Another backend's snapshot (a forked checkpoint, state/fork.py): its chunks
+            # cannot be reused under this backend's record keys, so the next
+            # materialization writes every key group whole.
+            self._changed = set(self.key_group_range)
         self._handed_out_upto = base.materialization_id  # a checkpoint refers to it
         self._hold_base()
 

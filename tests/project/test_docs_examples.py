@@ -19,6 +19,7 @@ IN_PROCESS_DOCS = [
     "state.md",
     "schema-evolution.md",
     "rewind.md",
+    "fork.md",
 ]
 
 

@@ -20,6 +20,7 @@ RUN_EXAMPLES = {
     "docs/state.md",
     "docs/schema-evolution.md",
     "docs/rewind.md",
+    "docs/fork.md",
 }
 #: Documents whose ``python`` blocks are fragments, not programs (a record's ``value`` from
 #: elsewhere), so no test runs them.
@@ -34,6 +35,7 @@ LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/spark-internals.md
           "docs/security.md", "docs/operations.md",
           "docs/schema-evolution.md",
           "docs/rewind.md",
+          "docs/fork.md",
           "benchmarks/README.md", "benchmarks/HISTORY.md")
 
 RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\]", re.M)
