@@ -39,9 +39,11 @@ from spark_integration.feed_planning import (
     parse_feed_options,
     require_whole_changelog,
 )
+from spark_integration.feed_reading import read_feed_task
 from spark_integration.feed_schema import FEED_SCHEMA
 from spark_integration.feed_source import ChangesBetweenReader
-from spark_integration.planning import CheckpointSelectionError, parse_options
+from spark_integration.planning import CheckpointSelectionError, parse_options, plan_read
+from spark_integration.task_reading import read_task
 from tests.state.state_helpers import MAX_P, ranges, users_in
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
@@ -153,22 +155,33 @@ def rows_of(df: Any) -> list[dict[str, Any]]:
     return [{k: _plain(v) for k, v in row.asDict().items()} for row in df.collect()]
 
 
-def checkpoint_changes(spark: Any, app: FeedApp, checkpoint_id: int) -> list[dict[str, Any]]:
-    """Every change of one checkpoint's handles, by the (tested) mode ``changes``."""
-    return rows_of(spark.read.format(FORMAT).options(
-        **app.options(checkpoint=str(checkpoint_id))).load())
+def checkpoint_changes(app: FeedApp, checkpoint_id: int) -> list[dict[str, Any]]:
+    """Every change of one checkpoint's handles, by the (tested) mode ``changes``, read in
+    process (the same tasks Spark runs)."""
+    options = parse_options(app.options(checkpoint=str(checkpoint_id)))
+    return [row for task in plan_read(options).tasks for batch in read_task(task, options)
+            for row in batch.to_pylist()]
 
 
-def expected_feed(spark: Any, app: FeedApp, first: int, last: int) -> list[dict[str, Any]]:
+def feed_in_process(app: FeedApp, start: int, end: int) -> list[dict[str, Any]]:
+    """The feed's rows of ``(start, end]``, planned and read in process."""
+    planner = FeedPlanner(parse_feed_options(app.options(startingCheckpoint=str(start)),
+                                             streaming=False))
+    return [row for task in planner.plan(start, end)
+            for batch in read_feed_task(task, planner.options.reader)
+            for row in batch.to_pylist()]
+
+
+def expected_feed(app: FeedApp, first: int, last: int) -> list[dict[str, Any]]:
     """The changes checkpoints first..last committed, by definition: each checkpoint's
     changes minus those of the one before (none before checkpoint 1), stamped."""
     expected = []
     before: set[tuple[Any, ...]] = set()
     if first > 1:
-        before = {tuple(r[c] for c in ID) for r in checkpoint_changes(spark, app, first - 1)}
+        before = {tuple(r[c] for c in ID) for r in checkpoint_changes(app, first - 1)}
     stored = {i: app.checkpoints.get("feed-app", i) for i in range(first, last + 1)}
     for checkpoint_id in range(first, last + 1):
-        rows = checkpoint_changes(spark, app, checkpoint_id)
+        rows = checkpoint_changes(app, checkpoint_id)
         for r in rows:
             if tuple(r[c] for c in ID) not in before:
                 expected.append({**r, "checkpoint_id": checkpoint_id, "batch_id": None,
@@ -209,11 +222,6 @@ def check_counts_in_order(rows: list[dict[str, Any]], app: FeedApp, first: int, 
 
 def test_the_feed_emits_each_committed_change_once_in_order_across_a_restart(
         spark: Any, app: FeedApp, tmp_path: Path) -> None:
-    import time
-    t0 = time.monotonic()
-
-    def lap(what: str) -> None:
-        print(f"{what}: {time.monotonic() - t0:.1f}s")
 
     batches: list[tuple[int, list[dict[str, Any]]]] = []
 
@@ -232,34 +240,28 @@ def test_the_feed_emits_each_committed_change_once_in_order_across_a_restart(
             query.stop()
 
     run_feed()  # checkpoints 1 and 2
-    lap("feed 1")
     app.materialize()  # at the checkpoint boundary, as the streaming layer does
     app.checkpoint(30)
     third = app.checkpoints.get("feed-app", 3)
     assert all(s.keyed is not None and s.keyed.snapshot is not None for s in third.subtasks)
     app.open(3)
     app.checkpoint(30)
-    lap("cps")
     run_feed()  # the same checkpointLocation: 3 and 4 only
-    lap("feed 2")
 
     assert [b for b, _ in batches] == list(range(len(batches)))  # no batch replayed
     emitted = [r for _, rows in batches for r in rows]
     ids = [tuple(r[c] for c in ID) for r in emitted]
     assert len(ids) == len(set(ids))
-    assert comparable(emitted) == comparable(expected_feed(spark, app, 1, 4))
+    assert comparable(emitted) == comparable(expected_feed(app, 1, 4))
     assert {r["checkpoint_id"] for r in emitted} == {1, 2, 3, 4}
-    lap("expected")
     check_counts_in_order(emitted, app, 1, 4)
 
     # The batch reader: (1, 4] is the concatenation of (1, 2], (2, 3] and (3, 4].
-    def between(start: int, end: int) -> list[dict[str, Any]]:
-        return rows_of(spark.read.format(FORMAT).options(**app.options(
-            startingCheckpoint=str(start), endingCheckpoint=str(end))).load())
+    whole = rows_of(spark.read.format(FORMAT).options(**app.options(
+        startingCheckpoint="1", endingCheckpoint="4")).load())
 
-    whole = between(1, 4)
-    parts = between(1, 2) + between(2, 3) + between(3, 4)
-    lap("between")
+    parts = (feed_in_process(app, 1, 2) + feed_in_process(app, 2, 3)
+             + feed_in_process(app, 3, 4))
     assert comparable(whole) == comparable(parts)
     assert comparable(whole) == comparable([r for r in emitted if r["checkpoint_id"] > 1])
     check_counts_in_order(whole, app, 2, 4)
@@ -296,8 +298,8 @@ def test_a_one_key_lookup_reads_one_key_group(spark: Any, app: FeedApp) -> None:
 
     # Changes between checkpoints: only that key group's slices are read.
     between = spark.read.format(FORMAT).options(**app.options(startingCheckpoint="1")).load()
-    assert rows_of(between.where(between.key == user)) == [
-        r for r in rows_of(between) if r["key"] == user]
+    assert comparable(rows_of(between.where(between.key == user))) == comparable(
+        [r for r in feed_in_process(app, 1, app.next_id - 1) if r["key"] == user])
     feed_reader = ChangesBetweenReader(parse_feed_options(
         app.options(startingCheckpoint="1"), streaming=False))
     list(feed_reader.pushFilters([EqualTo(("key",), user)]))
