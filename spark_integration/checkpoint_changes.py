@@ -49,6 +49,33 @@ class FeedTask:
     key_types: tuple[str, ...] | None = None
     #: False: the slice's registrations (``op = 'META'``) are emitted by another task.
     with_meta: bool = True
+    #: The slice's share of its range's record bytes (what grouping weighs).
+    estimated_bytes: int = 0
+
+
+def contiguous_groups(tasks: Sequence[FeedTask], groups: int) -> list[tuple[FeedTask, ...]]:
+    """``tasks`` cut into at most ``groups`` runs of consecutive tasks of about equal bytes.
+
+    Runs keep the tasks' order, so reading the runs in order reads the tasks in order (what
+    keeps a key's changes in commit order across input partitions)."""
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if not tasks:
+        return []
+    total = sum(t.estimated_bytes + 1 for t in tasks)
+    share = total / min(groups, len(tasks))
+    runs: list[tuple[FeedTask, ...]] = []
+    current: list[FeedTask] = []
+    filled = 0.0
+    for task in tasks:
+        current.append(task)
+        filled += task.estimated_bytes + 1
+        if filled >= share * (len(runs) + 1) and len(runs) < groups - 1:
+            runs.append(tuple(current))
+            current = []
+    if current:
+        runs.append(tuple(current))
+    return runs
 
 
 @dataclass(frozen=True)
@@ -248,10 +275,11 @@ def committed_changes(previous: CompletedCheckpoint | None, current: CompletedCh
                             continue
                         start = max(r.start_offset, piece.resume.get(r.partition, 0))
                         for low, high in split_offsets(start, r.end_offset, slice_offsets):
+                            share = r.record_bytes * (high - low) // max(1, r.offset_count)
                             tasks.append(FeedTask(operator, subtask, OffsetSlice(
                                 handle.topic, r.partition, low, high, handle.log_id,
                                 run.start, run.end, piece.first, piece.last), stamp,
-                                key_types, with_meta))
+                                key_types, with_meta, share))
     return tasks
 
 
@@ -261,6 +289,7 @@ __all__ = [
     "Piece",
     "check_no_gap",
     "committed_changes",
+    "contiguous_groups",
     "kafka_handles",
     "key_types_of",
     "new_pieces",

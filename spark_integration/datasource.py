@@ -59,7 +59,7 @@ from .planning import (
     parse_options,
     plan_read,
 )
-from .pushdown import KeySelection, select
+from .pushdown import KeySelection, pushdown_enabled, select
 from .rows import STATE_SCHEMA
 from .selected_plan import plan_selected
 from .task_reading import read_task
@@ -137,14 +137,16 @@ class KafkaChangelogDataSource(DataSource):
         """The change feed (``readStream``); needs option ``startingCheckpoint``."""
         options = parse_feed_options(self.options, streaming=True)
         check_schema(schema, FEED_STRUCT, "readStream (the change feed)")
-        return ChangeFeedStreamReader(options)
+        groups = options.reader.min_partitions or self.default_min_partitions
+        return ChangeFeedStreamReader(options, groups)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader; a user-given schema must equal the mode's schema."""
         if is_feed_read(self.options):
             between = parse_feed_options(self.options, streaming=False)
             check_schema(schema, FEED_STRUCT, "with startingCheckpoint")
-            return ChangesBetweenReader(between)
+            groups = between.reader.min_partitions or self.default_min_partitions
+            return ChangesBetweenReader(between, pushdown_enabled(self.options), groups)
         options = parse_options(self.options)
         expected = schema_of(options.mode)
         if schema != expected:
@@ -153,7 +155,7 @@ class KafkaChangelogDataSource(DataSource):
                 f"{expected.simpleString()}; got {schema.simpleString()} (drop .schema(...))")
         if options.min_partitions is None and self.default_min_partitions is not None:
             options = dataclasses.replace(options, min_partitions=self.default_min_partitions)
-        return KafkaChangelogBatchReader(options)
+        return KafkaChangelogBatchReader(options, pushdown_enabled(self.options))
 
 
 class KafkaChangelogBatchReader(DataSourceReader):
@@ -163,15 +165,17 @@ class KafkaChangelogBatchReader(DataSourceReader):
     each query that uses the DataFrame (pin ``checkpoint`` for the same data).
     """
 
-    def __init__(self, options: ReaderOptions) -> None:
+    def __init__(self, options: ReaderOptions, pushdown: bool = False) -> None:
         self.options = options
+        self.pushdown = pushdown
         self.selection = KeySelection()
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        """Keep what filters on ``key``, ``key_decoded`` and ``key_group`` select
-        (:mod:`spark_integration.pushdown`); every filter goes back to Spark, which applies
-        it to the rows read."""
-        self.selection = select(filters)
+        """With option ``pushdown``, keep what filters on ``key``, ``key_decoded`` and
+        ``key_group`` select (:mod:`spark_integration.pushdown`); every filter goes back to
+        Spark, which applies it to the rows read."""
+        if self.pushdown:
+            self.selection = select(filters)
         yield from filters
 
     def partitions(self) -> list[InputPartition]:

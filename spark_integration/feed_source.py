@@ -28,7 +28,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .checkpoint_changes import FeedTask
+from .checkpoint_changes import FeedTask, contiguous_groups
 from .feed_planning import FeedOptions, FeedPlanner
 from .feed_reading import describe_feed_task, read_feed_task
 from .planning import FORMAT, ReaderOptionError
@@ -40,11 +40,20 @@ OFFSET_KEY = "checkpoint"
 
 
 class FeedPartition(InputPartition):
-    """One input partition of the feed: a :class:`FeedTask` (picklable)."""
+    """One input partition of the feed: consecutive :class:`FeedTask` s, read in turn
+    (picklable)."""
 
-    def __init__(self, task: FeedTask) -> None:
-        super().__init__(task)
-        self.task = task
+    def __init__(self, tasks: tuple[FeedTask, ...]) -> None:
+        super().__init__(tasks)
+        self.tasks = tasks
+
+
+def feed_partitions(tasks: Sequence[FeedTask], groups: int | None) -> list[InputPartition]:
+    """The input partitions of ``tasks``: ``groups`` runs of consecutive tasks (None: one
+    per task), in order."""
+    if groups is None:
+        return [FeedPartition((t,)) for t in tasks]
+    return [FeedPartition(run) for run in contiguous_groups(tasks, groups)]
 
 
 def check_schema(schema: StructType, expected: StructType, what: str) -> None:
@@ -56,17 +65,18 @@ def check_schema(schema: StructType, expected: StructType, what: str) -> None:
 
 
 def _read(partition: InputPartition, options: FeedOptions) -> Iterator[pa.RecordBatch]:
-    task = getattr(partition, "task", None)
-    if task is None:  # Spark's placeholder when the plan has no task
+    tasks = getattr(partition, "tasks", None)
+    if tasks is None:  # Spark's placeholder when the plan has no task
         return
     freeze_start_up_objects()
-    try:
-        yield from read_feed_task(task, options.reader)
-    except Exception as exc:
-        add_note = getattr(exc, "add_note", None)
-        if add_note is not None:
-            add_note(f"while reading {describe_feed_task(task)} for format('{FORMAT}')")
-        raise
+    for task in tasks:
+        try:
+            yield from read_feed_task(task, options.reader)
+        except Exception as exc:
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(f"while reading {describe_feed_task(task)} for format('{FORMAT}')")
+            raise
 
 
 def _checkpoint(offset: dict[str, Any]) -> int:
@@ -80,8 +90,10 @@ class ChangeFeedStreamReader(DataSourceStreamReader):
     ``start`` up to ``end``; ``end`` is the latest checkpoint when the batch is planned.
     Holds only the parsed options (the planner reads the checkpoint topic each time)."""
 
-    def __init__(self, options: FeedOptions) -> None:
+    def __init__(self, options: FeedOptions, groups: int | None = None) -> None:
         self.options = options
+        #: Input partitions per micro-batch at most (None: one per offset slice).
+        self.groups = groups
 
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts: option ``startingCheckpoint``."""
@@ -96,7 +108,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader):
         first, last = _checkpoint(start), _checkpoint(end)
         if last <= first:
             return []
-        return [FeedPartition(t) for t in FeedPlanner(self.options).plan(first, last)]
+        return feed_partitions(FeedPlanner(self.options).plan(first, last), self.groups)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Arrow record batches of one input partition."""
@@ -108,16 +120,21 @@ class ChangeFeedStreamReader(DataSourceStreamReader):
 
 class ChangesBetweenReader(DataSourceReader):
     """Batch reads of the changes of checkpoints ``(startingCheckpoint, endingCheckpoint]``,
-    with filters on keys and key groups pushed down."""
+    with filters on keys and key groups pushed down (option ``pushdown``)."""
 
-    def __init__(self, options: FeedOptions) -> None:
+    def __init__(self, options: FeedOptions, pushdown: bool = False,
+                 groups: int | None = None) -> None:
         self.options = options
+        self.pushdown = pushdown
+        #: Input partitions at most (None: one per offset slice).
+        self.groups = groups
         self.selection = KeySelection()
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        """Keep what the filters on keys and key groups select; hand every filter back to
-        Spark (the selection only narrows what is read)."""
-        self.selection = select(filters)
+        """With option ``pushdown``, keep what the filters on keys and key groups select;
+        hand every filter back to Spark (the selection only narrows what is read)."""
+        if self.pushdown:
+            self.selection = select(filters)
         yield from filters
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -128,7 +145,7 @@ class ChangesBetweenReader(DataSourceReader):
         if end <= start:
             return []
         selection = None if self.selection.is_empty else self.selection
-        return [FeedPartition(t) for t in planner.plan(start, end, selection)]
+        return feed_partitions(planner.plan(start, end, selection), self.groups)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Arrow record batches of one input partition."""
@@ -136,4 +153,4 @@ class ChangesBetweenReader(DataSourceReader):
 
 
 __all__ = ["OFFSET_KEY", "ChangeFeedStreamReader", "ChangesBetweenReader", "FeedPartition",
-           "check_schema"]
+           "check_schema", "feed_partitions"]

@@ -9,6 +9,11 @@ checkpoint's max parallelism). The plan then reads only those key groups: in mod
 ``state`` their snapshot chunks and the changelog partitions holding them, in mode
 ``changes`` and between checkpoints the offset slices of those partitions.
 
+Pushdown is off unless the reader option ``pushdown`` is ``true``: PySpark 4.2.0 keeps the
+plan a filtered scan made on the DataFrame's relation and reuses it for a later scan of the
+same DataFrame without filters (fixed in later Spark versions), which would then read only
+the filtered key groups. A lookup DataFrame of its own (its own ``load()``) is safe.
+
 Pushing only narrows what is read: every filter is still handed back to Spark, which
 applies it to the rows (so a registration row, ``key_group`` null, or a key sharing the
 key group never leaks through). A filter the reader cannot use (another column, another
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +41,12 @@ from pyspark.sql.datasource import (
 
 from kafka_changelog.keygroups import key_group_for_key
 from kafka_changelog.keys import encode_key, key_text
+
+from .planning import ReaderOptionError
+
+#: The reader option that turns pushdown on (off by default: PySpark 4.2.0 reuses the plan
+#: of a filtered scan for later scans of the same DataFrame without filters).
+PUSHDOWN_OPTION = "pushdown"
 
 KEY = ("key",)
 KEY_DECODED = ("key_decoded",)
@@ -136,6 +147,16 @@ def _and(current: frozenset[Any] | None, more: frozenset[Any]) -> frozenset[Any]
     return more if current is None else current & more
 
 
+def pushdown_enabled(options: Mapping[str, str]) -> bool:
+    """Whether the options turn key pushdown on (option ``pushdown``: ``true``/``false``);
+    raises :class:`~.planning.ReaderOptionError` naming the option for another value."""
+    found = {str(k).lower(): str(v) for k, v in options.items()}.get(PUSHDOWN_OPTION, "false")
+    value = found.strip().lower()
+    if value not in ("true", "false"):
+        raise ReaderOptionError(f"option pushdown must be true or false, got {found!r}")
+    return value == "true"
+
+
 def select(filters: Iterable[Filter]) -> KeySelection:
     """The selection the filters on ``key``, ``key_decoded`` and ``key_group`` make."""
     keys: frozenset[bytes] | None = None
@@ -178,4 +199,13 @@ def select(filters: Iterable[Filter]) -> KeySelection:
     return KeySelection(keys, texts, groups, lowest, highest)
 
 
-__all__ = ["KEY", "KEY_DECODED", "KEY_GROUP", "KeySelection", "key_bytes_of_text", "select"]
+__all__ = [
+    "KEY",
+    "KEY_DECODED",
+    "KEY_GROUP",
+    "PUSHDOWN_OPTION",
+    "KeySelection",
+    "key_bytes_of_text",
+    "pushdown_enabled",
+    "select",
+]

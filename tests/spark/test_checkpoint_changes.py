@@ -117,3 +117,37 @@ def test_filters_select_the_key_groups_of_their_keys() -> None:
                                                                          ["string", "int"])
     assert KeySelection().groups(128, None) is None
     assert selected_runs(KG(0, 15), frozenset({3, 4, 5, 9, 20})) == [KG(3, 5), KG(9, 9)]
+
+
+def test_changes_only_in_a_snapshot_are_reported_with_their_sequence_numbers() -> None:
+    from kafka_changelog.state.checkpoint import CompletedCheckpoint
+    from spark_integration.checkpoint_changes import ChangesOnlyInSnapshotError, check_no_gap
+
+    before = CompletedCheckpoint("app", 4, 0, 128, ())
+    after = CompletedCheckpoint("app", 5, 0, 128, ())
+    earlier = [handle("L", KG(0, 63), 0, 9, [(0, 0, 40, KG(0, 63))])]
+    check_no_gap(before, after, "op", 1, handle("L", KG(0, 63), 10, 12, []), earlier)
+    check_no_gap(before, after, "op", 1, handle("L", KG(0, 63), 0, -1, []), earlier)
+    with pytest.raises(ChangesOnlyInSnapshotError) as gap:
+        check_no_gap(before, after, "op", 1, handle("L", KG(0, 63), 14, 20, []), earlier)
+    assert str(gap.value) == (
+        "application 'app': checkpoint 5 committed the change sets 10..13 of log L (operator "
+        "'op', subtask 1) inside a materialization only: checkpoint 4 covers them up to 9, "
+        "checkpoint 5's changelog starts at 14, and they were never written to the "
+        "changelog. Read the state of both checkpoints (mode state) for their net effect, or "
+        "set failOnDataLoss=false to skip them")
+
+
+def test_feed_tasks_are_grouped_in_runs_that_keep_their_order() -> None:
+    from spark_integration.checkpoint_changes import FeedTask, contiguous_groups
+    from spark_integration.feed_schema import CheckpointStamp
+    from spark_integration.scan import OffsetSlice
+
+    tasks = [FeedTask("op", 0, OffsetSlice("t", 0, i, i + 1, "L", 0, 0, 0, 0),
+                      CheckpointStamp(1, None, 0), estimated_bytes=size)
+             for i, size in enumerate([100, 100, 1, 1, 100, 1])]
+    runs = contiguous_groups(tasks, 2)
+    assert [t for run in runs for t in run] == tasks
+    assert [len(run) for run in runs] == [2, 4]
+    assert contiguous_groups(tasks, 10) == [(t,) for t in tasks]
+    assert contiguous_groups([], 2) == []
