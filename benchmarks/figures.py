@@ -219,6 +219,31 @@ def spark_reader_figures(data: Json) -> list[Figure]:
     ]
 
 
+def change_feed_figures(data: Json) -> list[Figure]:
+    """``bench_change_feed``: the feed against the batch changes reader, and a one-key lookup
+    with pushdown against a full read of the state (the target)."""
+    best = data["best"]
+    feed, batch = best["feed_stream"], best["batch_changes_latest"]
+    full, one = best["state_full"], best["state_lookup"]
+    lookup = data["lookup"]
+    return [
+        Figure(
+            "bench_change_feed",
+            f'`local[2]`, {data["changes"]:,} changes in {data["checkpoints"]} checkpoints, '
+            "changes/s: the change feed (`readStream`) / mode `changes` of the latest checkpoint",
+            f"{ratio(data['feed_ratio'])} ({feed['rows_per_s']:,.0f} against "
+            f"{batch['rows_per_s']:,.0f})"),
+        Figure(
+            "bench_change_feed",
+            f'`local[2]`, {data["keys"]:,}-key state: full read / one-key lookup with '
+            "pushdown (seconds)",
+            f"{ratio(lookup['ratio'])} ({full['seconds']:.2f} against {one['seconds']:.2f} s; "
+            f"{lookup['full_input_partitions']} against {lookup['input_partitions']} input "
+            "partitions)",
+            f"≥ {lookup['target']:g}x", "PASS" if lookup["pass"] else "MISS"),
+    ]
+
+
 def large_state_figures(data: Json) -> list[Figure]:
     """``bench_large_state``: 10M keys with Python workers capped at 1 GiB."""
     large = data["large"]
@@ -358,6 +383,7 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
     ("incremental_materialization.json", incremental_figures),
     ("streaming_overhead.json", streaming_overhead_figures),
     ("spark_reader.json", spark_reader_figures),
+    ("change_feed.json", change_feed_figures),
     ("large_state.json", large_state_figures),
     ("cluster_state.json", cluster_state_figures),
     ("host_loss.json", host_loss_figures),

@@ -24,7 +24,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    Filter,
+    InputPartition,
+)
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -38,6 +44,9 @@ from pyspark.sql.types import (
 )
 
 from .change_schema import CHANGES_SCHEMA
+from .feed_planning import is_feed_read, parse_feed_options
+from .feed_schema import FEED_SCHEMA
+from .feed_source import ChangeFeedStreamReader, ChangesBetweenReader, check_schema
 from .packing import ChangesGroup, pack_changes
 from .planning import (
     FORMAT,
@@ -50,7 +59,9 @@ from .planning import (
     parse_options,
     plan_read,
 )
+from .pushdown import KeySelection, pushdown_enabled, select
 from .rows import STATE_SCHEMA
+from .selected_plan import plan_selected
 from .task_reading import read_task
 from .worker_gc import freeze_start_up_objects
 
@@ -80,6 +91,11 @@ def spark_schema(arrow: pa.Schema) -> StructType:
 CHANGES_STRUCT = spark_schema(CHANGES_SCHEMA)
 #: Spark schema of mode ``state``.
 STATE_STRUCT = spark_schema(STATE_SCHEMA)
+#: Spark schema of the change feed and of changes between checkpoints.
+FEED_STRUCT = spark_schema(FEED_SCHEMA)
+
+#: The Spark SQL setting PySpark needs for a reader with ``pushFilters``.
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
 def schema_of(mode: str) -> StructType:
@@ -111,11 +127,26 @@ class KafkaChangelogDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        """The schema of the requested mode (options are checked here, at ``load()``)."""
+        """The schema of the requested mode (options are checked here, at ``load()``);
+        with ``startingCheckpoint``, the change feed's."""
+        if is_feed_read(self.options):
+            return FEED_STRUCT
         return schema_of(parse_options(self.options).mode)
 
-    def reader(self, schema: StructType) -> KafkaChangelogBatchReader:
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The change feed (``readStream``); needs option ``startingCheckpoint``."""
+        options = parse_feed_options(self.options, streaming=True)
+        check_schema(schema, FEED_STRUCT, "readStream (the change feed)")
+        groups = options.reader.min_partitions or self.default_min_partitions
+        return ChangeFeedStreamReader(options, groups)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
         """A reader; a user-given schema must equal the mode's schema."""
+        if is_feed_read(self.options):
+            between = parse_feed_options(self.options, streaming=False)
+            check_schema(schema, FEED_STRUCT, "with startingCheckpoint")
+            groups = between.reader.min_partitions or self.default_min_partitions
+            return ChangesBetweenReader(between, pushdown_enabled(self.options), groups)
         options = parse_options(self.options)
         expected = schema_of(options.mode)
         if schema != expected:
@@ -124,7 +155,7 @@ class KafkaChangelogDataSource(DataSource):
                 f"{expected.simpleString()}; got {schema.simpleString()} (drop .schema(...))")
         if options.min_partitions is None and self.default_min_partitions is not None:
             options = dataclasses.replace(options, min_partitions=self.default_min_partitions)
-        return KafkaChangelogBatchReader(options)
+        return KafkaChangelogBatchReader(options, pushdown_enabled(self.options))
 
 
 class KafkaChangelogBatchReader(DataSourceReader):
@@ -134,13 +165,29 @@ class KafkaChangelogBatchReader(DataSourceReader):
     each query that uses the DataFrame (pin ``checkpoint`` for the same data).
     """
 
-    def __init__(self, options: ReaderOptions) -> None:
+    def __init__(self, options: ReaderOptions, pushdown: bool = False) -> None:
         self.options = options
+        self.pushdown = pushdown
+        self.selection = KeySelection()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """With option ``pushdown``, keep what filters on ``key``, ``key_decoded`` and
+        ``key_group`` select (:mod:`spark_integration.pushdown`); every filter goes back to
+        Spark, which applies it to the rows read."""
+        if self.pushdown:
+            self.selection = select(filters)
+        yield from filters
 
     def partitions(self) -> list[InputPartition]:
         """One input partition per task of the plan; in mode ``changes`` with
-        ``min_partitions``, per group of slices (:func:`~.packing.pack_changes`)."""
-        plan = plan_read(self.options)
+        ``min_partitions``, per group of slices (:func:`~.packing.pack_changes`). Pushed
+        key filters: one per selected run of key groups (or slice), not packed."""
+        if self.selection.is_empty:
+            plan = plan_read(self.options)
+            return [TaskPartition(task) for task in input_partitions(plan, self.options)]
+        plan, narrowed = plan_selected(self.options, self.selection)
+        if narrowed:
+            return [TaskPartition(task) for task in plan.tasks]
         return [TaskPartition(task) for task in input_partitions(plan, self.options)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -189,9 +236,13 @@ def describe_task(task: ChangesTask | ChangesGroup | StateTask) -> str:
 def register(spark: Any) -> None:
     """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent.
 
-    Mode ``changes`` then packs its slices into a multiple of the session's parallelism
-    of input partitions (option ``minPartitions``), when the session tells it.
+    Turns on ``spark.sql.python.filterPushdown.enabled`` for the session (filters on
+    keys read only their key groups). Mode ``changes`` then packs its slices into a
+    multiple of the session's parallelism of input partitions (option ``minPartitions``),
+    when the session tells it.
     """
+    # The reader pushes filters down; PySpark refuses such a reader unless this is on.
+    spark.conf.set(PUSHDOWN_CONF, "true")
     parallelism = session_parallelism(spark)
     if parallelism is None:
         spark.dataSource.register(KafkaChangelogDataSource)
@@ -219,6 +270,8 @@ def session_parallelism(spark: Any) -> int | None:
 
 __all__ = [
     "CHANGES_STRUCT",
+    "FEED_STRUCT",
+    "PUSHDOWN_CONF",
     "STATE_STRUCT",
     "KafkaChangelogBatchReader",
     "KafkaChangelogDataSource",

@@ -1,0 +1,156 @@
+"""The change feed: ``readStream.format("kafka-changelog")`` and batch reads between checkpoints.
+
+``spark.readStream`` with option ``startingCheckpoint`` emits, per micro-batch, the
+changes of every checkpoint committed since the previous micro-batch (offsets are
+checkpoint ids, see :mod:`spark_integration.feed_planning`), so Spark's own
+``checkpointLocation`` makes the feed exactly once and resumable: a restarted query
+plans the same range again and emits the same rows. ``spark.read`` with
+``startingCheckpoint`` (and ``endingCheckpoint``) reads the same rows for a range of
+checkpoints at once, with key pushdown (:mod:`spark_integration.pushdown`).
+
+Input partitions are listed in checkpoint order, then by operator, subtask and
+partition: a key's changes of one checkpoint are in one partition of the changelog
+(one input partition, or consecutive ones when long), so reading the partitions in
+order gives a key's changes in the order they were committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    Filter,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+
+from .checkpoint_changes import FeedTask, contiguous_groups
+from .feed_planning import FeedOptions, FeedPlanner
+from .feed_reading import describe_feed_task, read_feed_task
+from .planning import FORMAT, ReaderOptionError
+from .pushdown import KeySelection, select
+from .worker_gc import freeze_start_up_objects
+
+#: The offset's field: the last checkpoint whose changes were emitted.
+OFFSET_KEY = "checkpoint"
+
+
+class FeedPartition(InputPartition):
+    """One input partition of the feed: consecutive :class:`FeedTask` s, read in turn
+    (picklable)."""
+
+    def __init__(self, tasks: tuple[FeedTask, ...]) -> None:
+        super().__init__(tasks)
+        self.tasks = tasks
+
+
+def feed_partitions(tasks: Sequence[FeedTask], groups: int | None) -> list[InputPartition]:
+    """The input partitions of ``tasks``: ``groups`` runs of consecutive tasks (None: one
+    per task), in order."""
+    if groups is None:
+        return [FeedPartition((t,)) for t in tasks]
+    return [FeedPartition(run) for run in contiguous_groups(tasks, groups)]
+
+
+def check_schema(schema: StructType, expected: StructType, what: str) -> None:
+    """A user-given schema must be the feed's."""
+    if schema != expected:
+        raise ReaderOptionError(
+            f"format('{FORMAT}') {what} has the fixed schema {expected.simpleString()}; got "
+            f"{schema.simpleString()} (drop .schema(...))")
+
+
+def _read(partition: InputPartition, options: FeedOptions) -> Iterator[pa.RecordBatch]:
+    tasks = getattr(partition, "tasks", None)
+    if tasks is None:  # Spark's placeholder when the plan has no task
+        return
+    freeze_start_up_objects()
+    for task in tasks:
+        try:
+            yield from read_feed_task(task, options.reader)
+        except Exception as exc:
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(f"while reading {describe_feed_task(task)} for format('{FORMAT}')")
+            raise
+
+
+def _checkpoint(offset: dict[str, Any]) -> int:
+    return int(offset[OFFSET_KEY])
+
+
+class ChangeFeedStreamReader(DataSourceStreamReader):
+    """The change feed of one application (``readStream``), offsets ``{"checkpoint": id}``.
+
+    A micro-batch ``(start, end]`` emits the changes of the retained checkpoints after
+    ``start`` up to ``end``; ``end`` is the latest checkpoint when the batch is planned.
+    Holds only the parsed options (the planner reads the checkpoint topic each time)."""
+
+    def __init__(self, options: FeedOptions, groups: int | None = None) -> None:
+        self.options = options
+        #: Input partitions per micro-batch at most (None: one per offset slice).
+        self.groups = groups
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts: option ``startingCheckpoint``."""
+        return {OFFSET_KEY: FeedPlanner(self.options).start()}
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+        """The latest committed checkpoint (never before ``start``)."""
+        return {OFFSET_KEY: max(_checkpoint(start), FeedPlanner(self.options).latest())}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """One input partition per offset slice of the changes of ``(start, end]``."""
+        first, last = _checkpoint(start), _checkpoint(end)
+        if last <= first:
+            return []
+        return feed_partitions(FeedPlanner(self.options).plan(first, last), self.groups)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Arrow record batches of one input partition."""
+        return _read(partition, self.options)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the feed only reads."""
+
+
+class ChangesBetweenReader(DataSourceReader):
+    """Batch reads of the changes of checkpoints ``(startingCheckpoint, endingCheckpoint]``,
+    with filters on keys and key groups pushed down (option ``pushdown``)."""
+
+    def __init__(self, options: FeedOptions, pushdown: bool = False,
+                 groups: int | None = None) -> None:
+        self.options = options
+        self.pushdown = pushdown
+        #: Input partitions at most (None: one per offset slice).
+        self.groups = groups
+        self.selection = KeySelection()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """With option ``pushdown``, keep what the filters on keys and key groups select;
+        hand every filter back to Spark (the selection only narrows what is read)."""
+        if self.pushdown:
+            self.selection = select(filters)
+        yield from filters
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """One input partition per offset slice, in checkpoint order."""
+        planner = FeedPlanner(self.options)
+        start = planner.start()
+        end = self.options.ending if self.options.ending is not None else planner.latest()
+        if end <= start:
+            return []
+        selection = None if self.selection.is_empty else self.selection
+        return feed_partitions(planner.plan(start, end, selection), self.groups)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Arrow record batches of one input partition."""
+        return _read(partition, self.options)
+
+
+__all__ = ["OFFSET_KEY", "ChangeFeedStreamReader", "ChangesBetweenReader", "FeedPartition",
+           "check_schema", "feed_partitions"]
