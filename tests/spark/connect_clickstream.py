@@ -39,7 +39,7 @@ def stall_batch_at(directory: str, event: str) -> BatchListener:
 
 
 #: Starts of the query tried at most (module docstring).
-START_TRIES = 5
+START_TRIES = 8
 #: Spark's error when the ``foreachBatch`` worker did not connect back in time.
 WORKER_TIMEOUT = "Timed out while waiting for the Python worker to connect back"
 
