@@ -2,7 +2,7 @@
 # Installs everything the project needs on a fresh Debian machine; safe to run again.
 #   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing; as root also
 #     docker.io, debootstrap and docker-compose (the container tests)
-#   - a virtualenv in .venv with the project and its extras (spark, test, dev)
+#   - a virtualenv in .venv with the project and its extras (spark, connect, test, dev)
 #   - the Apache Kafka broker jars and Spark's Kafka connector (format("kafka")) from Maven
 #     Central, in ~/.cache/kafka-changelog
 set -euo pipefail
@@ -44,7 +44,7 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   log "installing the project and its extras into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[spark,test,dev]"
+  .venv/bin/python -m pip install -q -e ".[spark,connect,test,dev]"
   echo "$want" > "$stamp"
 fi
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .batch_identity import BatchOrderError as BatchOrderError
     from .batch_identity import OperatorMismatchError as OperatorMismatchError
+    from .connect import connect_session as connect_session
     from .datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
     from .datasource import register as register
     from .kafka_sink import KafkaOutputSink as KafkaOutputSink

@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 )
 
 from .change_schema import CHANGES_SCHEMA
+from .connect import is_connect
 from .feed_planning import is_feed_read, parse_feed_options
 from .feed_schema import FEED_SCHEMA
 from .feed_source import ChangeFeedStreamReader, ChangesBetweenReader, check_schema
@@ -257,10 +258,11 @@ def register(spark: Any) -> None:
 
 def session_parallelism(spark: Any) -> int | None:
     """``spark.default.parallelism`` of the session (Spark Connect: only if set), or None."""
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext
-        pass
+    if not is_connect(spark):
+        try:
+            return int(spark.sparkContext.defaultParallelism)
+        except Exception:  # a stopped session
+            pass
     try:
         value = spark.conf.get("spark.default.parallelism", None)
     except Exception:

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from .connect import CONNECT_SCHEME, connect_session
 from .connector import ensure_connector_jars
 from .connector import spark_version as spark_version
 
@@ -67,7 +68,13 @@ def spark_session(
     sets ``spark.sql.shuffle.partitions``. With ``kafka_connector`` (default) the
     session can read and write ``format("kafka")``. ``extra_config`` wins over
     everything else (a ``spark.jars`` in it is kept, the connector's are added).
+
+    A Spark Connect URL (``sc://host:port``) as ``master`` gives a Connect client session
+    (:func:`spark_integration.connect.connect_session`): the server brings the connector
+    and the workers' Python (:mod:`spark_integration.connect_server`).
     """
+    if master.startswith(CONNECT_SCHEME):
+        return connect_session(master, app_name, parallelism, extra_config)
     python = ensure_worker_python()
     address = driver_address_config(master)
     if address:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .connect import is_connect
 from .streaming_config import StreamingStateConfig
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ def placement_hosts(placement: Any, config: StreamingStateConfig) -> dict[int, s
     """Compute and cache ``placement`` (a DataFrame) in a job of its own; partition ->
     the host it is cached on. None where it cannot be told (Spark Connect has no RDDs,
     or the job failed: the batch then runs with the partitions in order)."""
+    if is_connect(placement.sparkSession):
+        return None  # no RDDs: the probe job cannot run
     try:
         found = placement.rdd.mapPartitionsWithIndex(_reporter(config)).collect()
     except Exception as exc:  # py4j, Connect's unsupported RDD API, a lost executor

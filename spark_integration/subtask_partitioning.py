@@ -33,6 +33,8 @@ from typing import Any
 
 from kafka_changelog.murmur3 import spark_hash_int
 
+from .connect import is_connect
+
 SLOT_COLUMN = "__kc_slot"
 
 
@@ -86,6 +88,8 @@ def placement_possible(spark: Any) -> bool:
 def executor_count(spark: Any) -> int | None:
     """Block managers registered with ``spark``'s application (its executors and the
     driver's), or None where the session has no SparkContext (Spark Connect)."""
+    if is_connect(spark):
+        return None
     try:
         context = spark.sparkContext
         return int(context._jsc.sc().getExecutorMemoryStatus().size())

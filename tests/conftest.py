@@ -19,6 +19,7 @@ LONGEST_FIRST = (
     "tests/container/test_compose_demo.py",  # 250
     "tests/spark/test_demo.py",  # 200
     "tests/project/test_readme_examples.py",  # 160
+    "tests/spark/test_spark_connect.py",  # ~150 (estimate: 2 Connect server starts, 3 clients)
     "tests/spark/test_timers_exactly_once.py",  # 130
     "tests/spark/test_streaming_keys.py",  # 120
     "tests/spark/test_two_drivers.py",  # 105

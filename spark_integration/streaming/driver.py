@@ -42,6 +42,7 @@ from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
 from ..batch_identity import BatchKind, BatchPlan, plan_batch
+from ..connect import connect_query_id, is_connect
 from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch
@@ -280,7 +281,7 @@ class StatefulProcessor:
         coordinator = WorkerResources.coordinator(config)
         sink = self.sink
         kafka_sink = sink if isinstance(sink, KafkaOutputSink) else None
-        query_id = _query_id(batch_df)
+        query_id = _query_id(batch_df, config.application)
         hold = hold_application(coordinator, config, query_id, kafka_sink,
                                 batch_df.sparkSession)
         batch_df = without_ticks(batch_df)
@@ -507,13 +508,18 @@ def _spread_placement(spark: Any, placement: Any, parallelism: int,
     return placement, hosts
 
 
-def _query_id(batch_df: Any) -> str:
+def _query_id(batch_df: Any, application: str) -> str:
     """The id of the streaming query running this ``foreachBatch`` call ("" if none).
 
     Spark sets it as a local property of the query's thread, which is the thread
-    calling the function (py4j pins Python threads to JVM threads).
+    calling the function (py4j pins Python threads to JVM threads). Under Spark Connect
+    there is no such thread here: the query is found among its session's
+    (:func:`~spark_integration.connect.connect_query_id`).
     """
-    context = batch_df.sparkSession.sparkContext
+    session = batch_df.sparkSession
+    if is_connect(session):
+        return connect_query_id(session, application)
+    context = session.sparkContext
     return context.getLocalProperty("sql.streaming.queryId") or ""
 
 

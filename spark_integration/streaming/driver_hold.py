@@ -21,6 +21,7 @@ from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, check_outp
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.driver_claim import DriverHolder
 
+from ..connect import connect_query_running, is_connect
 from ..kafka_sink import KafkaOutputSink
 from ..streaming_config import StreamingStateConfig
 from .worker_resources import subtask_transactional_id
@@ -65,8 +66,12 @@ def _query_running(session: Any, query_id: str) -> Callable[[], bool]:
     """Whether Spark query ``query_id`` is still active in ``session``'s Spark application.
 
     Asked of the state all sessions share: a ``foreachBatch`` function gets a clone of
-    the query's session, whose own query manager knows no query.
+    the query's session, whose own query manager knows no query. Under Spark Connect the
+    function's session is the client's, which started the query: it is asked there.
     """
+    if is_connect(session):
+        return connect_query_running(session, query_id)
+
     def running() -> bool:
         jvm = session.sparkContext._jvm
         return bool(session._jsparkSession.sharedState().activeStreamingQueries()
