@@ -27,11 +27,15 @@ from dataclasses import dataclass, field
 
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.keys import recorded_key_types
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 
 from .feed_schema import CheckpointStamp
-from .planning import CheckpointSelectionError, UnreadableCheckpointError, split_offsets
+from .planning import (
+    CheckpointSelectionError,
+    UnreadableCheckpointError,
+    key_types_of,
+    split_offsets,
+)
 from .scan import OffsetSlice
 
 logger = logging.getLogger(__name__)
@@ -177,17 +181,6 @@ def kafka_handles(checkpoint: CompletedCheckpoint, operator: str | None = None
             yield subtask.operator_id, subtask.subtask_index, handle
 
 
-def key_types_of(checkpoint: CompletedCheckpoint) -> tuple[str, ...] | None:
-    """The key column types the checkpoint records (None: not recorded)."""
-    try:
-        recorded = recorded_key_types(checkpoint.properties)
-    except ValueError as exc:
-        raise UnreadableCheckpointError(
-            f"checkpoint {checkpoint.checkpoint_id} of application "
-            f"{checkpoint.application!r}: {exc}") from exc
-    return tuple(recorded) if recorded is not None else None
-
-
 def selected_runs(key_groups: KeyGroupRange, selection: frozenset[int] | None
                   ) -> list[KeyGroupRange]:
     """``key_groups`` (None: all of it) or its selected key groups, as contiguous ranges."""
@@ -291,7 +284,6 @@ __all__ = [
     "committed_changes",
     "contiguous_groups",
     "kafka_handles",
-    "key_types_of",
     "new_pieces",
     "selected_runs",
     "subtract",

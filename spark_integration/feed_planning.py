@@ -20,7 +20,7 @@ from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointView
 from kafka_changelog.state.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoint_store import CheckpointStore
 
-from .checkpoint_changes import FeedTask, committed_changes, key_types_of
+from .checkpoint_changes import FeedTask, committed_changes
 from .planning import (
     FORMAT,
     MODE_CHANGES,
@@ -29,6 +29,7 @@ from .planning import (
     ReaderOptions,
     check_topics,
     existing_topics,
+    key_types_of,
     parse_options,
 )
 

@@ -367,7 +367,8 @@ def _kafka_handles(checkpoint: CompletedCheckpoint, operator: str, subtask: int,
     return handles
 
 
-def _key_types(checkpoint: CompletedCheckpoint) -> tuple[str, ...] | None:
+def key_types_of(checkpoint: CompletedCheckpoint) -> tuple[str, ...] | None:
+    """The key column types the checkpoint records (None: not recorded)."""
     try:
         recorded = recorded_key_types(checkpoint.properties)
     except ValueError as exc:
@@ -380,7 +381,7 @@ def _key_types(checkpoint: CompletedCheckpoint) -> tuple[str, ...] | None:
 def plan_changes(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                  slice_offsets: int) -> list[ChangesTask]:
     """One task per offset slice (at most ``slice_offsets``) of every changelog handle range."""
-    key_types = _key_types(checkpoint)
+    key_types = key_types_of(checkpoint)
     tasks = []
     for operator in operators:
         for subtask in checkpoint.subtasks_of(operator):
@@ -403,7 +404,7 @@ def plan_changes(checkpoint: CompletedCheckpoint, operators: Iterable[str],
 def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                slice_key_groups: int) -> list[StateTask]:
     """One task per key-group slice (at most ``slice_key_groups``) of every subtask."""
-    key_types = _key_types(checkpoint)
+    key_types = key_types_of(checkpoint)
     at_ms = recorded_time(checkpoint.properties, PROCESSING_TIME_PROPERTY)
     tasks = []
     for operator in operators:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .checkpoint_changes import committed_changes, key_types_of, selected_runs
+from .checkpoint_changes import committed_changes, selected_runs
 from .planning import (
     MODE_CHANGES,
     ChangesTask,
@@ -21,6 +21,7 @@ from .planning import (
     StateTask,
     check_topics,
     existing_topics,
+    key_types_of,
     load_checkpoint,
     plan_changes,
     plan_state,
