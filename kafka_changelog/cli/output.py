@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -28,6 +28,20 @@ def print_json(data: Any) -> None:
 def progress(message: str) -> None:
     """A progress line on stderr (stdout stays clean for tables and JSON)."""
     print(f"kafka-changelog: {message}", file=sys.stderr, flush=True)
+
+
+def outcome(as_json: bool, record: dict[str, Any], print_text: Callable[[], None],
+            refusal: str | None) -> int:
+    """Print a writing command's outcome (``record`` as JSON, else ``print_text()``) and
+    its refusal on stderr; the exit code: 1 refused (a dry run included), else 0."""
+    if as_json:
+        print_json({**record, "refused": refusal})
+    else:
+        print_text()
+    if refusal is not None:
+        progress(refusal)
+        return 1
+    return 0
 
 
 def now_ms() -> int:

@@ -37,7 +37,7 @@ from ..state.driver_claim import driver_claim_key
 from ..state.errors import CheckpointStoreError, SnapshotWriteError
 from ..state.records import OutRecord
 from .options import CliError, Connection, connection
-from .output import age, now_ms, print_json, progress
+from .output import age, now_ms, outcome, progress
 from .readonly import CheckpointTopicView, existing_topics, open_view
 
 DEFAULT_ALIVE_WITHIN_S = 300.0
@@ -240,14 +240,8 @@ def _run(args: argparse.Namespace) -> int:
         refusal = "dry run: nothing deleted; pass --yes to reset"
     if refusal is None:
         execute(connected, plan)
-    if args.json:
-        print_json({**plan.to_json(), "reset": refusal is None, "refused": refusal})
-    else:
-        _print_plan(plan, done=refusal is None)
-    if refusal is not None:
-        progress(refusal)
-        return 1
-    return 0
+    return outcome(args.json, {**plan.to_json(), "reset": refusal is None},
+                   lambda: _print_plan(plan, done=refusal is None), refusal)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser],

@@ -42,7 +42,7 @@ from ..state.rewind import (
     plan_rewind,
 )
 from .options import CliError, Connection, connection
-from .output import age, now_ms, print_json, progress
+from .output import age, now_ms, outcome, progress
 from .readonly import open_view
 from .reset import DEFAULT_ALIVE_WITHIN_S
 
@@ -142,14 +142,8 @@ def _run(args: argparse.Namespace) -> int:
         if refusal is None and not plan.nothing_to_do:
             execute_rewind(store, plan,
                            lambda chunks: _delete_chunks(connected, plan.application, chunks))
-    if args.json:
-        print_json({**_to_json(plan, topic), "rewound": refusal is None, "refused": refusal})
-    else:
-        _print_plan(plan, topic, done=refusal is None)
-    if refusal is not None:
-        progress(refusal)
-        return 1
-    return 0
+    return outcome(args.json, {**_to_json(plan, topic), "rewound": refusal is None},
+                   lambda: _print_plan(plan, topic, done=refusal is None), refusal)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser],
