@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .streaming import BatchListener as BatchListener
     from .streaming import BatchReport as BatchReport
     from .streaming import EventTime as EventTime
+    from .streaming import InputOffsetsError as InputOffsetsError
     from .streaming import KeyState as KeyState
     from .streaming import LateRows as LateRows
     from .streaming import StatefulProcessor as StatefulProcessor

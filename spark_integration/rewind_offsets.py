@@ -1,13 +1,16 @@
-"""``starting_offsets``: where Spark's Kafka source restarts for a checkpoint's state.
+"""``starting_offsets``: where Spark's Kafka source continues a checkpoint's state.
 
-Each checkpoint the streaming driver commits records the Kafka offsets its batch
-consumed up to (``kafka_changelog/state/source_offsets.py``). After
-``kafka-changelog rewind APP --to N --yes``, a query started with a new
-``checkpointLocation`` and ``.option("startingOffsets", starting_offsets(...))`` reads
-exactly the input that came after checkpoint ``N``'s (see ``docs/rewind.md``).
+Each checkpoint the streaming driver commits records the Kafka offsets its state has read
+up to (``kafka_changelog/state/input_progress.py``), and the driver refuses a batch that
+does not start there (``spark_integration/streaming/input_check.py``). A query with a
+fresh ``checkpointLocation`` (a redeploy, a new cluster, after ``kafka-changelog rewind``)
+started with ``.option("startingOffsets", starting_offsets(config))`` reads exactly the
+input that came after the state's (see docs/spark.md, "Input offsets").
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
 from kafka_changelog.state.source_offsets import (
@@ -22,9 +25,15 @@ from .streaming_config import StreamingStateConfig
 
 def starting_offsets(config: StreamingStateConfig | str, application: str | None = None,
                      checkpoint_id: int | None = None,
-                     checkpoint_topic: str = "kafka-changelog-checkpoints") -> str:
+                     checkpoint_topic: str = "kafka-changelog-checkpoints",
+                     topics: Iterable[str] | None = None) -> str:
     """The ``startingOffsets`` JSON (``{"topic": {"partition": offset}}``) of the input
     that follows checkpoint ``checkpoint_id`` (None: the latest) of ``application``.
+
+    The recorded offsets are cumulative (every topic the state ever read); ``topics``
+    keeps those of the topics the query subscribes to (Spark's Kafka source refuses a
+    ``startingOffsets`` naming others). A topic the state never read is not in the
+    result: give it its own start (``-2``: earliest) if the query subscribes to it.
 
     ``config`` is the application's :class:`StreamingStateConfig` (its brokers, client
     settings, checkpoint topic and, unless given, application), or a bootstrap servers
@@ -54,4 +63,12 @@ def starting_offsets(config: StreamingStateConfig | str, application: str | None
         raise SourceOffsetsError(
             f"{where} records no input offsets (property {SOURCE_OFFSETS_PROPERTY}): it was "
             "not committed by a streaming query reading Kafka with this version")
-    return starting_offsets_json(parse_offsets(text, where))
+    offsets = parse_offsets(text, where)
+    if topics is not None:
+        wanted = set(topics)
+        offsets = {t: p for t, p in offsets.items() if t in wanted}
+        if not offsets:
+            raise SourceOffsetsError(
+                f"{where} records no input offsets of topic(s) {sorted(wanted)}; it records "
+                f"those of: {', '.join(sorted(parse_offsets(text, where)))}")
+    return starting_offsets_json(offsets)

@@ -122,6 +122,21 @@ class StreamingStateConfig:
     #: compression...; default: :class:`RocksDBOptions`'s defaults, a 64 MiB block cache
     #: shared by the stores of a Python worker and 32 MiB write buffers).
     rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
+    #: Input the state already holds (see docs/spark.md, "Input offsets: the state's
+    #: checkpoint is the truth"): a batch whose Kafka input starts before the offsets the
+    #: state's checkpoint recorded is refused (``InputOffsetsError``); with this, its rows
+    #: below those offsets are dropped instead (the rows need the Kafka source's
+    #: ``topic``, ``partition`` and ``offset`` columns), so that a query with a fresh
+    #: checkpointLocation continues the state exactly by itself.
+    skip_applied_input: bool = False
+    #: A batch whose Kafka input starts after the offsets the state recorded would skip
+    #: input the state never saw: refused unless this is set (Spark's
+    #: ``failOnDataLoss=false``).
+    allow_input_gaps: bool = False
+    #: A new query (another checkpointLocation) re-reading a source whose progress cannot
+    #: be compared (a rate source, a table format's...) that the state's last query read
+    #: too is refused unless this is set (its input would be applied again).
+    allow_uncompared_sources: bool = False
 
     def __post_init__(self) -> None:
         own_changelog, own_snapshots = application_topics(self.application)

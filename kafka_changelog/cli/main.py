@@ -16,7 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from ..errors import ChangelogError
 from ..kafka.error_text import describe
-from . import applications, broker, fork, handles, reset, rewind, state, verify
+from . import applications, broker, fork, handles, input_offsets, reset, rewind, state, verify
 from .options import add_connection_options, add_json_option, add_topic_options
 
 DESCRIPTION = """\
@@ -30,6 +30,7 @@ Operate kafka-changelog applications and look at handles and topics.
   kafka-changelog -b HOST:PORT reset APP --yes delete an application's state
   kafka-changelog -b HOST:PORT rewind APP --to N --yes  go back to checkpoint N
   kafka-changelog -b HOST:PORT fork APP NEW    start NEW from APP's latest checkpoint
+  kafka-changelog -b HOST:PORT input-offsets APP  the input APP's state holds
 """
 
 
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     reset.register(commands, [application])
     rewind.register(commands, [application])
     fork.register(commands, [application])
+    input_offsets.register(commands, [application])
     handles.register(commands, [connection])
     return parser
 

@@ -154,9 +154,11 @@ def _retention(store: CheckpointStore) -> str:
 
 
 def check_not_held(store: CheckpointStore, application: str,
-                   lease_s: float = DEFAULT_DRIVER_LEASE_S, now_ms: int | None = None) -> None:
+                   lease_s: float = DEFAULT_DRIVER_LEASE_S, now_ms: int | None = None,
+                   action: str = "rewind") -> None:
     """Raise :class:`RewindError` while a live driver holds ``application`` (a claim not
-    released, with a heartbeat younger than ``lease_s``, of a process not known dead)."""
+    released, with a heartbeat younger than ``lease_s``, of a process not known dead);
+    the message names ``action``, what cannot be done."""
     claim = store.driver_claim(application)
     if claim is None:
         return
@@ -164,7 +166,7 @@ def check_not_held(store: CheckpointStore, application: str,
     if claim.takeover(DriverIdentity.of_this_process(), "", now, lease_s) is Takeover.FREE:
         return
     raise RewindError(
-        f"cannot rewind application {application!r}: {claim.describe()} holds it; stop "
+        f"cannot {action} application {application!r}: {claim.describe()} holds it; stop "
         "its streaming query first (its driver releases it at its next heartbeat, within "
         f"a quarter of driver_lease_s; a driver that died stops holding it {lease_s:g} s "
         "after its last heartbeat)")

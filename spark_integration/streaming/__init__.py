@@ -5,7 +5,8 @@ a task per subtask, commits the checkpoint), :mod:`.batch_time` (the batch's pro
 time and watermark), :mod:`.task` (what a Spark task runs for its subtask),
 :mod:`.task_time` (late rows and due timers in a task), :mod:`.key_state` (what the
 user's function gets), :mod:`.vectorized` (the vectorised entry point),
-:mod:`.worker_resources` (what a Python process keeps across batches), :mod:`.events`
+:mod:`.worker_resources` (what a Python process keeps across batches), :mod:`.batch_input`
+and :mod:`.input_check` (a batch's input against the input its state holds), :mod:`.events`
 (what listeners hear), :mod:`.columns` (the internal columns), :mod:`.tester` (running a
 function in plain Python), :mod:`.ticks` (micro-batches without new input). The public
 names are here.
@@ -23,6 +24,7 @@ from .events import (
     TaskEvent,
     TaskListener,
 )
+from .input_check import InputOffsetsError
 from .key_state import (
     BatchContext,
     EventTime,
@@ -52,6 +54,7 @@ __all__ = [
     "EventTime",
     "EventTimeColumnError",
     "EventTimeNotDeclaredError",
+    "InputOffsetsError",
     "KeyState",
     "KeyTimers",
     "LateRows",

@@ -37,11 +37,11 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
-from kafka_changelog.state.source_offsets import source_offsets_property
+from kafka_changelog.state.input_progress import InputProgress
 from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
-from ..batch_identity import BatchKind, BatchPlan, plan_batch
+from ..batch_identity import QUERY_ID, BatchPlan, plan_batch
 from ..connect import connect_query_id, is_connect
 from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
@@ -55,6 +55,7 @@ from ..subtask_partitioning import (
     subtask_markers,
     subtask_placement,
 )
+from .batch_input import batch_input
 from .batch_time import (
     batch_context,
     check_event_time_column,
@@ -74,12 +75,12 @@ from .columns import (
 )
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
+from .input_check import BatchWhere, InputCheck, InputPolicy, check_input, skip_condition
 from .key_state import BatchContext, EventTime
-from .source_offsets import batch_end_offsets
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
-from .ticks import without_ticks
+from .ticks import TICK_COLUMN, without_ticks
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
 from .worker_resources import WorkerResources
 
@@ -186,6 +187,8 @@ class StatefulProcessor:
         #: hosts each subtask ran on (from the tasks' reports).
         self._partition_subtasks: tuple[int, ...] | None = None
         self._subtask_hosts: SubtaskHosts | None = None
+        #: Whether "the input cannot be read here" was logged (once per processor).
+        self._input_unknown_logged = False
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
@@ -266,6 +269,30 @@ class StatefulProcessor:
         return self.declarations.checked_properties(
             self.config.application, self.config.operator_id, recorded)
 
+    def _check_input(self, coordinator: CheckpointCoordinator, plan: BatchPlan,
+                     batch_df: Any, query_id: str, batch_id: int, ticks: bool) -> InputCheck:
+        """The batch's input checked against its base checkpoint's (raises
+        :class:`InputOffsetsError` before any task runs; see input_check.py)."""
+        config = self.config
+        found = batch_input(batch_df, query_id, batch_id)
+        if not found.known and not self._input_unknown_logged:
+            self._input_unknown_logged = True
+            logger.info("application %s: the input of Spark query %s cannot be read here "
+                        "(Spark Connect?): its offsets are neither checked nor recorded",
+                        config.application, query_id or "(none)")
+        if plan.base is None:
+            return check_input(BatchWhere(config.application, query_id, batch_id, 0, True),
+                               InputProgress(), found, InputPolicy())
+        base = coordinator.checkpoints.get(config.application, plan.base)
+        where = BatchWhere(config.application, query_id, batch_id, plan.base,
+                           base.properties.get(QUERY_ID) == query_id, ticks)
+        recorded = InputProgress.of(base.properties,
+                                    f"checkpoint {plan.base} of application "
+                                    f"{config.application!r}")
+        return check_input(where, recorded, found, InputPolicy(
+            config.skip_applied_input, config.allow_input_gaps,
+            config.allow_uncompared_sources))
+
     def __enter__(self) -> StatefulProcessor:
         return self
 
@@ -284,6 +311,7 @@ class StatefulProcessor:
         query_id = _query_id(batch_df, config.application)
         hold = hold_application(coordinator, config, query_id, kafka_sink,
                                 batch_df.sparkSession)
+        ticks = TICK_COLUMN in batch_df.columns
         batch_df = without_ticks(batch_df)
         columns, types = key_columns_of(batch_df.schema, self.key_columns)
         if self.event_time is not None:
@@ -292,17 +320,16 @@ class StatefulProcessor:
                           config.operator_id, types)
         # A declared state that cannot read what was written is refused before any task.
         self._declared_properties(coordinator, plan.base)
-        if plan.kind is BatchKind.NEW_QUERY:
-            logger.warning(
-                "application %s: batch %d of Spark query %s follows checkpoint %d of another "
-                "query (a new checkpointLocation?): the state carries over from it",
-                config.application, batch_id, query_id or "(none)", plan.base)
         if kafka_sink is not None and not plan.commit:
             # The checkpoint and every subtask's outputs are committed: nothing to redo.
             self._report(BatchReport(batch_id, plan.checkpoint_id, plan.base, False, 0,
                                      time.monotonic() - started, kind=plan.kind,
                                      query_id=query_id))
             return
+        # Input the state holds is never applied again, whatever the checkpointLocation.
+        checked = self._check_input(coordinator, plan, batch_df, query_id, batch_id, ticks)
+        if checked.skip:
+            batch_df = batch_df.where(skip_condition(checked.skip, batch_df.columns))
         reused: dict[int, SubtaskCommit] = {}
         if kafka_sink is not None:
             config, reused = self._pending_commits(coordinator, plan, query_id, batch_id)
@@ -368,18 +395,19 @@ class StatefulProcessor:
             SUBTASK_COLUMN, PARTITION_COLUMN, METRICS_COLUMN, HANDLE_COLUMN).toPandas()
         task_s = time.monotonic() - tasks_started
         try:
-            self._finish(batch_df, batch_id, plan, query_id, coordinator, config, handles,
-                         result, started, task_s, context)
+            self._finish(batch_id, plan, query_id, coordinator, config, handles,
+                         result, started, task_s, context, checked.progress.properties())
         finally:
             if outputs_to_driver:
                 result.unpersist()
 
-    def _finish(self, batch_df: Any, batch_id: int, plan: BatchPlan, query_id: str,
+    def _finish(self, batch_id: int, plan: BatchPlan, query_id: str,
                 coordinator: CheckpointCoordinator, config: StreamingStateConfig,
                 handles: pd.DataFrame, result: Any, started: float, task_s: float,
-                context: BatchContext) -> None:
+                context: BatchContext, input_record: dict[str, str]) -> None:
         """Commit the checkpoint of the subtasks' ``handles`` (with the batch's processing
-        time and the next watermark), then call a sink function."""
+        time, the next watermark and the input the state then holds), then call a sink
+        function."""
         from pyspark.sql import functions as F
 
         p = config.parallelism
@@ -403,15 +431,12 @@ class StatefulProcessor:
         self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
         commit_started = time.monotonic()
         if plan.commit:
-            # The input offsets the batch read up to: where a query restarts after a
-            # rewind to this checkpoint (source_offsets.py).
-            offsets = source_offsets_property(batch_end_offsets(batch_df, query_id, batch_id))
             coordinator.complete(plan.checkpoint_id, subtasks,
                                  properties={**plan.properties(query_id, batch_id),
                                              **time_properties(context, watermark),
                                              **self._declared_properties(coordinator,
                                                                          plan.base),
-                                             **offsets})
+                                             **input_record})
         commit_s = time.monotonic() - commit_started
         self._emit(BatchEvent.AFTER_COMMIT, batch_id)
         sink_started = time.monotonic()
