@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
 from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
 from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
+from spark_integration.rewind_offsets import starting_offsets
 from spark_integration.streaming import (
     BatchListener,
     KeyState,
@@ -234,17 +235,18 @@ def output_problems(rows: list[tuple[int, str, int, float]],
 
 
 def kafka_input(spark: Any, kafka_options: Mapping[str, str], topic: str,
-                max_per_batch: int) -> Any:
+                max_per_batch: int, starting: str = "earliest") -> Any:
     """The clickstream as a streaming DataFrame ``user, seq, kind, page, amount``, read
     with Spark's Kafka connector from the beginning of ``topic``, at most
     ``max_per_batch`` records per micro-batch (``kafka_options``: the brokers and
-    security, as ``StreamingStateConfig.spark_kafka_options`` gives them). Input must
-    never be skipped (the state would silently miss events), hence ``failOnDataLoss``."""
+    security, as ``StreamingStateConfig.spark_kafka_options`` gives them), a new query
+    starting at ``starting`` (``startingOffsets``). Input must never be skipped (the
+    state would silently miss events), hence ``failOnDataLoss``."""
     from pyspark.sql import functions as F
 
     raw = (spark.readStream.format("kafka").options(**kafka_options)
            .option("subscribe", topic)
-           .option("startingOffsets", "earliest")
+           .option("startingOffsets", starting)
            .option("failOnDataLoss", "true")
            .option("maxOffsetsPerTrigger", str(max_per_batch))
            .load())
@@ -284,7 +286,11 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
                                            output_topic, key_column="user"),
                                        order_by=["seq"], listener=listener,
                                        task_listener=task_listener, vectorized=vectorized)
-    stream = kafka_input(spark, config.spark_kafka_options(), input_topic, max_per_batch)
+    # A new checkpointLocation (a redeploy, a new cluster) continues where the state's
+    # input ended; the first deployment reads the topic from its start.
+    starting = starting_offsets(config, topics=[input_topic], default="earliest")
+    stream = kafka_input(spark, config.spark_kafka_options(), input_topic, max_per_batch,
+                         starting)
     query = (stream.writeStream.foreachBatch(processor)
              .option("checkpointLocation", checkpoint_dir)
              .trigger(processingTime="500 milliseconds").start())

@@ -26,21 +26,24 @@ from .streaming_config import StreamingStateConfig
 def starting_offsets(config: StreamingStateConfig | str, application: str | None = None,
                      checkpoint_id: int | None = None,
                      checkpoint_topic: str = "kafka-changelog-checkpoints",
-                     topics: Iterable[str] | None = None) -> str:
+                     topics: Iterable[str] | None = None, default: str | None = None) -> str:
     """The ``startingOffsets`` JSON (``{"topic": {"partition": offset}}``) of the input
-    that follows checkpoint ``checkpoint_id`` (None: the latest) of ``application``.
+    that follows checkpoint ``checkpoint_id`` (None: the latest) of ``application``: the
+    input a query continues the state with, exactly.
 
     The recorded offsets are cumulative (every topic the state ever read); ``topics``
     keeps those of the topics the query subscribes to (Spark's Kafka source refuses a
-    ``startingOffsets`` naming others). A topic the state never read is not in the
-    result: give it its own start (``-2``: earliest) if the query subscribes to it.
+    ``startingOffsets`` naming others). With ``default`` (e.g. ``"earliest"``), an
+    application without state yet (no checkpoint, or none recording these topics) gets
+    ``default``: one expression for a query's first deployment and every later one.
 
     ``config`` is the application's :class:`StreamingStateConfig` (its brokers, client
     settings, checkpoint topic and, unless given, application), or a bootstrap servers
     string (then ``application`` is required and ``checkpoint_topic`` is used). Raises
-    :class:`SourceOffsetsError` when the checkpoint records no offsets (not committed by
-    a streaming query reading Kafka, or by kafka-changelog 0.2), and
-    ``CheckpointNotFoundError`` (naming the stored ids) when it is not stored.
+    :class:`SourceOffsetsError` when the checkpoint records no offsets (of ``topics``),
+    or only those of some of ``topics`` (the others' partitions would need a start of
+    their own), and ``CheckpointNotFoundError`` (naming the stored ids) when
+    ``checkpoint_id`` is not stored.
     """
     if isinstance(config, StreamingStateConfig):
         store_config = CheckpointStoreConfig.on(config.connection(),
@@ -54,21 +57,29 @@ def starting_offsets(config: StreamingStateConfig | str, application: str | None
     with KafkaCheckpointView(store_config) as store:
         checkpoint = (store.latest(application) if checkpoint_id is None
                       else store.get(application, checkpoint_id))
-        if checkpoint is None:
-            raise SourceOffsetsError(f"application {application!r} has no checkpoint in "
-                                     f"checkpoint topic {store_config.topic}")
+    if checkpoint is None:
+        if default is not None:
+            return default
+        raise SourceOffsetsError(f"application {application!r} has no checkpoint in "
+                                 f"checkpoint topic {store_config.topic}")
     text = checkpoint.properties.get(SOURCE_OFFSETS_PROPERTY)
     where = f"checkpoint {checkpoint.checkpoint_id} of application {application!r}"
-    if text is None:
-        raise SourceOffsetsError(
-            f"{where} records no input offsets (property {SOURCE_OFFSETS_PROPERTY}): it was "
-            "not committed by a streaming query reading Kafka with this version")
-    offsets = parse_offsets(text, where)
-    if topics is not None:
-        wanted = set(topics)
-        offsets = {t: p for t, p in offsets.items() if t in wanted}
-        if not offsets:
+    recorded = parse_offsets(text, where) if text is not None else {}
+    wanted = set(recorded) if topics is None else set(topics)
+    offsets = {t: p for t, p in recorded.items() if t in wanted}
+    if not offsets:
+        if default is not None:
+            return default
+        if text is None:
             raise SourceOffsetsError(
-                f"{where} records no input offsets of topic(s) {sorted(wanted)}; it records "
-                f"those of: {', '.join(sorted(parse_offsets(text, where)))}")
+                f"{where} records no input offsets (property {SOURCE_OFFSETS_PROPERTY}): it "
+                "was not committed by a streaming query reading Kafka with this version")
+        raise SourceOffsetsError(
+            f"{where} records no input offsets of topic(s) {sorted(wanted)}; it records "
+            f"those of: {', '.join(sorted(recorded))}")
+    if set(offsets) != wanted:
+        raise SourceOffsetsError(
+            f"{where} records the input offsets of {sorted(offsets)} but not of "
+            f"{sorted(wanted - set(offsets))}, which the state never read: give the query "
+            "a startingOffsets JSON with every partition of those too (-2: earliest)")
     return starting_offsets_json(offsets)

@@ -71,9 +71,9 @@ def test_skipping_drops_what_the_state_holds_and_keeps_its_offsets() -> None:
 
 def test_a_gap_is_refused_unless_allowed() -> None:
     batch = kafka({0: 12, 1: 20}, {0: 15, 1: 20})
-    with pytest.raises(InputOffsetsError, match="would skip input the state .checkpoint 7. "
-                       "never saw: source KafkaV2.Subscribe.t..: topic t partition 0: the "
-                       "batch starts at 12, the state holds up to 10"):
+    with pytest.raises(InputOffsetsError, match=r"would skip input the state .checkpoint 7. "
+                       r"never saw: source KafkaV2.Subscribe.t..: topic t partition 0: the "
+                       r"batch starts at 12, the state holds up to 10"):
         check_input(where(), STATE, batch, InputPolicy())
     checked = check_input(where(), STATE, batch, InputPolicy(allow_input_gaps=True))
     assert checked.progress.offsets == {"t": {0: 15, 1: 20}}
@@ -113,8 +113,8 @@ def test_a_source_that_cannot_be_compared_is_refused_when_a_new_query_restarts_i
     rate = "RatePerMicroBatchStream[rowsPerBatch=5]"
     state = InputProgress({}, {}, (rate,))
     batch = BatchInput((BatchSource(rate, SourceKind.OTHER),), known=True)
-    with pytest.raises(InputOffsetsError, match="reads RatePerMicroBatchStream.rowsPerBatch=5., "
-                       "a source whose progress cannot be compared"):
+    with pytest.raises(InputOffsetsError, match=r"reads RatePerMicroBatchStream.rowsPerBatch=5., "
+                       r"a source whose progress cannot be compared"):
         check_input(where(), state, batch, InputPolicy())
     check_input(where(), state, batch, InputPolicy(allow_uncompared_sources=True))
     check_input(where(same_query=True), state, batch, InputPolicy())

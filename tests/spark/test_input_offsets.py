@@ -253,7 +253,8 @@ def test_the_old_location_after_a_rewind_is_refused_at_any_later_time(
     # 2's input): no longer the latest checkpoint's query, it is still refused.
     produce(settings, input_topic, all_events[3 * BATCH_ROWS:])
     reports, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "old")
-    refused(error, "batch 2 of Spark query", "(checkpoint 6)", "That checkpoint was committed by another query")
+    refused(error, "batch 2 of Spark query", "(checkpoint 6)",
+            "That checkpoint was committed by another query")
     assert reports == [] and checkpoint_ids(config) == before
 
 
