@@ -4,7 +4,11 @@
 changes of every checkpoint committed since the previous micro-batch (offsets are
 checkpoint ids, see :mod:`spark_integration.feed_planning`), so Spark's own
 ``checkpointLocation`` makes the feed exactly once and resumable: a restarted query
-plans the same range again and emits the same rows. ``spark.read`` with
+plans the same range again and emits the same rows. With ``trigger(availableNow=True)``
+the stream reader fixes its end at the start of the run (PySpark's
+``SupportsTriggerAvailableNow``): the run emits every checkpoint committed before it
+started, in as many micro-batches as it takes (a micro-batch that failed in an earlier run
+first), and ends. ``spark.read`` with
 ``startingCheckpoint`` (and ``endingCheckpoint``) reads the same rows for a range of
 checkpoints at once, with key pushdown (:mod:`spark_integration.pushdown`).
 
@@ -26,6 +30,7 @@ from pyspark.sql.datasource import (
     Filter,
     InputPartition,
 )
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from .checkpoint_changes import FeedTask, contiguous_groups
@@ -83,25 +88,46 @@ def _checkpoint(offset: dict[str, Any]) -> int:
     return int(offset[OFFSET_KEY])
 
 
-class ChangeFeedStreamReader(DataSourceStreamReader):
+class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The change feed of one application (``readStream``), offsets ``{"checkpoint": id}``.
 
     A micro-batch ``(start, end]`` emits the changes of the retained checkpoints after
-    ``start`` up to ``end``; ``end`` is the latest checkpoint when the batch is planned.
-    Holds only the parsed options (the planner reads the checkpoint topic each time)."""
+    ``start`` up to ``end``. ``end`` is the latest checkpoint when the batch is planned,
+    except in a ``Trigger.AvailableNow`` run: there it is the latest checkpoint when the
+    run started (:meth:`prepareForTriggerAvailableNow`), for every batch of the run.
+    ``end`` is never before ``start``. Holds only the parsed options and that fixed end
+    (the planner reads the checkpoint topic each time)."""
 
     def __init__(self, options: FeedOptions, groups: int | None = None) -> None:
         self.options = options
         #: Input partitions per micro-batch at most (None: one per offset slice).
         self.groups = groups
+        #: The end of a ``Trigger.AvailableNow`` run: the latest checkpoint when it started
+        #: (None: another trigger, the end follows the latest checkpoint).
+        self.available_now_end: int | None = None
 
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts: option ``startingCheckpoint``."""
         return {OFFSET_KEY: FeedPlanner(self.options).start()}
 
-    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
-        """The latest committed checkpoint (never before ``start``)."""
-        return {OFFSET_KEY: max(_checkpoint(start), FeedPlanner(self.options).latest())}
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Start of a ``Trigger.AvailableNow`` run (before any batch, the one Spark runs
+        again after a failure included): fix the run's end at the latest committed
+        checkpoint now. :meth:`latestOffset` then never goes past it, so the run emits
+        every checkpoint committed before it started and none committed after (those are
+        for the next run); Spark ends the run when ``latestOffset`` returns its start."""
+        self.available_now_end = FeedPlanner(self.options).latest()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The latest committed checkpoint, or in a ``Trigger.AvailableNow`` run the one
+        fixed when it started; never before ``start``. ``limit`` is always
+        all-available: the feed sets no read limit of its own (``getDefaultReadLimit``
+        is PySpark's ``ReadAllAvailable``), so a batch takes every checkpoint up to the
+        end."""
+        end = self.available_now_end
+        if end is None:
+            end = FeedPlanner(self.options).latest()
+        return {OFFSET_KEY: max(_checkpoint(start), end)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One input partition per offset slice of the changes of ``(start, end]``."""

@@ -7,6 +7,11 @@ the materialization), checkpoints 1 and 2 at parallelism 2; then a materializati
 checkpoint boundary; checkpoint 3 (its changelog starts after the new base), a rescale to
 parallelism 3 and checkpoint 4. The feed runs over 1..2, is stopped, and is started again
 on the same checkpointLocation over 3..4.
+
+``Trigger.AvailableNow`` runs on an application of their own: a run whose sink fails, then
+the run started again on the same checkpointLocation, which re-runs the failed batch and
+goes on to every checkpoint committed before it started (and not to one committed during
+it).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql.datasource import EqualTo
 
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
@@ -277,6 +282,92 @@ def test_the_feed_emits_each_committed_change_once_in_order_across_a_restart(
         f"'op' subtask 0 from a snapshot (materialization {materialization}): its changelog "
         "does not hold every change before it, so startingCheckpoint=earliest cannot start "
         "before it; use startingCheckpoint=3 to read the changes committed after it")
+
+
+class SinkFailure(RuntimeError):
+    """What the test's sink raises on the batch it fails."""
+
+
+def test_available_now_restarted_after_a_failed_batch_emits_what_was_committed_before_it(
+        spark: Any, kafka_cluster: Any, tmp_path: Path) -> None:
+    feed_app = FeedApp(kafka_cluster)
+    try:
+        feed_app.open(2)
+        for _ in range(3):
+            feed_app.checkpoint(20)
+        #: (run, batch id, rows) of each batch the sink took (returned from)
+        delivered: list[tuple[int, int, list[dict[str, Any]]]] = []
+        #: (run, batch id, rows) of each batch the sink failed
+        failed: list[tuple[int, int, list[dict[str, Any]]]] = []
+
+        def run(number: int, fail_on: int | None = None,
+                commit_during: int | None = None) -> None:
+            """An availableNow run on the same checkpointLocation; the sink raises on
+            batch ``fail_on`` and commits a checkpoint while it takes ``commit_during``."""
+
+            def sink(df: Any, batch_id: int) -> None:
+                rows = rows_of(df)
+                if batch_id == fail_on:
+                    failed.append((number, batch_id, rows))
+                    raise SinkFailure(f"the sink fails batch {batch_id}")
+                if batch_id == commit_during:
+                    feed_app.checkpoint(20)
+                delivered.append((number, batch_id, rows))
+
+            stream = spark.readStream.format(FORMAT).options(
+                **feed_app.options(startingCheckpoint="earliest")).load()
+            query = (stream.writeStream.foreachBatch(sink)
+                     .option("checkpointLocation", str(tmp_path / "feed"))
+                     .trigger(availableNow=True).start())
+            try:
+                if fail_on is None:
+                    assert query.awaitTermination(180), "the availableNow run did not end"
+                    assert query.exception() is None
+                else:
+                    with pytest.raises(StreamingQueryException, match="the sink fails"):
+                        query.awaitTermination(180)
+                assert not query.isActive
+            finally:
+                query.stop()
+
+        def checkpoints_of(number: int) -> list[set[int]]:
+            return [{r["checkpoint_id"] for r in rows}
+                    for run_, _, rows in delivered if run_ == number]
+
+        run(1)  # checkpoints 1..3, batch 0
+        assert [(r, b) for r, b, _ in delivered] == [(1, 0)]
+        assert checkpoints_of(1) == [{1, 2, 3}]
+        feed_app.checkpoint(20)
+        feed_app.checkpoint(20)
+        run(2, fail_on=1)  # batch 1 of checkpoints 4 and 5 fails
+        assert [(r, b) for r, b, _ in failed] == [(2, 1)]
+        assert {r["checkpoint_id"] for r in failed[0][2]} == {4, 5}
+        sixth = feed_app.checkpoint(20)  # before the restart: its run must emit it
+        assert sixth == 6
+        # The restart runs batch 1 again (checkpoint 7 is committed meanwhile), then
+        # batch 2 up to checkpoint 6, the latest when the run started, and ends.
+        run(3, commit_during=1)
+        assert feed_app.next_id == 8
+        assert [(r, b) for r, b, _ in delivered if r == 3] == [(3, 1), (3, 2)]
+        assert checkpoints_of(3) == [{4, 5}, {6}]
+        third_run = [r for run_, _, rows in delivered if run_ == 3 for r in rows]
+        assert comparable(third_run) == comparable(expected_feed(feed_app, 4, 6))
+        rerun = next(rows for run_, b, rows in delivered if run_ == 3 and b == 1)
+        assert comparable(rerun) == comparable(failed[0][2])  # the same rows again
+        run(4)  # the next run: checkpoint 7, batch 3
+        assert [(r, b) for r, b, _ in delivered if r == 4] == [(4, 3)]
+        assert checkpoints_of(4) == [{7}]
+        run(5)  # nothing new: no batch, and the run ends
+        assert [r for r, _, _ in delivered].count(5) == 0
+
+        assert [b for _, b, _ in delivered] == [0, 1, 2, 3]
+        emitted = [r for _, _, rows in delivered for r in rows]
+        ids = [tuple(r[c] for c in ID) for r in emitted]
+        assert len(ids) == len(set(ids))  # each change once across the runs
+        assert comparable(emitted) == comparable(expected_feed(feed_app, 1, 7))
+        check_counts_in_order(emitted, feed_app, 1, 7)
+    finally:
+        feed_app.close()
 
 
 def test_a_one_key_lookup_reads_one_key_group(spark: Any, app: FeedApp) -> None:
