@@ -34,7 +34,7 @@ import pandas as pd
 
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.descriptors import StateDescriptor
 from kafka_changelog.state.input_progress import InputProgress
@@ -75,7 +75,14 @@ from .columns import (
 )
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
-from .input_check import BatchWhere, InputCheck, InputPolicy, check_input, skip_condition
+from .input_check import (
+    BatchWhere,
+    InputCheck,
+    InputPolicy,
+    check_input,
+    check_rerun,
+    skip_condition,
+)
 from .key_state import BatchContext, EventTime
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
 from .task import StatefulFunction, SubtaskTask, TaskCommit
@@ -280,16 +287,19 @@ class StatefulProcessor:
             logger.info("application %s: the input of Spark query %s cannot be read here "
                         "(Spark Connect?): its offsets are neither checked nor recorded",
                         config.application, query_id or "(none)")
+        store = coordinator.checkpoints
+        if not plan.commit:  # a re-run: its input must be the committed batch's
+            committed = store.get(config.application, plan.checkpoint_id)
+            check_rerun(BatchWhere(config.application, query_id, batch_id,
+                                   plan.checkpoint_id, True), plan.checkpoint_id,
+                        _recorded_input(committed), found)
         if plan.base is None:
             return check_input(BatchWhere(config.application, query_id, batch_id, 0, True),
                                InputProgress(), found, InputPolicy())
-        base = coordinator.checkpoints.get(config.application, plan.base)
+        base = store.get(config.application, plan.base)
         where = BatchWhere(config.application, query_id, batch_id, plan.base,
                            base.properties.get(QUERY_ID) == query_id, ticks)
-        recorded = InputProgress.of(base.properties,
-                                    f"checkpoint {plan.base} of application "
-                                    f"{config.application!r}")
-        return check_input(where, recorded, found, InputPolicy(
+        return check_input(where, _recorded_input(base), found, InputPolicy(
             config.skip_applied_input, config.allow_input_gaps,
             config.allow_uncompared_sources))
 
@@ -320,14 +330,14 @@ class StatefulProcessor:
                           config.operator_id, types)
         # A declared state that cannot read what was written is refused before any task.
         self._declared_properties(coordinator, plan.base)
+        # Input the state holds is never applied again, whatever the checkpointLocation.
+        checked = self._check_input(coordinator, plan, batch_df, query_id, batch_id, ticks)
         if kafka_sink is not None and not plan.commit:
             # The checkpoint and every subtask's outputs are committed: nothing to redo.
             self._report(BatchReport(batch_id, plan.checkpoint_id, plan.base, False, 0,
                                      time.monotonic() - started, kind=plan.kind,
                                      query_id=query_id))
             return
-        # Input the state holds is never applied again, whatever the checkpointLocation.
-        checked = self._check_input(coordinator, plan, batch_df, query_id, batch_id, ticks)
         if checked.skip:
             batch_df = batch_df.where(skip_condition(checked.skip, batch_df.columns))
         reused: dict[int, SubtaskCommit] = {}
@@ -531,6 +541,13 @@ def _spread_placement(spark: Any, placement: Any, parallelism: int,
         hosts = placement_hosts(placement, config)
         tries += 1
     return placement, hosts
+
+
+def _recorded_input(checkpoint: CompletedCheckpoint) -> InputProgress:
+    """The input ``checkpoint``'s state holds, as it recorded it."""
+    return InputProgress.of(checkpoint.properties,
+                            f"checkpoint {checkpoint.checkpoint_id} of application "
+                            f"{checkpoint.application!r}")
 
 
 def _query_id(batch_df: Any, application: str) -> str:

@@ -135,6 +135,33 @@ def check_input(where: BatchWhere, recorded: InputProgress, batch: BatchInput,
                                            batch.descriptions()))
 
 
+def check_rerun(where: BatchWhere, checkpoint_id: int, committed: InputProgress,
+                batch: BatchInput) -> None:
+    """Refuse a batch taken for a re-run of the batch that committed ``checkpoint_id``
+    (the same query and batch id) whose Kafka input does not end where that batch's did
+    (``committed``: what the checkpoint recorded): its checkpointLocation is a copy that
+    planned the batch anew, and skipping it as done would lose the difference."""
+    if not batch.known:
+        return
+    differing = [
+        f"topic {topic} partition {partition}: this run reads up to {end}, the committed "
+        f"batch read up to {committed.offsets[topic][partition]}"
+        for source in batch.sources if source.kind is SourceKind.KAFKA
+        for topic, partitions in sorted(source.end.items())
+        for partition, end in sorted(partitions.items())
+        if partition in committed.offsets.get(topic, {})
+        and committed.offsets[topic][partition] != end]
+    if differing:
+        raise InputOffsetsError(
+            f"{where.batch()} runs again the batch that committed checkpoint "
+            f"{checkpoint_id}, but not over the same input: {'; '.join(differing)}. Its "
+            "checkpointLocation is a copy of the query's taken before that batch (it "
+            "planned the batch anew); taking it for a re-run would skip or repeat input. "
+            "Nothing was written. Continue with the checkpointLocation that committed "
+            "the state's checkpoints, or a fresh one with "
+            ".option(\"startingOffsets\", spark_integration.starting_offsets(config)).")
+
+
 def _compare_kafka(source: BatchSource, state: Mapping[str, Mapping[int, int]],
                    overlaps: list[PartitionMismatch], gaps: list[PartitionMismatch]) -> None:
     for topic, partitions in sorted(source.end.items()):
@@ -264,4 +291,4 @@ def skip_condition(skip: Mapping[tuple[str, int], int], columns: list[str]) -> o
 
 
 __all__ = ["KAFKA_COLUMNS", "BatchWhere", "InputCheck", "InputOffsetsError", "InputPolicy",
-           "PartitionMismatch", "check_input", "skip_condition"]
+           "PartitionMismatch", "check_input", "check_rerun", "skip_condition"]

@@ -7,8 +7,10 @@ Input is produced as the job goes, a few batches ahead of it, so that batches ar
 and a fault lands in the middle of work. At every restart (the driver just killed), the
 state at the latest checkpoint must be, for every user, the fold of its first events (a
 checkpoint covers a prefix of every input partition), and the committed outputs must show
-it. Before a fresh checkpointLocation and at the end, production pauses until the job
-caught up: state and outputs must then equal the model of everything produced.
+it. A fresh checkpointLocation continues the state's input offsets (the job starts its
+query at ``starting_offsets``), so it is one more restart. At the end, production pauses
+until the job caught up: state and outputs must then equal the model of everything
+produced.
 """
 
 from __future__ import annotations
@@ -62,9 +64,7 @@ SWEEP_GRACE_S = 120.0
 #: Seconds a Python worker or executor kill waits for one to run.
 PROCESS_WAIT_S = 120.0
 #: A micro-batch reads up to this many batches' input: normal batches find only the few
-#: produced ahead, and a fresh checkpointLocation, which reads the whole input again from
-#: its start, catches up in a tenth of the batches (else the late ones take longer than
-#: the rest of the soak).
+#: produced ahead, and a restart behind the input catches up in a tenth of the batches.
 READ_AHEAD = 10
 #: The job's parallelism until a rescale.
 FIRST_PARALLELISM = 2
@@ -324,8 +324,7 @@ class Soak:
                             round(time.monotonic() - self.started, 1), "")
         kind = fault.kind
         if kind is FaultKind.FRESH_CHECKPOINT:
-            self._catch_up()  # the new query reads the input from its start again
-            self.model.ended_queries.append(self.model.produced)
+            # The new query continues at the offsets of the state's latest checkpoint.
             self.job = replace(self.job, checkpoint_dir=self.workdir / f"checkpoint-{self.runs}")
             injected.detail = f"new checkpointLocation {self.job.checkpoint_dir.name}"
         elif kind is FaultKind.RESCALE:
