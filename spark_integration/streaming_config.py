@@ -122,6 +122,11 @@ class StreamingStateConfig:
     #: compression...; default: :class:`RocksDBOptions`'s defaults, a 64 MiB block cache
     #: shared by the stores of a Python worker and 32 MiB write buffers).
     rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
+    #: Seconds a transactional Kafka call answered with a retriable error (a timeout of a
+    #: broker slow under load: ``init_transactions``, ``commit_transaction``) is made
+    #: again before the batch fails with an error naming the call and the wait (see
+    #: ``KafkaConnection.retry_bound_s``).
+    retry_bound_s: float = 120.0
 
     def __post_init__(self) -> None:
         own_changelog, own_snapshots = application_topics(self.application)
@@ -180,7 +185,8 @@ class StreamingStateConfig:
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""
         return KafkaConnection(bootstrap_servers=self.bootstrap_servers,
-                               client_config=dict(self.client_config))
+                               client_config=dict(self.client_config),
+                               retry_bound_s=self.retry_bound_s)
 
     def changelog(self) -> KafkaChangelogConfig:
         """The changelog storage's config."""
