@@ -137,6 +137,11 @@ class StreamingStateConfig:
     #: be compared (a rate source, a table format's...) that the state's last query read
     #: too is refused unless this is set (its input would be applied again).
     allow_uncompared_sources: bool = False
+    #: Seconds a transactional Kafka call answered with a retriable error (a timeout of a
+    #: broker slow under load: ``init_transactions``, ``commit_transaction``) is made
+    #: again before the batch fails with an error naming the call and the wait (see
+    #: ``KafkaConnection.retry_bound_s``).
+    retry_bound_s: float = 120.0
 
     def __post_init__(self) -> None:
         own_changelog, own_snapshots = application_topics(self.application)
@@ -195,7 +200,8 @@ class StreamingStateConfig:
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""
         return KafkaConnection(bootstrap_servers=self.bootstrap_servers,
-                               client_config=dict(self.client_config))
+                               client_config=dict(self.client_config),
+                               retry_bound_s=self.retry_bound_s)
 
     def changelog(self) -> KafkaChangelogConfig:
         """The changelog storage's config."""

@@ -11,10 +11,11 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from .connection_diagnosis import decisive_error, unreachable_error
 from .error_text import access_error, is_access_error
+from .live_clients import new_admin
 
 
 def connect_admin(
-    settings: dict[str, Any], timeout_s: float
+    settings: dict[str, Any], timeout_s: float, purpose: str = "admin calls"
 ) -> tuple[AdminClient, ClusterMetadata]:
     """An admin client that has seen cluster metadata.
 
@@ -29,7 +30,7 @@ def connect_admin(
     """
     errors: list[KafkaError] = []
     client_settings: dict[str, Any] = {**settings, "error_cb": errors.append}
-    admin = AdminClient(client_settings)
+    admin = new_admin(client_settings, purpose)
     deadline = time.monotonic() + timeout_s
     probed_protocol = False
     while True:

@@ -33,6 +33,7 @@ from .access import connect_admin
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
+from .live_clients import new_consumer
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
@@ -129,7 +130,8 @@ def high_watermark(config: CheckpointStoreConfig, consumer: Consumer | None = No
     not (a ``read_committed`` consumer's watermark stops at the first open transaction).
     ``consumer`` must read ``read_uncommitted``; leader changes are waited out."""
     own = consumer is None
-    reader = consumer or Consumer({**config.consumer(), "isolation.level": "read_uncommitted"})
+    reader = consumer or new_consumer({**config.consumer(), "isolation.level": "read_uncommitted"},
+                                       f"high watermark of checkpoint topic {config.topic}")
     try:
         return watermarks(reader, config.topic, PARTITION, config.request_timeout_s)[1]
     finally:
@@ -152,7 +154,7 @@ class KafkaCheckpointView(CheckpointStore):
         super().__init__(config.retain, config.guard_lifetime_s, config.retain_for_s)
         self.config = config
         self.topic = config.topic
-        self._consumer = Consumer(config.consumer())
+        self._consumer = new_consumer(config.consumer(), f"checkpoint topic {config.topic}")
         #: Looks at records uncommitted (see :meth:`catch_up`); opened on first use.
         self._uncommitted: Consumer | None = None
         self._position: int | None = None
@@ -213,8 +215,9 @@ class KafkaCheckpointView(CheckpointStore):
         own = DriverIdentity.of_this_process().driver_id.encode()
         latest = self._latest_id(application)
         if self._uncommitted is None:
-            self._uncommitted = Consumer({**self.config.consumer(),
-                                          "isolation.level": "read_uncommitted"})
+            self._uncommitted = new_consumer(
+                {**self.config.consumer(), "isolation.level": "read_uncommitted"},
+                f"checkpoint topic {self.topic} (uncommitted)")
         for message in consume_range(self._uncommitted, self.topic, self.PARTITION,
                                      self._position, end, self.config.request_timeout_s,
                                      self._on_read_error):
@@ -349,12 +352,18 @@ class KafkaCheckpointStore(KafkaCheckpointView):
             self._position = offsets[-1] + 1
 
     def close(self) -> None:
-        """Release the producer and consumer (idempotent)."""
+        """Release the driver leases (their heartbeat threads ended), the producer and the
+        consumers (idempotent)."""
         with self._lock:
             if self._closed:
                 return
-            for lease in list(self.leases.values()):
-                lease.release()
+            leases = list(self.leases.values())
+        # Outside the lock: a heartbeat waiting for it ends before its lease returns.
+        for lease in leases:
+            lease.release()
+        with self._lock:
+            if self._closed:
+                return
             self.leases.clear()
             self._closed = True
             self._producer.close(self.config.request_timeout_s)

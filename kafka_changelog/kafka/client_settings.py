@@ -35,6 +35,10 @@ class KafkaConnection:
     bootstrap_servers: str
     #: Seconds for admin operations, connecting, and reading a record.
     request_timeout_s: float = 30.0
+    #: Seconds a transactional call that Kafka answers with a retriable error (a timeout
+    #: of a broker slow under load) is made again before it fails, from its first attempt
+    #: (see :mod:`kafka_changelog.kafka.transaction_calls`).
+    retry_bound_s: float = 120.0
     #: Extra librdkafka settings for every client.
     client_config: dict[str, Any] = field(default_factory=dict)
     #: Extra librdkafka settings for producers only.
@@ -50,6 +54,8 @@ class KafkaConnection:
     def _check_bootstrap_servers(self) -> None:
         if not self.bootstrap_servers:
             raise ValueError("bootstrap_servers must name at least one broker")
+        if not self.retry_bound_s >= 0:
+            raise ValueError(f"retry_bound_s must be 0 or more, got {self.retry_bound_s!r}")
 
     def connection(self) -> KafkaConnection:
         """The connection part of this config alone."""

@@ -47,10 +47,12 @@ from ..state.driver_claim import (
 from ..state.records import OutRecord
 from .checkpoint_store import WRITER_HEADER, KafkaCheckpointStore
 from .error_text import describe
+from .live_clients import new_producer
 from .task_commit import TRANSACTION_TIMEOUT_MS
 from .transaction_calls import (
     TransactionFencedError,
     commit_transaction_retrying,
+    init_transactions_retrying,
     let_go,
     produce_waiting,
     producer_fenced,
@@ -263,9 +265,14 @@ class DriverLease:
         self.write([], f"a heartbeat of application {self.application!r}")
 
     def release(self) -> None:
-        """Free the application at once (a clean stop) and stop the heartbeats; a lease
-        that lost its claim only lets its producer go."""
+        """Free the application at once (a clean stop), stop the heartbeats and close the
+        producer; a lease that lost its claim only lets its producer go. Returns once the
+        heartbeat thread ended (it ends within one heartbeat: bounded by the store's
+        ``retry_bound_s`` plus its request timeout), unless called from that thread."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
         with self._lock:
             claim, self.claim = self.claim, None
             if claim is not None and self._producer is not None:
@@ -290,17 +297,21 @@ class DriverLease:
 
     def _start_producer(self) -> None:
         config = self.store.config
-        producer = Producer({
+        producer = new_producer({
             **config.producer(), "message.timeout.ms": TRANSACTION_TIMEOUT_MS,
             "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **self._producer_config,
             "transactional.id": self.transactional_id, "enable.idempotence": True,
-            "acks": "all"})
+            "acks": "all"}, f"driver lease of application {self.application}")
         try:
-            producer.init_transactions(config.request_timeout_s)
+            init_transactions_retrying(producer, self.transactional_id,
+                                       config.request_timeout_s, config.retry_bound_s)
         except KafkaException as exc:
             let_go(producer)
             raise transaction_error("starting the driver's transactions", exc.args[0],
                                     self.transactional_id) from exc
+        except BaseException:
+            let_go(producer)
+            raise
         self._producer = producer
 
     def _transaction(self, records: list[OutRecord], claim: DriverClaim, what: str) -> None:
@@ -318,7 +329,8 @@ class DriverLease:
             for record in [*records, claim_record]:
                 produce_waiting(producer, topic, record.value, record.key, record.partition,
                                 [*record.headers, writer])
-            commit_transaction_retrying(producer, self.store.config.request_timeout_s)
+            commit_transaction_retrying(producer, self.store.config.request_timeout_s,
+                                        self.transactional_id, self.store.config.retry_bound_s)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if producer_fenced(error):

@@ -17,6 +17,10 @@ child has started); when it ends, however it ends, the lock goes with it. It sta
 the parent's process group: a Spark executor that stops takes it along (its job then
 counts as failed and its key groups are written by a later one), while a single Python
 worker that Spark retires does not.
+
+``SIGTERM`` stops the job before its next key group: the chunks it wrote are tombstoned
+and the process exits 1 (how a closing worker stops it, :mod:`spark_integration`'s
+``WorkerResources.release``); ``SIGKILL`` or the deadline end it at once.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +101,8 @@ def main() -> int:
     # ignored it; the alarm bounds a job whose brokers went away.
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.alarm(max(1, int(request.deadline_s)))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signal, _frame: stop.set())
     path = Path(request.path)
     if request.nice:
         try:
@@ -110,7 +117,7 @@ def main() -> int:
         logger.warning("materialization job %s not written: %s", path, exc)
         return 1
     try:
-        handle = run_job(StartedJob(path, job, request.lock_fd), snapshots)
+        handle = run_job(StartedJob(path, job, request.lock_fd), snapshots, stop)
     finally:
         snapshots.close()
     return 0 if handle is not None else 1

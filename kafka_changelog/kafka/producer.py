@@ -26,6 +26,7 @@ from ..errors import BackpressureTimeoutError, ChangelogError
 from ..state.records import OutRecord, RecordAppender
 from .config import KafkaChangelogConfig
 from .error_text import access_error, delivery_error, describe, is_access_error
+from .live_clients import close_producer, new_producer
 from .record_format import EncodedRecord
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ class SharedProducer:
 
     def __init__(self, config: KafkaChangelogConfig) -> None:
         self._config = config
-        self._producer = Producer({**config.producer(), "error_cb": self._on_client_error})
+        self._producer = new_producer({**config.producer(), "error_cb": self._on_client_error},
+                                      f"changelog topic {config.topic}")
         self._cond = threading.Condition()
         self._in_flight_bytes = 0
         self._outstanding: set[int] = set()
@@ -117,12 +119,15 @@ class SharedProducer:
         return True
 
     def close(self, timeout: float = 30.0) -> None:
-        """Wait up to ``timeout`` for outstanding deliveries, then stop the threads."""
+        """Wait up to ``timeout`` for outstanding deliveries, fail what is left, close the
+        producer and stop the threads (returns within about ``timeout``)."""
         if self._closed.is_set():
             return
-        self._producer.flush(timeout)
+        with contextlib.suppress(KafkaException):  # a fatal error: nothing to deliver
+            self._producer.flush(timeout)
         self._closed.set()
         self._poller.join()
+        close_producer(self._producer)  # its purged records' callbacks still complete
         self._completions.shutdown(wait=True)
 
     def _reserve(self, size: int, topic: str) -> int:
@@ -155,12 +160,14 @@ class SharedProducer:
                        self._fatal)
         with self._cond:
             old = self._producer
-            self._producer = Producer(
-                {**self._config.producer(), "error_cb": self._on_client_error})
+            self._producer = new_producer(
+                {**self._config.producer(), "error_cb": self._on_client_error},
+                f"changelog topic {self._config.topic}")
             self._fatal = None
         # Fail what the broken producer still holds, serving its delivery callbacks.
         old.purge()
         old.flush(self._config.request_timeout_s)
+        close_producer(old)
 
     def _on_client_error(self, error: KafkaError) -> None:
         # Only a fatal error matters here (the next produce replaces the producer); the
@@ -205,7 +212,8 @@ class AckedProducer:
         self._producer: Producer | None = self._new_producer()
 
     def _new_producer(self) -> Producer:
-        return Producer({**self._settings, "error_cb": self._on_error})
+        return new_producer({**self._settings, "error_cb": self._on_error},
+                            f"records to {self._topic}")
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
@@ -260,8 +268,7 @@ class AckedProducer:
             producer, self._producer = self._producer, None
         if producer is not None:
             # A producer a fatal error ended has nothing left to deliver.
-            with contextlib.suppress(KafkaException):
-                producer.flush(timeout_s)
+            close_producer(producer, timeout_s)
 
 
 class ProduceSession(RecordAppender):

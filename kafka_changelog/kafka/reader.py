@@ -14,6 +14,7 @@ from .config import KafkaChangelogConfig
 from .consume import BATCH, consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
+from .live_clients import new_consumer
 from .offsets import watermarks
 from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
 from .spill_sort import BUDGET_BYTES, Entry, SpillingSorter
@@ -47,7 +48,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         self.peak_held_bytes = 0
         self._config = config
         self._timeout = timeout_s if timeout_s is not None else config.request_timeout_s
-        self._consumer = Consumer(config.consumer())
+        self._consumer = new_consumer(config.consumer(),
+                                      f"reader of changelog topic {config.topic}")
         self._spare: Consumer | None = None
         self._last_value_bytes = 0
         # Records held at once by a consume call: a quarter of the budget at most.
@@ -73,7 +75,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         consumers = [self._consumer]
         if len(ranges) > 1:
             if self._spare is None:
-                self._spare = Consumer(self._config.consumer())
+                self._spare = new_consumer(self._config.consumer(),
+                                           f"reader of changelog topic {self._config.topic}")
             consumers.append(self._spare)
         try:
             for index, partition_range in enumerate(ranges):

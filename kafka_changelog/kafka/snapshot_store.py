@@ -24,6 +24,7 @@ from .access import connect_admin
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
+from .live_clients import new_consumer
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
@@ -134,7 +135,8 @@ class KafkaSnapshotView(SnapshotStore):
 
     def live_keys(self) -> list[LiveKey]:
         live: dict[tuple[int, bytes], int] = {}
-        consumer = Consumer({**self.config.consumer(), "enable.partition.eof": True})
+        consumer = new_consumer({**self.config.consumer(), "enable.partition.eof": True},
+                                f"scan of snapshot topic {self.config.topic}")
         timeout = self.config.request_timeout_s
         try:
             for partition in range(self.partitions):
@@ -215,7 +217,7 @@ class KafkaRecordSource(RecordSource):
         self._config = config
         self._topic = topic
         self._timeout = config.request_timeout_s
-        self._consumer = Consumer(config.consumer())
+        self._consumer = new_consumer(config.consumer(), f"snapshot topic {config.topic}")
         self._spare: Consumer | None = None
         self._next: tuple[int, int] | None = None
 
@@ -235,7 +237,8 @@ class KafkaRecordSource(RecordSource):
             yield from super().fetch_all(locations)
             return
         if self._spare is None:
-            self._spare = Consumer(self._config.consumer())
+            self._spare = new_consumer(self._config.consumer(),
+                                       f"snapshot topic {self._config.topic}")
         consumers = (self._consumer, self._spare)
         self._next = None
         try:

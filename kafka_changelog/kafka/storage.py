@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from ..errors import ChangelogError
 from ..gc_types import GarbageCollectionResult, LogFloor, StillNeeded
@@ -45,8 +45,11 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
         elif fields:
             raise TypeError("pass either a KafkaChangelogConfig or its fields, not both")
         self.config = config
-        self._admin, metadata = connect_admin(config.admin(), config.request_timeout_s)
-        self.topic: TopicInfo = ensure_changelog_topic(self._admin, metadata, config)
+        admin, metadata = connect_admin(config.admin(), config.request_timeout_s,
+                                        f"changelog topic {config.topic}")
+        #: Dropped by :meth:`close` (an admin client ends when it is freed).
+        self._admin: AdminClient | None = admin
+        self.topic: TopicInfo = ensure_changelog_topic(admin, metadata, config)
         self._registry: ChangelogRegistry[KafkaLocation] = ChangelogRegistry()
         self._producer = SharedProducer(config)
         self._closed = False
@@ -119,9 +122,9 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
             if floor.topic == name and floor.partition in needed:
                 needed[floor.partition] = min(needed[floor.partition], floor.offset)
         timeout = self.config.request_timeout_s
-        low = list_offsets(self._admin, name, partitions, OffsetSpec.earliest(), timeout)
+        low = list_offsets(self._admin_client(), name, partitions, OffsetSpec.earliest(), timeout)
         to_delete = {p: o for p, o in needed.items() if o > low[p]}
-        deleted = delete_below(self._admin, name, to_delete, timeout)
+        deleted = delete_below(self._admin_client(), name, to_delete, timeout)
         for partition, offset in sorted(deleted.items()):
             logger.info("changelog %s[%d]: deleted records below offset %d", name, partition,
                         offset)
@@ -133,14 +136,20 @@ class KafkaChangelogStorage(StateChangelogStorage[KafkaChangelogHandle]):
         acknowledged (and so registered) first."""
         timeout = self.config.request_timeout_s
         name, partitions = self.config.topic, self.topic.partitions
-        high = list_offsets(self._admin, name, partitions, OffsetSpec.latest(), timeout)
+        high = list_offsets(self._admin_client(), name, partitions, OffsetSpec.latest(), timeout)
         if not self._producer.wait_for_records_before_now(timeout):
             raise ChangelogError(
                 f"cannot {doing} {name}: records still unacknowledged after {timeout:.0f} s")
         return lowest_needed_offsets(high, self._registry.live_entries(), (), name)
 
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            raise ChangelogError(f"the storage of changelog topic {self.config.topic} is closed")
+        return self._admin
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._admin = None
         self._producer.close(timeout=self.config.request_timeout_s)

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from ..state.checkpoint_store import PARTITION, CheckpointStore
@@ -40,10 +40,12 @@ from ..state.subtask_commit import SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
+from .live_clients import new_admin, new_consumer, new_producer
 from .transaction_calls import (
     TransactionAbortedError,
     TransactionFencedError,
     commit_transaction_retrying,
+    init_transactions_retrying,
     let_go,
     produce_waiting,
     producer_fenced,
@@ -65,9 +67,11 @@ def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
     """Fence every producer of ``transactional_ids`` and abort their open transactions
     (a driver does this before it reads which subtasks committed, after a crash)."""
     for tid in transactional_ids:
-        producer = Producer(_transactional_settings(config, tid, producer_config))
+        producer = new_producer(_transactional_settings(config, tid, producer_config),
+                                f"fencing transactional id {tid}")
         try:
-            producer.init_transactions(config.request_timeout_s)
+            init_transactions_retrying(producer, tid, config.request_timeout_s,
+                                       config.retry_bound_s)
         except KafkaException as exc:
             raise transaction_error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
         finally:
@@ -82,7 +86,7 @@ def check_output_topics(config: CheckpointStoreConfig, topics: list[str]) -> Non
     """Raise :class:`OutputTopicMissingError` when one of ``topics`` does not exist and the
     cluster does not create topics on first use: a transaction producing to it would only
     time out, far from the cause."""
-    admin = AdminClient(config.common())
+    admin = new_admin(config.common(), "listing the output topics")
     try:
         metadata = admin.list_topics(timeout=config.request_timeout_s)
     except KafkaException as exc:
@@ -119,8 +123,10 @@ class SubtaskCommitter:
         #: How long :meth:`find` waits for others' open transactions to end.
         self.wait_s = wait_s if wait_s is not None else (
             TRANSACTION_TIMEOUT_MS / 1000 + config.request_timeout_s)
-        self._consumer = Consumer(config.consumer())
-        self._ends = Consumer({**config.consumer(), "isolation.level": "read_uncommitted"})
+        self._consumer = new_consumer(config.consumer(),
+                                      f"subtask commits of {transactional_id}")
+        self._ends = new_consumer({**config.consumer(), "isolation.level": "read_uncommitted"},
+                                  f"subtask commits of {transactional_id} (uncommitted)")
         self._producer: Producer | None = None
         self.commits = 0
         self.fenced = 0
@@ -129,14 +135,19 @@ class SubtaskCommitter:
         """Make this committer's producer current, fencing earlier ones (no-op if it is)."""
         if self._producer is not None:
             return
-        producer = Producer(_transactional_settings(self.config, self.transactional_id,
-                                                    self.producer_config))
+        producer = new_producer(_transactional_settings(self.config, self.transactional_id,
+                                                        self.producer_config),
+                                f"subtask commits of {self.transactional_id}")
         try:
-            producer.init_transactions(self.config.request_timeout_s)
+            init_transactions_retrying(producer, self.transactional_id,
+                                       self.config.request_timeout_s, self.config.retry_bound_s)
         except KafkaException as exc:
             let_go(producer)
             raise transaction_error("starting transactions", exc.args[0],
                                     self.transactional_id) from exc
+        except BaseException:
+            let_go(producer)
+            raise
         self._producer = producer
 
     def find(self, key: str, since: int, matches: Callable[[SubtaskCommit], bool],
@@ -279,7 +290,8 @@ class SubtaskCommitter:
 
     def _commit_transaction(self) -> None:
         assert self._producer is not None
-        commit_transaction_retrying(self._producer, self.config.request_timeout_s)
+        commit_transaction_retrying(self._producer, self.config.request_timeout_s,
+                                    self.transactional_id, self.config.retry_bound_s)
 
     def _abort(self) -> None:
         if self._producer is None:

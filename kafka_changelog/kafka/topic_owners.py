@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import KafkaError
 
 from ..errors import ChangelogError, KafkaAccessError
 from ..state.records import OutRecord
@@ -29,6 +29,7 @@ from .checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
+from .live_clients import new_consumer
 from .offsets import watermarks
 from .producer import AckedProducer
 from .topics import ensure_topic
@@ -84,7 +85,7 @@ def _read_registry(connection: KafkaConnection) -> dict[str, str]:
     admin, _ = connect_admin(connection.admin(), timeout)
     ensure_topic(admin, REGISTRY_TOPIC, 1, None, {"cleanup.policy": "compact"}, timeout,
                  "topic owner registry")
-    consumer = Consumer(_registry(connection).consumer())
+    consumer = new_consumer(_registry(connection).consumer(), f"topic owners {REGISTRY_TOPIC}")
 
     def on_error(error: KafkaError, position: int) -> int:
         if end_of_partition(error):

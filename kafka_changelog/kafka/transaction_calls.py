@@ -1,14 +1,19 @@
 """Producer calls inside a Kafka transaction that wait out transient conditions.
 
-Shared by the driver's transactional checkpoint commit and the tasks' subtask commits:
-``produce`` on a full local queue and ``commit_transaction`` on a retriable error both
-mean "not yet", never "failed".
+Shared by the driver's transactional checkpoint commit, its lease and the tasks' subtask
+commits: ``produce`` on a full local queue, and ``init_transactions`` or
+``commit_transaction`` on a retriable error (a timeout of a broker slow under load:
+librdkafka's "retry call to resume"), mean "not yet", never "failed". The two calls are
+made again, each attempt waiting up to the request timeout, until the connection's
+``retry_bound_s`` (:data:`DEFAULT_RETRY_BOUND_S` unless configured) has passed since
+the first; then :class:`TransactionCallTimeoutError` names the call, the transactional
+id, the attempts and how long they waited.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -16,6 +21,11 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from ..errors import KafkaAccessError
 from ..state.errors import CheckpointStoreError
 from .error_text import access_error, describe, is_access_error
+from .live_clients import close_producer
+
+#: Seconds a transactional call answered with a retriable error is made again, from its
+#: first attempt (the connection's ``retry_bound_s`` overrides it).
+DEFAULT_RETRY_BOUND_S = 120.0
 
 
 class TransactionAbortedError(CheckpointStoreError):
@@ -24,6 +34,11 @@ class TransactionAbortedError(CheckpointStoreError):
 
 class TransactionFencedError(CheckpointStoreError):
     """Another producer with the same transactional id took over; this one is finished."""
+
+
+class TransactionCallTimeoutError(CheckpointStoreError):
+    """A transactional call kept failing with retriable errors (timeouts) beyond its bound:
+    the message names the call, the transactional id, the attempts and the wait."""
 
 
 def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None,
@@ -41,19 +56,48 @@ def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: by
             producer.poll(0.05)
 
 
-def commit_transaction_retrying(producer: Producer, timeout_s: float) -> None:
-    """Commit the open transaction. A retriable error (a timeout, say) leaves the outcome
-    pending, and calling commit again is how librdkafka finishes it: retry until
-    ``timeout_s`` has passed, then raise the last error."""
-    deadline = time.monotonic() + timeout_s
+def retry_transaction_call(call: str, attempt: Callable[[float], None],
+                           transactional_id: str, timeout_s: float, bound_s: float) -> None:
+    """Run ``attempt(timeout)`` (a producer's ``call``, e.g. ``init_transactions``) until it
+    returns. A retriable :class:`KafkaException` (the outcome is still pending, and calling
+    again is how librdkafka resumes it) is retried, each attempt waiting up to
+    ``timeout_s`` and none starting once ``bound_s`` has passed since the first; then
+    :class:`TransactionCallTimeoutError`. Other errors are raised as they are."""
+    started = time.monotonic()
+    attempts = 0
     while True:
+        attempts += 1
+        remaining = bound_s - (time.monotonic() - started)
         try:
-            producer.commit_transaction(timeout_s)
+            attempt(max(1.0, min(timeout_s, remaining)))
             return
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if not error.retriable() or time.monotonic() > deadline:
+            if not error.retriable():
                 raise
+            waited = time.monotonic() - started
+            if waited >= bound_s:
+                raise TransactionCallTimeoutError(
+                    f"{call} with transactional id {transactional_id!r} still failing after "
+                    f"{attempts} attempts in {waited:.1f} s (bound {bound_s:g} s; each attempt "
+                    f"up to {timeout_s:g} s): {describe(error)}") from exc
+            time.sleep(min(0.2, max(0.0, bound_s - waited)))
+
+
+def init_transactions_retrying(producer: Producer, transactional_id: str, timeout_s: float,
+                               bound_s: float = DEFAULT_RETRY_BOUND_S) -> None:
+    """``init_transactions`` retried as :func:`retry_transaction_call` says (it fences
+    earlier producers of the id and aborts their open transaction)."""
+    retry_transaction_call("init_transactions", producer.init_transactions, transactional_id,
+                           timeout_s, bound_s)
+
+
+def commit_transaction_retrying(producer: Producer, timeout_s: float,
+                                transactional_id: str = "-",
+                                bound_s: float = DEFAULT_RETRY_BOUND_S) -> None:
+    """Commit the open transaction, retried as :func:`retry_transaction_call` says."""
+    retry_transaction_call("commit_transaction", producer.commit_transaction,
+                           transactional_id, timeout_s, bound_s)
 
 
 #: Errors after which a transactional producer is unusable: fenced by another one with the
@@ -87,8 +131,9 @@ def transaction_error(doing: str, error: KafkaError, transactional_id: str,
 
 
 def let_go(producer: Producer, timeout_s: float = 0) -> None:
-    """Flush ``producer`` for the last time. A fenced producer is in a fatal state and
-    librdkafka raises that error from ``flush`` (sometimes): it has nothing left to
-    deliver and whoever lets it go moves on (the error was reported where it struck)."""
-    with contextlib.suppress(KafkaException):
-        producer.flush(timeout_s)
+    """Flush ``producer`` for the last time (up to ``timeout_s``) and close it
+    (:func:`~kafka_changelog.kafka.live_clients.close_producer`). A fenced producer is in
+    a fatal state and librdkafka raises that error from ``flush`` (sometimes): it has
+    nothing left to deliver and whoever lets it go moves on (the error was reported where
+    it struck)."""
+    close_producer(producer, timeout_s)

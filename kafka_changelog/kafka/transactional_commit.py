@@ -19,16 +19,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from ..errors import KafkaAccessError
 from ..state.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
 from .error_text import describe, is_access_error
+from .live_clients import new_producer
 from .transaction_calls import (
     TransactionAbortedError,
     commit_transaction_retrying,
+    init_transactions_retrying,
     let_go,
     produce_waiting,
     producer_fenced,
@@ -72,7 +74,7 @@ class TransactionalCommitter:
         # unrelated errors, "conflicting call in progress"): every commit says so at once.
         self._fenced: KafkaError | None = None
         self.timeout_s = timeout_s if timeout_s is not None else store.config.request_timeout_s
-        self._producer = Producer({
+        self._producer = new_producer({
             **store.config.common(),
             "transactional.id": transactional_id,
             "enable.idempotence": True,
@@ -80,12 +82,18 @@ class TransactionalCommitter:
             "linger.ms": 5,
             **(producer_config or {}),
             "error_cb": self._on_client_error,
-        })
+        }, f"checkpoint commits of {transactional_id}")
         try:
             # Fences any earlier producer of this id and aborts its open transaction.
-            self._producer.init_transactions(self.timeout_s)
+            init_transactions_retrying(self._producer, transactional_id, self.timeout_s,
+                                       store.config.retry_bound_s)
         except KafkaException as exc:
-            raise self._error("starting transactions", exc.args[0]) from exc
+            error = self._error("starting transactions", exc.args[0])
+            let_go(self._producer)
+            raise error from exc
+        except BaseException:
+            let_go(self._producer)
+            raise
         self.commits = 0
 
     def commit(
@@ -151,7 +159,8 @@ class TransactionalCommitter:
         produce_waiting(self._producer, topic, value, key, partition, headers)
 
     def _commit_transaction(self) -> None:
-        commit_transaction_retrying(self._producer, self.timeout_s)
+        commit_transaction_retrying(self._producer, self.timeout_s, self.transactional_id,
+                                    self.store.config.retry_bound_s)
 
     def _abort(self) -> None:
         try:

@@ -93,6 +93,8 @@ class CheckpointCoordinator:
         self.last_sweep: SweepReport | None = None
         self._sweep_thread: threading.Thread | None = None
         self._swept_at: float | None = None
+        #: Set by :meth:`stop_sweeps`: no sweep starts, and a running one deletes nothing.
+        self._sweeps_stopped = threading.Event()
         #: Whether this coordinator guarded its application's first writes already.
         self._guarded = False
 
@@ -131,6 +133,10 @@ class CheckpointCoordinator:
             if keyed is not None and keyed.snapshot is not None:
                 named.append(keyed.snapshot)
         doomed, report = chunks_to_sweep(live, named, time.time(), self.sweep_grace_s)
+        if self._sweeps_stopped.is_set():
+            logger.info("application %s: the sweep stopped before deleting anything (the "
+                        "coordinator is closing)", self.application)
+            return report
         self.snapshots.delete_keys(doomed, f"{len(doomed)} snapshot chunks no checkpoint "
                                    f"names (application {self.application}'s sweep)")
         if doomed:
@@ -145,10 +151,22 @@ class CheckpointCoordinator:
         if thread is not None:
             thread.join(timeout_s)
 
+    def stop_sweeps(self, timeout_s: float) -> bool:
+        """Start no more background sweeps and wait up to ``timeout_s`` for a running one
+        (which deletes nothing from now on: a sweep cut short only leaves chunks for the
+        next one). Whether no sweep thread runs any more."""
+        self._sweeps_stopped.set()
+        thread = self._sweep_thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
     def _sweep_when_due(self) -> None:
         interval = self.sweep_interval_s
         now = time.monotonic()
-        if (interval is None or (self._swept_at is not None and now - self._swept_at < interval)
+        if (self._sweeps_stopped.is_set() or interval is None
+                or (self._swept_at is not None and now - self._swept_at < interval)
                 or (self._sweep_thread is not None and self._sweep_thread.is_alive())):
             return
         self._swept_at = now

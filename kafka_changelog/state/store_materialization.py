@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,6 +129,11 @@ class MaterializationJob:
             None if data.get("epoch") is None else int(data["epoch"]))
 
 
+class MaterializationStopped(Exception):
+    """A job stopped before it was written (its process or worker is closing): the
+    chunks it wrote are tombstoned, and its key groups stay to be written."""
+
+
 @dataclass
 class StartedJob:
     """A job just created: its directory and the lock its writer holds until it ends."""
@@ -178,17 +184,20 @@ def create_job(store_directory: Path, job: MaterializationJob,
         raise
 
 
-def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | None:
+def run_job(started: StartedJob, snapshots: SnapshotStore,
+            stop: threading.Event | None = None) -> SnapshotHandle | None:
     """Write the job's snapshot from its copy and leave the handle in ``result.json``;
     the copy is deleted either way. Returns the handle (None: failed, logged; the lock is
-    let go, so the next task sees the job failed and keeps its key groups to write)."""
+    let go, so the next task sees the job failed and keeps its key groups to write).
+    Once ``stop`` is set, the job stops before its next key group and tombstones the
+    chunks it wrote (:class:`MaterializationStopped`, logged)."""
     job, path = started.job, started.path
     handle: SnapshotHandle | None = None
     try:
         # Opened tracking changes (it makes none): so as to keep its mark that it has.
         table = RocksDBStateTable(path / "db", track_changes=True)
         try:
-            handle = write_snapshot(table, job, snapshots)
+            handle = write_snapshot(table, job, snapshots, stop)
         finally:
             table.close()
         write_atomically(path / "result.json", handle.to_bytes())
@@ -209,10 +218,12 @@ def run_job(started: StartedJob, snapshots: SnapshotStore) -> SnapshotHandle | N
 
 
 def write_snapshot(table: RocksDBStateTable, job: MaterializationJob,
-                   snapshots: SnapshotStore) -> SnapshotHandle:
+                   snapshots: SnapshotStore, stop: threading.Event | None = None
+                   ) -> SnapshotHandle:
     """Write the job's snapshot from ``table`` (the job's copy): each changed key group
     whole, or as a delta on its earlier layers when the copy knows its changed keys
-    (``job.epoch`` set) and the delta is worth it."""
+    (``job.epoch`` set) and the delta is worth it. Raises
+    :class:`MaterializationStopped` (its chunks tombstoned) once ``stop`` is set."""
     writer = snapshots.begin_write(job.backend_id, job.materialization_id,
                                    job.key_group_range, job.checkpoint_id)
     try:
@@ -224,6 +235,10 @@ def write_snapshot(table: RocksDBStateTable, job: MaterializationJob,
         marks = table.changed_keys_by_group() if incremental else iter(())
         marked: tuple[int, list[tuple[str, bytes]]] = (-1, [])
         for key_group in sorted(job.changed):
+            if stop is not None and stop.is_set():
+                raise MaterializationStopped(
+                    f"materialization {job.materialization_id} of backend {job.backend_id} "
+                    f"stopped before key group {key_group}")
             if not table.has_entries(key_group):
                 continue  # emptied: neither written nor reused
             while marked[0] < key_group:
@@ -330,6 +345,6 @@ def discard(state: JobState, snapshots: SnapshotStore | None) -> None:
     discard_directory(state.path)
 
 
-__all__ = ["JobState", "JobStatus", "MaterializationJob", "StartedJob",
+__all__ = ["JobState", "JobStatus", "MaterializationJob", "MaterializationStopped", "StartedJob",
            "cancel", "create_job", "discard", "job_path", "list_jobs", "run_job", "tombstone",
            "write_snapshot", "written_bytes"]

@@ -84,11 +84,13 @@ from .input_check import (
     skip_condition,
 )
 from .key_state import BatchContext, EventTime
+from .query_stop import stops_cleanly
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
 from .ticks import TICK_COLUMN, without_ticks
 from .vectorized import VectorizedFunction, VectorizedTimerFunction
+from .worker_release import release_workers
 from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)
@@ -202,13 +204,24 @@ class StatefulProcessor:
             self.listener(event, batch_id)
 
     def close(self) -> None:
-        """Close the Kafka clients this processor opened in the driver process, and drop
-        its subtask placement.
+        """Stop everything this processor's application runs in this Spark application,
+        and drop its subtask placement. Call it once the query has stopped (the processor
+        works again afterwards, reopening what it needs).
 
-        Call it when the query has stopped (the processor works again afterwards,
-        reopening them). Spark's Python workers close theirs when Spark stops them.
+        Guarantees on return (docs/spark.md, "Stopping a query"): in the driver process,
+        the application's Kafka producers, consumers and admin clients are closed, its
+        driver lease is released and its heartbeat thread ended, its snapshot sweep
+        ended (or, still reading after ``SWEEP_WAIT_S``, deletes nothing); in Spark's
+        Python workers that :func:`~spark_integration.streaming.worker_release.
+        release_workers` reaches (every idle one in local mode), the same for their
+        clients, their background materializations written or stopped with their
+        chunks tombstoned, and their cached backends closed; the operator's host stores
+        nobody holds are removed (``state_backend="rocksdb"``). Bounded by the
+        constants of :meth:`WorkerResources.release` (about three minutes at worst,
+        seconds when nothing runs in the background).
         """
         self._drop_placement()
+        release_workers(self.config)
         WorkerResources.release(self.config)
 
     def _drop_placement(self) -> None:
@@ -309,6 +322,7 @@ class StatefulProcessor:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+    @stops_cleanly
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 

@@ -10,9 +10,12 @@ operators) share a process without sharing state.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from kafka_changelog.kafka import KafkaChangelogStorage
@@ -32,12 +35,17 @@ from ..streaming_config import StreamingStateConfig
 
 logger = logging.getLogger(__name__)
 
-#: Seconds ``release`` waits for a running sweep of the snapshot topic.
+#: Seconds ``release`` waits for a running sweep of the snapshot topic (a sweep still
+#: reading then deletes nothing).
 SWEEP_WAIT_S = 60.0
 
-#: Seconds :meth:`WorkerResources.release` waits for a materialization process before
-#: stopping it.
-JOB_PROCESS_WAIT_S = 120.0
+#: Seconds :meth:`WorkerResources.release` waits for this process's background
+#: materializations to be written before it stops them.
+JOB_PROCESS_WAIT_S = 60.0
+
+#: Seconds a stopped materialization gets to tombstone the chunks it wrote; a process
+#: still running then is killed (its chunks are left to the driver's snapshot sweep).
+STOP_GRACE_S = 15.0
 
 
 def resource_key(config: StreamingStateConfig) -> tuple[str, ...]:
@@ -70,6 +78,9 @@ class WorkerResources:
     backends: ClassVar[dict[tuple[Any, ...], CachedBackend]] = {}
     committers: ClassVar[dict[tuple[str, ...], SubtaskCommitter]] = {}
     materializer: ClassVar[ThreadPoolExecutor | None] = None
+    #: The materializations written on :attr:`materializer`, and what stops them.
+    materializations: ClassVar[list[Future[Any]]] = []
+    stop_materializations: ClassVar[threading.Event] = threading.Event()
     job_processes: ClassVar[list[subprocess.Popen[bytes]]] = []
 
     @classmethod
@@ -148,26 +159,63 @@ class WorkerResources:
             cls.materializer = ThreadPoolExecutor(
                 1, thread_name_prefix="kafka-changelog-store-materialization")
         _, snapshots = cls.stores(config)
-        cls.materializer.submit(run_job, started, snapshots)
+        cls.materializations = [f for f in cls.materializations if not f.done()]
+        cls.materializations.append(
+            cls.materializer.submit(run_job, started, snapshots, cls.stop_materializations))
+
+    @classmethod
+    def stop_background(cls) -> None:
+        """Let this process's background materializations finish for up to
+        :data:`JOB_PROCESS_WAIT_S`, then stop them: each tombstones the chunks it wrote
+        within :data:`STOP_GRACE_S` (a process still running then is killed). Returns with
+        none running, the materialization thread ended (unless a job's write outlasts
+        the grace: that thread then ends with its current key group, logged)."""
+        pending = [f for f in cls.materializations if not f.done()]
+        processes = [p for p in cls.job_processes if p.poll() is None]
+        if pending or processes:
+            logger.info("waiting up to %.0f s for %d background materializations",
+                        JOB_PROCESS_WAIT_S, len(pending) + len(processes))
+        deadline = time.monotonic() + JOB_PROCESS_WAIT_S
+        waited = concurrent.futures.wait(pending, JOB_PROCESS_WAIT_S)
+        for process in processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("materialization process %d still running after %.0f s: "
+                               "stopped (its key groups are written by a later one)",
+                               process.pid, JOB_PROCESS_WAIT_S)
+                process.terminate()  # stops before its next key group, tombstones
+                try:
+                    process.wait(STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        cls.job_processes = []
+        cls.stop_materializations.set()
+        concurrent.futures.wait(waited.not_done, STOP_GRACE_S)
+        if cls.materializer is not None:
+            cls.materializer.shutdown(wait=not any(not f.done() for f in pending),
+                                      cancel_futures=True)
+            cls.materializer = None
+        cls.materializations = []
+        cls.stop_materializations = threading.Event()
 
     @classmethod
     def release(cls, config: StreamingStateConfig) -> None:
         """Close this process's backends and Kafka clients of ``config``'s application, and
         delete the operator's local state stores on this host (those nobody holds), once
-        this process's background materializations are written."""
-        if cls.materializer is not None:
-            cls.materializer.shutdown(wait=True)
-            cls.materializer = None
-        for process in cls.job_processes:
-            try:
-                process.wait(JOB_PROCESS_WAIT_S)
-            except subprocess.TimeoutExpired:
-                logger.warning("materialization process %d still running after %.0f s: "
-                               "stopped (its key groups are written by a later one)",
-                               process.pid, JOB_PROCESS_WAIT_S)
-                process.kill()
-                process.wait()
-        cls.job_processes = []
+        this process's background materializations are written or stopped
+        (:meth:`stop_background`).
+
+        On return, nothing of the application runs in this process: its producers,
+        consumers and admin clients are closed
+        (:func:`~kafka_changelog.kafka.live_clients.live_clients` lists none of them),
+        its driver lease released and its heartbeat thread ended, its snapshot sweep
+        ended or told to delete nothing (see :data:`SWEEP_WAIT_S`). Bounded: about
+        :data:`JOB_PROCESS_WAIT_S` + :data:`STOP_GRACE_S` + :data:`SWEEP_WAIT_S` plus one
+        Kafka transaction (the lease's release, within the config's ``retry_bound_s``)
+        and 30 s per producer flush at most."""
+        cls.stop_background()
         resources = resource_key(config)
         for key in [k for k in cls.committers if k[:-1] == resources]:
             cls.committers.pop(key).close()
@@ -181,7 +229,9 @@ class WorkerResources:
         if coordinator is not None:
             # Its clients are closed next: let a running sweep finish (a sweep cut short
             # only leaves chunks for the next one).
-            coordinator.wait_for_sweep(SWEEP_WAIT_S)
+            if not coordinator.stop_sweeps(SWEEP_WAIT_S):
+                logger.warning("application %s: the snapshot sweep still reads after %.0f "
+                               "s; it deletes nothing now", config.application, SWEEP_WAIT_S)
             coordinator.checkpoints.close()
         stores = cls.storages.pop(resources, None)
         if stores is not None:
@@ -190,5 +240,6 @@ class WorkerResources:
             storage.close()
 
 
-__all__ = ["JOB_PROCESS_WAIT_S", "WorkerResources", "backend_key", "resource_key",
+__all__ = ["JOB_PROCESS_WAIT_S", "STOP_GRACE_S", "SWEEP_WAIT_S", "WorkerResources",
+           "backend_key", "resource_key",
            "subtask_transactional_id"]
