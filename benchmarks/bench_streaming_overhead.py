@@ -35,6 +35,10 @@ the call on the driver (latest-checkpoint lookup, planning, decoding the handles
 last, unmeasured batch with a capturing sink checks the state: the event count and
 total spent of its users must equal what every batch fed in gives.
 
+The input-offsets side (:mod:`benchmarks.input_check_side`) runs a real Kafka-sourced
+query and compares the driver's check of each batch's input against the state's with
+the batch time's own noise.
+
 Both sides shuffle rows into one Spark partition per subtask
 (``spark_integration.subtask_partitioning.partition_by_subtask``), so with
 parallelism 2 on ``local[2]`` the two subtasks run at the same time; the results
@@ -83,6 +87,7 @@ from benchmarks.common import (
     unique_topic,
     write_json,
 )
+from benchmarks.input_check_side import input_check_case
 from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
 from examples.events import events
 from spark_integration.key_rows import KeyRows
@@ -407,6 +412,7 @@ def run(broker: Broker | None = None, batches: int = 5, per_user: bool = False,
 
     cases = [size_case(broker, spark, base_count, minimum, batches, per_user)
              for base_count, minimum in SIZES]
+    check = input_check_case(broker, spark, state_config(broker, "input-check"))
     return {
         "name": "streaming_overhead",
         "spark": spark_version(),
@@ -416,6 +422,7 @@ def run(broker: Broker | None = None, batches: int = 5, per_user: bool = False,
         "bucket_expr": BUCKET_EXPR,
         "materialization": None,
         "cases": cases,
+        "input_check": check,
     }
 
 
@@ -445,7 +452,13 @@ def report(results: dict[str, Any]) -> str:
                "us/event", "task ms", "commit ms", "driver ms"]
     if per_user:
         headers += ["per-user ms", "ratio vs per-user"]
-    return table([*headers, "others' CPU", "load 1/5/15"], rows)
+    check = results["input_check"]
+    return table([*headers, "others' CPU", "load 1/5/15"], rows) + (
+        f"\ninput offsets check (Kafka source query, {check['events_per_batch']:,} events "
+        f"per batch, {check['batches']} batches): median {check['check_median_s'] * 1000:.1f} "
+        f"ms per batch ({check['check_share_of_batch']:.1%} of the batch); the batch "
+        f"time's noise (MAD) {check['batch_mad_s'] * 1000:.1f} ms: "
+        f"{'PASS' if check['within_noise'] else 'MISS'} (target: within the noise)")
 
 
 def main(argv: list[str] | None = None) -> int:

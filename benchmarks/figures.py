@@ -183,12 +183,23 @@ def state_ops_figures(data: Json) -> list[Figure]:
 
 
 def streaming_overhead_figures(data: Json) -> list[Figure]:
-    """``bench_streaming_overhead``: a stateful batch against the same work without state."""
-    return [
+    """``bench_streaming_overhead``: a stateful batch against the same work without state,
+    and the input offsets check against the batch time's noise."""
+    found = [
         Figure("bench_streaming_overhead",
                f"batch of {case['events_per_batch']:,} events with state / without",
                f"{case['ratio']:.2f}x (+{case['overhead_us_per_event']:.0f} µs per event)")
         for case in data["cases"]]
+    check = data.get("input_check")
+    if check is not None:
+        found.append(Figure(
+            "bench_streaming_overhead",
+            f"input offsets check per batch (Kafka source, {check['events_per_batch']:,} "
+            "events per batch) / the batch time's noise (MAD)",
+            f"{check['check_median_s'] * 1000:.1f} ms / {check['batch_mad_s'] * 1000:.1f} ms "
+            f"({check['check_share_of_batch']:.1%} of a batch)",
+            "within the noise", "PASS" if check["within_noise"] else "MISS"))
+    return found
 
 
 #: ``bench_spark_reader``'s target: Spark local[2] / the in-process reader, changes/s.

@@ -123,6 +123,9 @@ class BatchReport:
     processing_time_ms: int = 0
     watermark_ms: int | None = None
     next_watermark_ms: int | None = None
+    #: Seconds the driver took to read the batch's input from the query and check it
+    #: against the input the state holds (docs/spark.md, "Input offsets").
+    input_check_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (JSON-able), e.g. for a metrics system."""

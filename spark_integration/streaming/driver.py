@@ -345,12 +345,14 @@ class StatefulProcessor:
         # A declared state that cannot read what was written is refused before any task.
         self._declared_properties(coordinator, plan.base)
         # Input the state holds is never applied again, whatever the checkpointLocation.
+        check_started = time.monotonic()
         checked = self._check_input(coordinator, plan, batch_df, query_id, batch_id, ticks)
+        input_check_s = time.monotonic() - check_started
         if kafka_sink is not None and not plan.commit:
             # The checkpoint and every subtask's outputs are committed: nothing to redo.
             self._report(BatchReport(batch_id, plan.checkpoint_id, plan.base, False, 0,
                                      time.monotonic() - started, kind=plan.kind,
-                                     query_id=query_id))
+                                     query_id=query_id, input_check_s=input_check_s))
             return
         if checked.skip:
             batch_df = batch_df.where(skip_condition(checked.skip, batch_df.columns))
@@ -420,7 +422,8 @@ class StatefulProcessor:
         task_s = time.monotonic() - tasks_started
         try:
             self._finish(batch_id, plan, query_id, coordinator, config, handles,
-                         result, started, task_s, context, checked.progress.properties())
+                         result, started, task_s, context, checked.progress.properties(),
+                         input_check_s)
         finally:
             if outputs_to_driver:
                 result.unpersist()
@@ -428,7 +431,8 @@ class StatefulProcessor:
     def _finish(self, batch_id: int, plan: BatchPlan, query_id: str,
                 coordinator: CheckpointCoordinator, config: StreamingStateConfig,
                 handles: pd.DataFrame, result: Any, started: float, task_s: float,
-                context: BatchContext, input_record: dict[str, str]) -> None:
+                context: BatchContext, input_record: dict[str, str],
+                input_check_s: float) -> None:
         """Commit the checkpoint of the subtasks' ``handles`` (with the batch's processing
         time, the next watermark and the input the state then holds), then call a sink
         function."""
@@ -478,7 +482,7 @@ class StatefulProcessor:
             commit_s, time.monotonic() - sink_started, partitions, restores,
             materializations, plan.kind, query_id, metrics,
             sorted(s for s, m in metrics.items() if m.reused), context.processing_time_ms,
-            context.watermark_ms, watermark))
+            context.watermark_ms, watermark, input_check_s))
 
     def _report(self, report: BatchReport) -> None:
         self.reports.append(report)
