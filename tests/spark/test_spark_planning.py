@@ -395,6 +395,27 @@ def test_values_render_by_serializer() -> None:
 SLICE = OffsetSlice("log", 2, 100, 200, "w-1", 64, 95, 3, 9)
 
 
+def test_avro_values_render_as_json_in_the_latest_schema_the_registration_records() -> None:
+    """``value_decoded`` of an Avro state: JSON (sorted keys) of the value resolved to the
+    latest schema its registration records; so a checkpoint read shows the schema the
+    application had registered by then. 0.2.0's states (no schema recorded): null."""
+    from kafka_changelog.state.avro_names import avro_name, schema_json
+    from kafka_changelog.state.serializers import AvroSerializer
+
+    v1 = {"type": "record", "name": "Profile",
+          "fields": [{"name": "visits", "type": "long"}, {"name": "tag", "type": "bytes"}]}
+    v2 = {**v1, "fields": [*v1["fields"],
+                           {"name": "channel", "type": "string", "default": "web"}]}
+    written = AvroSerializer(v1).serialize({"visits": 3, "tag": b"\x01"})
+    assert render_value(avro_name([schema_json(v1)]), written) == (
+        '{"tag": {"base64": "AQ=="}, "visits": 3}')
+    assert render_value(avro_name([schema_json(v1), schema_json(v2)]), written) == (
+        '{"channel": "web", "tag": {"base64": "AQ=="}, "visits": 3}')
+    legacy = AvroSerializer(v1, legacy=True)
+    assert render_value(legacy.name, legacy.serialize({"visits": 3, "tag": b""})) is None
+    assert render_value(avro_name([schema_json(v1)]), b"not avro") is None
+
+
 def test_change_rows_decode_ops_and_registrations() -> None:
     meta = StateMeta("pages", StateKind.MAP, "int64", "utf8").to_bytes()
     ops = [
