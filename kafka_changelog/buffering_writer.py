@@ -20,6 +20,7 @@ from typing import Generic, TypeVar
 from .change import META_KEY_GROUP
 from .change_set import ChangeSet
 from .errors import (
+    KafkaAccessError,
     PersistError,
     WriterClosedError,
 )
@@ -289,22 +290,30 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
     def _combine(
         self, parts: list[tuple[SequenceNumber, Future[L]]], checkpoint_id: int
     ) -> Future[SnapshotResult[H]]:
+        """One future for the persist of ``parts``: the handle once every part is durable.
+
+        A part refused for access (:class:`KafkaAccessError`: a missing ACL, credentials)
+        fails the persist at once with that error itself, without waiting for the other
+        parts (no retry cures it); other failures wait for every part and raise
+        :class:`PersistError` naming how many failed, the first as its cause.
+        """
         result: Future[SnapshotResult[H]] = Future()
         result.set_running_or_notify_cancel()
         remaining = [len(parts)]
+        failed_early = [False]
         lock = threading.Lock()
+
+        def fail(error: BaseException) -> None:
+            with lock:
+                if failed_early[0]:
+                    return
+                failed_early[0] = True
+            result.set_exception(error)
 
         def finish() -> None:
             failed = [(sqn, f.exception()) for sqn, f in parts if f.exception() is not None]
             if failed:
-                sqn, cause = failed[0]
-                error = PersistError(
-                    f"persist for checkpoint {checkpoint_id} of log {self._log_id} failed: "
-                    f"{len(failed)} of {len(parts)} change sets not durable "
-                    f"(first: sequence number {sqn}: {cause})"
-                )
-                error.__cause__ = cause
-                result.set_exception(error)
+                result.set_exception(self._persist_error(checkpoint_id, failed, len(parts)))
                 return
             located = [(sqn, f.result()) for sqn, f in parts]
             try:
@@ -314,10 +323,13 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
                 return
             result.set_result(SnapshotResult(handle))
 
-        def on_done(_: Future[L]) -> None:
+        def on_done(future: Future[L]) -> None:
+            error = future.exception()
+            if isinstance(error, KafkaAccessError):
+                fail(error)
             with lock:
                 remaining[0] -= 1
-                last = remaining[0] == 0
+                last = remaining[0] == 0 and not failed_early[0]
             if last:
                 finish()
 
@@ -326,3 +338,21 @@ class BufferingChangelogWriter(StateChangelogWriter[H], Generic[H, L]):
         for _, future in parts:
             future.add_done_callback(on_done)
         return result
+
+    def _persist_error(self, checkpoint_id: int,
+                       failed: Sequence[tuple[SequenceNumber, BaseException | None]],
+                       total: int) -> BaseException:
+        """What a persist whose ``failed`` parts (of ``total``) are not durable raises: an
+        access error as it is (the type the caller acts on), else a :class:`PersistError`
+        with the first failure as its cause."""
+        access = next((e for _, e in failed if isinstance(e, KafkaAccessError)), None)
+        if access is not None:
+            return access
+        sqn, cause = failed[0]
+        error = PersistError(
+            f"persist for checkpoint {checkpoint_id} of log {self._log_id} failed: "
+            f"{len(failed)} of {total} change sets not durable "
+            f"(first: sequence number {sqn}: {cause})"
+        )
+        error.__cause__ = cause
+        return error

@@ -6,14 +6,15 @@ A PySpark Python data source (Spark 4). Register it once per session with
     df = (spark.read.format("kafka-changelog")
           .option("kafka.bootstrap.servers", "localhost:9092")
           .option("application", "shop")
-          .option("mode", "state")           # or "changes" (default)
+          .option("mode", "state")           # or "changes" (default), "timers"
           .option("checkpoint", "41")        # default: the latest
           .load())
 
 Planning (which checkpoint, which input partitions) is in
 :mod:`spark_integration.planning` and :mod:`spark_integration.packing`, reading one
 input partition in :mod:`spark_integration.task_reading` (changes decoded column-wise
-by :mod:`spark_integration.change_columns`, state rows by :mod:`spark_integration.rows`).
+by :mod:`spark_integration.change_columns`, state rows by :mod:`spark_integration.rows`,
+timer rows by :mod:`spark_integration.timer_rows`).
 See ``docs/spark.md``.
 """
 
@@ -52,6 +53,7 @@ from .packing import ChangesGroup, pack_changes
 from .planning import (
     FORMAT,
     MODE_CHANGES,
+    MODE_STATE,
     ChangesTask,
     ReaderOptionError,
     ReaderOptions,
@@ -64,6 +66,7 @@ from .pushdown import KeySelection, pushdown_enabled, select
 from .rows import STATE_SCHEMA
 from .selected_plan import plan_selected
 from .task_reading import read_task
+from .timer_rows import TIMERS_SCHEMA
 from .worker_gc import freeze_start_up_objects
 
 
@@ -92,6 +95,8 @@ def spark_schema(arrow: pa.Schema) -> StructType:
 CHANGES_STRUCT = spark_schema(CHANGES_SCHEMA)
 #: Spark schema of mode ``state``.
 STATE_STRUCT = spark_schema(STATE_SCHEMA)
+#: Spark schema of mode ``timers``.
+TIMERS_STRUCT = spark_schema(TIMERS_SCHEMA)
 #: Spark schema of the change feed and of changes between checkpoints.
 FEED_STRUCT = spark_schema(FEED_SCHEMA)
 
@@ -101,7 +106,9 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 def schema_of(mode: str) -> StructType:
     """The Spark schema of a mode."""
-    return CHANGES_STRUCT if mode == MODE_CHANGES else STATE_STRUCT
+    if mode == MODE_CHANGES:
+        return CHANGES_STRUCT
+    return STATE_STRUCT if mode == MODE_STATE else TIMERS_STRUCT
 
 
 class TaskPartition(InputPartition):
@@ -230,7 +237,8 @@ def describe_task(task: ChangesTask | ChangesGroup | StateTask) -> str:
         s = task.slice
         return (f"changes of operator {task.operator!r} subtask {task.subtask}, log {s.log_id}, "
                 f"{s.topic}[{s.partition}] offsets [{s.start_offset}, {s.end_offset})")
-    return (f"state of operator {task.operator!r} subtask {task.subtask}, key groups "
+    what = "timers" if task.timers else "state"
+    return (f"{what} of operator {task.operator!r} subtask {task.subtask}, key groups "
             f"{task.key_groups}")
 
 
@@ -275,6 +283,7 @@ __all__ = [
     "FEED_STRUCT",
     "PUSHDOWN_CONF",
     "STATE_STRUCT",
+    "TIMERS_STRUCT",
     "KafkaChangelogBatchReader",
     "KafkaChangelogDataSource",
     "TaskPartition",

@@ -33,7 +33,8 @@ FORMAT = "kafka-changelog"
 
 MODE_CHANGES = "changes"
 MODE_STATE = "state"
-MODES = (MODE_CHANGES, MODE_STATE)
+MODE_TIMERS = "timers"
+MODES = (MODE_CHANGES, MODE_STATE, MODE_TIMERS)
 
 DEFAULT_CHANGELOG_TOPIC = "kafka-changelog"
 DEFAULT_SNAPSHOT_TOPIC = "kafka-changelog-snapshots"
@@ -52,13 +53,13 @@ OPTIONS: dict[str, str] = {
     "application": "the application whose checkpoint is read (required)",
     "operator": "one operator id (default: every operator of the checkpoint)",
     "checkpoint": "checkpoint id (default: the latest complete one)",
-    "mode": "'changes' (default) or 'state'",
+    "mode": "'changes' (default), 'state' or 'timers' (the registered timers, decoded)",
     "changelog.topic": "changelog topic (default: the one the checkpoint's handles name)",
     "snapshot.topic": "snapshot topic (default: the one the checkpoint's handles name)",
     "checkpoint.topic": f"checkpoint topic (default {DEFAULT_CHECKPOINT_TOPIC})",
     "slice.offsets": f"max offsets per input partition in changes mode "
                      f"(default {DEFAULT_SLICE_OFFSETS})",
-    "slice.keygroups": f"key groups per input partition in state mode "
+    "slice.keygroups": f"key groups per input partition in modes state and timers "
                        f"(default {DEFAULT_SLICE_KEY_GROUPS})",
     "pushdown": "'true': filters on key, key_decoded and key_group read only their key "
                 "groups (default 'false'; see docs/spark.md, 'Key lookups')",
@@ -310,7 +311,8 @@ class ChangesTask:
 
 @dataclass(frozen=True)
 class StateTask:
-    """Mode ``state``: the key groups ``key_groups`` of one subtask's keyed state.
+    """Modes ``state`` and ``timers``: the key groups ``key_groups`` of one subtask's keyed
+    state (``timers``: its timers, else its states' entries).
 
     ``handle`` is the subtask's handle narrowed to ``key_groups``.
     """
@@ -324,6 +326,8 @@ class StateTask:
     #: The checkpoint's processing time (ms since the epoch; None: not recorded): TTL'd
     #: entries expired then are not shown.
     at_ms: int | None = None
+    #: Mode ``timers``: rows of the registered timers instead of the states' entries.
+    timers: bool = False
 
 
 @dataclass(frozen=True)
@@ -402,8 +406,9 @@ def plan_changes(checkpoint: CompletedCheckpoint, operators: Iterable[str],
 
 
 def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
-               slice_key_groups: int) -> list[StateTask]:
-    """One task per key-group slice (at most ``slice_key_groups``) of every subtask."""
+               slice_key_groups: int, timers: bool = False) -> list[StateTask]:
+    """One task per key-group slice (at most ``slice_key_groups``) of every subtask (of
+    its timers with ``timers``, else of its states' entries)."""
     key_types = key_types_of(checkpoint)
     at_ms = recorded_time(checkpoint.properties, PROCESSING_TIME_PROPERTY)
     tasks = []
@@ -417,16 +422,17 @@ def plan_state(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                 narrowed = keyed.intersection(key_groups)
                 if narrowed is not None:
                     tasks.append(StateTask(operator, subtask.subtask_index, key_groups,
-                                           narrowed, key_types, at_ms))
+                                           narrowed, key_types, at_ms, timers))
     return tasks
 
 
 def referenced_topics(checkpoint: CompletedCheckpoint, operators: Iterable[str],
                       mode: str) -> dict[str, set[str]]:
-    """The topics a read needs, by kind (``changelog``, ``snapshot``: ``state`` mode only)."""
+    """The topics a read needs, by kind (``changelog``, ``snapshot``: modes ``state`` and
+    ``timers`` only)."""
     topics = checkpoint.topics(operators)
     return {"changelog": set(topics.changelog),
-            "snapshot": set(topics.snapshot) if mode == MODE_STATE else set()}
+            "snapshot": set(topics.snapshot) if mode != MODE_CHANGES else set()}
 
 
 def check_topics(checkpoint: CompletedCheckpoint, operators: Iterable[str],
@@ -462,6 +468,7 @@ def plan_read(options: ReaderOptions) -> ReadPlan:
     if options.mode == MODE_CHANGES:
         tasks = list(plan_changes(checkpoint, operators, options.slice_offsets))
     else:
-        tasks = list(plan_state(checkpoint, operators, options.slice_key_groups))
+        tasks = list(plan_state(checkpoint, operators, options.slice_key_groups,
+                                timers=options.mode == MODE_TIMERS))
     return ReadPlan(options.application, checkpoint.checkpoint_id, options.mode,
                     checkpoint.max_parallelism, tuple(operators), tuple(tasks))

@@ -26,12 +26,14 @@ from kafka_changelog.state.avro_names import is_avro_name
 from kafka_changelog.state.ops import StateMeta
 from kafka_changelog.state.schema_evolution import read_avro_value
 from kafka_changelog.state.table_protocol import Entry, KeyedStateTable
+from kafka_changelog.state.timers import TIMERS_STATE
 from kafka_changelog.state.ttl import live_entry, split_serializer_name
 
 from .change_schema import BATCH_ROWS, BINARY_LIST, CHANGES_SCHEMA, META_OP
 from .scan import OffsetSlice, ScannedChange, decode_state_op
 
-#: Mode ``state``: one row per (state, key[, map key | list index]) at the checkpoint.
+#: Mode ``state``: one row per (state, key[, map key | list index]) at the checkpoint (the
+#: reserved timers state left out: mode ``timers`` shows it, decoded).
 STATE_SCHEMA = pa.schema([
     pa.field("operator", pa.string()),
     pa.field("key_group", pa.int32()),
@@ -229,7 +231,8 @@ StateRow = tuple[str, int, str, str, bytes, bytes | None, int | None, bytes, str
 
 def state_rows(table: KeyedStateTable, operator: str, at_ms: int | None = None
                ) -> Iterator[StateRow]:
-    """Every entry of ``table`` as rows, ordered by key group, state, key, map key/index.
+    """Every entry of ``table`` as rows, ordered by key group, state, key, map key/index,
+    but the timers' (the reserved state ``__kc_timers``: see :mod:`.timer_rows`).
 
     A TTL'd state's values are shown without their expiry, with it in ``expires_at``;
     those expired at ``at_ms`` (the checkpoint's processing time) are left out, as the
@@ -237,6 +240,8 @@ def state_rows(table: KeyedStateTable, operator: str, at_ms: int | None = None
     metas = table.metas
     for key_group in table.key_groups():
         for name, key, stored in table.entries(key_group):
+            if name == TIMERS_STATE:
+                continue
             meta = metas[name]
             kind = meta.kind.value
             serializer, with_ttl = split_serializer_name(meta.value_serializer)

@@ -1,20 +1,22 @@
 """A read of one checkpoint narrowed to the key groups pushed filters select (no pyspark).
 
 :func:`plan_selected` plans as :func:`~.planning.plan_read` does, then keeps only the
-key groups of :meth:`~.pushdown.KeySelection.groups`: in mode ``state`` one task per
-contiguous run of them (its snapshot chunks and changelog narrowed by
+key groups of :meth:`~.pushdown.KeySelection.groups`: in modes ``state`` and ``timers``
+one task per contiguous run of them (its snapshot chunks and changelog narrowed by
 ``KeyedStateHandle.intersection``), in mode ``changes`` the offset slices of the
 partitions holding them, filtered to them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .checkpoint_changes import committed_changes, selected_runs
 from .planning import (
     MODE_CHANGES,
+    MODE_TIMERS,
     ChangesTask,
     ReaderOptions,
     ReadPlan,
@@ -39,8 +41,7 @@ def narrow_state(tasks: Sequence[StateTask], groups: frozenset[int]) -> list[Sta
         for run in selected_runs(task.key_groups, groups):
             handle = task.handle.intersection(run)
             if handle is not None:
-                narrowed.append(StateTask(task.operator, task.subtask, run, handle,
-                                          task.key_types, task.at_ms))
+                narrowed.append(dataclasses.replace(task, key_groups=run, handle=handle))
     return narrowed
 
 
@@ -60,7 +61,8 @@ def plan_selected(options: ReaderOptions, selection: KeySelection) -> tuple[Read
                      for t in committed_changes(None, checkpoint, operators,
                                                 options.slice_offsets, groups)]
     else:
-        tasks = list(plan_state(checkpoint, operators, options.slice_key_groups))
+        tasks = list(plan_state(checkpoint, operators, options.slice_key_groups,
+                                timers=options.mode == MODE_TIMERS))
         if groups is not None:
             tasks = list(narrow_state([t for t in tasks if isinstance(t, StateTask)], groups))
     plan = ReadPlan(options.application, checkpoint.checkpoint_id, options.mode,

@@ -1,8 +1,9 @@
 """One input partition of ``format("kafka-changelog")`` read into Arrow record batches.
 
 What a Spark task of the reader runs (no pyspark import): mode ``changes`` decodes its
-offset slice column-wise (:mod:`spark_integration.change_columns`), mode ``state``
-restores its key groups and turns the table into rows (:mod:`spark_integration.rows`).
+offset slice column-wise (:mod:`spark_integration.change_columns`), modes ``state`` and
+``timers`` restore their key groups and turn the table into rows
+(:mod:`spark_integration.rows`, :mod:`spark_integration.timer_rows`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .packing import ChangesGroup
 from .planning import ChangesTask, ReaderOptions, StateTask
 from .rows import state_batches
 from .scan import ChunkReader, SliceReader
+from .timer_rows import timer_batches
 
 
 def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptions,
@@ -30,7 +32,8 @@ def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptio
     within a record); ``ChangesGroup``: those of each of its slices in turn, with one
     consumer. ``StateTask``: its key groups' snapshot chunks, then the changelog
     replayed on top (exactly as a restore does, with
-    :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows.
+    :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows of its states'
+    entries, or of its timers (``StateTask.timers``).
     """
     if isinstance(task, ChangesTask | ChangesGroup):
         slices = task.tasks if isinstance(task, ChangesGroup) else (task,)
@@ -46,6 +49,9 @@ def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptio
         topic=snapshot.topic if snapshot is not None else None))
     with SliceReader(options.changelog_config()) as reader:
         load_keyed_state(table, task.handle, task.key_groups, chunks, reader)
+    if task.timers:
+        yield from timer_batches(table, task.operator, batch_rows, task.key_types)
+        return
     yield from state_batches(table, task.operator, batch_rows, task.key_types, task.at_ms)
 
 

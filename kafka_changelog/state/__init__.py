@@ -43,6 +43,7 @@ from .restore import load_keyed_state, restore_backend
 from .rocksdb_options import RocksDBOptions
 from .serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
 from .snapshot_store import InMemorySnapshotStore, SnapshotStore
+from .ttl import StateTtl
 
 __all__ = [
     "BYTES",
@@ -86,6 +87,7 @@ __all__ = [
     "StateDescriptor",
     "StateKind",
     "StateMismatchError",
+    "StateTtl",
     "SubtaskState",
     "aggregating_state",
     "list_state",

@@ -16,6 +16,7 @@ from kafka_changelog.state.timers import TimeDomain
 
 from ..key_runs import key_value_of
 from ..output_rows import output_records
+from .event_times import event_times_ms
 from .key_state import BatchContext, EventTime, KeyState, LateRows, TimerInfo
 from .vectorized import VectorizedTimerFunction, call_vectorized_timers
 
@@ -40,16 +41,20 @@ class TaskTime:
 def split_late_rows(rows: pd.DataFrame, time: TaskTime, batch_id: int
                     ) -> tuple[pd.DataFrame, int, int | None]:
     """The rows the function gets (late ones dropped by the default policy), how many were
-    late (event time before the batch's watermark), and the largest event time (ms)."""
+    late (event time before the batch's watermark), and the largest event time (ms).
+
+    The event-time column may have any timestamp unit (:func:`~.event_times.event_times_ms`);
+    one that holds no timestamps raises ``EventTimeColumnError`` naming it and its dtype."""
     event_time = time.event_time
     assert event_time is not None
-    times = pd.to_datetime(rows[event_time.column], utc=True)
-    if times.isna().any():
+    times = rows[event_time.column]
+    nulls = int(times.isna().sum())
+    if nulls:
         raise ChangelogError(
-            f"batch {batch_id}: {int(times.isna().sum())} rows have a null in event-time "
+            f"batch {batch_id}: {nulls} rows have a null in event-time "
             f"column {event_time.column!r}: an event without a time has no place in event "
             "time; filter or fill them first")
-    ms = (times.astype("int64") // 1_000_000).to_numpy()
+    ms = event_times_ms(times, event_time.column)
     watermark = time.context.watermark_ms
     late_mask = ms < watermark if watermark is not None else None
     late = int(late_mask.sum()) if late_mask is not None else 0

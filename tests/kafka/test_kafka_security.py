@@ -3,6 +3,7 @@ access errors naming the missing ACL."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -66,11 +67,11 @@ def test_missing_write_acl_fails_the_persist_with_the_topic_named(
     ) as writer:
         writer.append(1, b"x")
         started = time.monotonic()
-        with pytest.raises(Exception) as caught:
+        with pytest.raises(KafkaAuthorizationError) as caught:
             writer.persist(writer.initial_sequence_number(), 1).result(30)
         assert time.monotonic() - started < 15
-        cause = caught.value.__cause__ or caught.value
-        assert isinstance(cause, KafkaAuthorizationError)
+        cause = caught.value
+        assert type(cause) is KafkaAuthorizationError
         assert f"producing to {topic}[" in str(cause)
         # An idempotent producer without WRITE on the topic is refused its producer id.
         assert ("SASL_SSL user 'alice' lacks the ACL IDEMPOTENT_WRITE on Cluster "
@@ -82,6 +83,39 @@ def test_missing_write_acl_fails_the_persist_with_the_topic_named(
         secure_kafka_cluster.grant("alice", "TOPIC", topic, ["WRITE"])
         handle = writer.persist(writer.initial_sequence_number(), 2).result(30).job_owned
         assert [c.payload for c in changes_of(handle, config)] == [b"x"]
+
+
+def test_a_persist_without_write_on_the_changelog_topic_raises_the_acl_error_at_once(
+    secure_kafka_cluster: Any, topic: str
+) -> None:
+    """As an application's principal: WRITE on another topic (its checkpoint topic, say)
+    gives the producer its id, and the changelog topic refuses the records. With the
+    default delivery timeout (2 minutes), the persist fails as soon as the broker refuses,
+    with the documented type itself (not a PersistError around it)."""
+    secure_kafka_cluster.grant("alice", "TOPIC", topic, ["DESCRIBE", "DESCRIBE_CONFIGS", "READ"])
+    secure_kafka_cluster.grant("alice", "TOPIC", f"{topic}-checkpoints", ["WRITE"])
+    settings = dict(secure_kafka_cluster.client_config(user="alice",
+                                                       password=SECURE_USERS["alice"]))
+    config = KafkaChangelogConfig(bootstrap_servers=settings.pop("bootstrap.servers"),
+                                  client_config=settings, topic=topic, partitions=2)
+    assert config.delivery_timeout_ms == 120_000
+    with KafkaChangelogStorage(config) as storage, storage.create_writer(
+        "op", KeyGroupRange.of(0, 127)
+    ) as writer:
+        for key_group in range(128):  # both partitions of the topic
+            writer.append(key_group, b"x" * 100)
+        started = time.monotonic()
+        with pytest.raises(KafkaAuthorizationError) as caught:
+            writer.persist(writer.initial_sequence_number(), 1).result(60)
+        assert time.monotonic() - started < 20
+    error = caught.value
+    assert type(error) is KafkaAuthorizationError
+    assert (error.operation, error.resource_type, error.resource) == ("WRITE", "Topic", topic)
+    # Whichever partition's record the broker refused first.
+    assert re.fullmatch(
+        rf"producing to {topic}\[[01]\] failed: SASL_SSL user 'alice' lacks the ACL WRITE on "
+        rf"Topic '{topic}' \(TOPIC_AUTHORIZATION_FAILED: [^)]*Topic authorization failed\)",
+        str(error)), str(error)
 
 
 def test_missing_read_acl_fails_the_restore_with_the_topic_named(

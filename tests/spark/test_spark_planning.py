@@ -104,7 +104,8 @@ def test_options_are_case_insensitive_and_pass_kafka_settings_through() -> None:
 @pytest.mark.parametrize(("options", "message"), [
     ({"application": "a"}, "needs the option kafka.bootstrap.servers"),
     ({"kafka.bootstrap.servers": SERVERS}, "needs the option application"),
-    ({**BASE, "mode": "rows"}, "option mode must be one of changes, state; got 'rows'"),
+    ({**BASE, "mode": "rows"},
+     "option mode must be one of changes, state, timers; got 'rows'"),
     ({**BASE, "slice.offsets": "many"}, "option slice.offsets must be an integer, got 'many'"),
     ({**BASE, "slice.offsets": "0"}, "option slice.offsets must be >= 1, got 0"),
     ({**BASE, "slice.keyGroups": "-2"}, "option slice.keyGroups must be >= 1, got -2"),
@@ -241,6 +242,15 @@ def test_state_tasks_are_key_group_slices_of_each_subtask() -> None:
     assert [r.partition for r in middle.ranges] == [0, 1]
 
 
+def test_timers_tasks_are_the_state_tasks_marked_for_timers() -> None:
+    checkpoint = two_subtasks()
+    assert parse_options({**BASE, "mode": "TIMERS"}).mode == "timers"
+    state = plan_state(checkpoint, ["op"], 20)
+    timers = plan_state(checkpoint, ["op"], 20, timers=True)
+    assert [t.timers for t in state] == [False] * 8 and [t.timers for t in timers] == [True] * 8
+    assert [dataclasses.replace(t, timers=False) for t in timers] == state
+
+
 def test_tasks_survive_pickling() -> None:
     checkpoint = two_subtasks()
     tasks: list[Any] = [*plan_changes(checkpoint, ["op"], 100), *plan_state(checkpoint, ["op"], 7)]
@@ -268,6 +278,9 @@ def test_topics_must_be_the_ones_the_options_name_and_exist() -> None:
     # Without the options, the topics the handles name are read.
     check_topics(checkpoint, ops, parse_options(BASE), {"log-a"})
     check_topics(checkpoint, ops, parse_options({**BASE, "mode": "state"}), {"log-a", "snap-a"})
+    # Timers are keyed state: mode timers reads the snapshots too.
+    with pytest.raises(UnreadableCheckpointError, match="snapshot topic 'snap-a' of checkpoint"):
+        check_topics(checkpoint, ops, parse_options({**BASE, "mode": "timers"}), {"log-a"})
     with pytest.raises(UnreadableCheckpointError) as caught:
         check_topics(checkpoint, ops, parse_options({**BASE, "changelog.topic": "log-b"}),
                      {"log-a"})
@@ -382,6 +395,27 @@ def test_values_render_by_serializer() -> None:
 SLICE = OffsetSlice("log", 2, 100, 200, "w-1", 64, 95, 3, 9)
 
 
+def test_avro_values_render_as_json_in_the_latest_schema_the_registration_records() -> None:
+    """``value_decoded`` of an Avro state: JSON (sorted keys) of the value resolved to the
+    latest schema its registration records; so a checkpoint read shows the schema the
+    application had registered by then. 0.2.0's states (no schema recorded): null."""
+    from kafka_changelog.state.avro_names import avro_name, schema_json
+    from kafka_changelog.state.serializers import AvroSerializer
+
+    v1 = {"type": "record", "name": "Profile",
+          "fields": [{"name": "visits", "type": "long"}, {"name": "tag", "type": "bytes"}]}
+    v2 = {**v1, "fields": [*v1["fields"],
+                           {"name": "channel", "type": "string", "default": "web"}]}
+    written = AvroSerializer(v1).serialize({"visits": 3, "tag": b"\x01"})
+    assert render_value(avro_name([schema_json(v1)]), written) == (
+        '{"tag": {"base64": "AQ=="}, "visits": 3}')
+    assert render_value(avro_name([schema_json(v1), schema_json(v2)]), written) == (
+        '{"channel": "web", "tag": {"base64": "AQ=="}, "visits": 3}')
+    legacy = AvroSerializer(v1, legacy=True)
+    assert render_value(legacy.name, legacy.serialize({"visits": 3, "tag": b""})) is None
+    assert render_value(avro_name([schema_json(v1)]), b"not avro") is None
+
+
 def test_change_rows_decode_ops_and_registrations() -> None:
     meta = StateMeta("pages", StateKind.MAP, "int64", "utf8").to_bytes()
     ops = [
@@ -489,7 +523,40 @@ def test_state_rows_of_ttl_states_hide_what_expired_at_the_checkpoint_and_show_e
     assert len(everything) == 6  # without a time: every entry, expired or not
 
 
+def test_timer_rows_decode_the_reserved_state_and_state_rows_leave_it_out() -> None:
+    from kafka_changelog.state.timers import TIMERS_STATE, TimeDomain, timer_map_key
+    from spark_integration.timer_rows import TIMERS_SCHEMA, timer_batches
+
+    table = StateTable()
+    table.register(StateMeta("count", StateKind.VALUE, "int64"))
+    table.register(StateMeta(TIMERS_STATE, StateKind.MAP, "bytes", "bytes"))
+    table.apply(9, StateOp("count", OpKind.SET, b"u", value=struct.pack(">q", 7)))
+    for key_group, key, domain, ms, tag in [
+            (9, b"u", TimeDomain.EVENT_TIME, 5_000, b""),
+            (9, b"u", TimeDomain.PROCESSING_TIME, 7_000, b""),
+            (9, b"u", TimeDomain.EXPIRY, 6_000, b"count"),
+            (3, b"v", TimeDomain.EVENT_TIME, -1_000, b""),
+            (9, b"u", TimeDomain.PROCESSING_TIME, 2_000, b"")]:
+        table.apply(key_group, StateOp(TIMERS_STATE, OpKind.MAP_PUT, key,
+                                       timer_map_key(domain, ms, tag), b""))
+    batches = list(timer_batches(table, "op", batch_rows=3, key_types=("string",)))
+    assert [b.num_rows for b in batches] == [3, 2]
+    assert all(b.schema.equals(TIMERS_SCHEMA) for b in batches)
+    utc = dt.timezone.utc
+    at = dt.datetime.fromtimestamp
+    assert [tuple(r.values()) for b in batches for r in b.to_pylist()] == [
+        ("op", 3, b"v", "v", "event_time", at(-1, utc), None),
+        ("op", 9, b"u", "u", "processing_time", at(2, utc), None),
+        ("op", 9, b"u", "u", "processing_time", at(7, utc), None),
+        ("op", 9, b"u", "u", "event_time", at(5, utc), None),
+        ("op", 9, b"u", "u", "expiry", at(6, utc), "count"),
+    ]
+    assert [r["state"] for b in state_batches(table, "op") for r in b.to_pylist()] == ["count"]
+    assert list(timer_batches(StateTable(), "op")) == []
+
+
 def test_the_reader_modules_do_not_import_pyspark() -> None:
     code = ("import sys, spark_integration.planning, spark_integration.rows, "
-            "spark_integration.scan; assert 'pyspark' not in sys.modules, 'pyspark imported'")
+            "spark_integration.scan, spark_integration.timer_rows; "
+            "assert 'pyspark' not in sys.modules, 'pyspark imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

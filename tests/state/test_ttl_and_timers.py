@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
+from kafka_changelog.state import StateTtl
 from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.descriptors import (
     aggregating_state,
@@ -24,7 +25,6 @@ from kafka_changelog.state.restore import restore_backend
 from kafka_changelog.state.serializers import INT64, UTF8
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
 from kafka_changelog.state.timers import TIMERS_STATE, TimeDomain
-from kafka_changelog.state.ttl import StateTtl
 
 from .state_helpers import MAX_P
 
@@ -95,6 +95,18 @@ def test_each_kind_expires_ttl_after_its_last_write(backends: Backends) -> None:
     assert backend.state(PAGES).get() == []
     assert backend.state(KINDS).is_empty()
     backend.close()
+
+
+def test_state_ttl_is_importable_where_the_docs_name_it() -> None:
+    """docs/state.md and docs/spark.md name ``StateTtl`` beside ``value_state``, which
+    their examples import from ``kafka_changelog.state``."""
+    import kafka_changelog.state as state
+    from kafka_changelog.state import ttl
+
+    assert "StateTtl" in state.__all__
+    assert state.StateTtl is ttl.StateTtl is StateTtl
+    assert value_state("seen", INT64, ttl=StateTtl(1_000, update_on_read=True)).ttl == \
+        StateTtl(1_000, True)
 
 
 def test_update_on_read_refreshes_the_expiry() -> None:
