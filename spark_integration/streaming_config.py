@@ -124,10 +124,10 @@ class StreamingStateConfig:
     rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
     #: Input the state already holds (see docs/spark.md, "Input offsets: the state's
     #: checkpoint is the truth"): a batch whose Kafka input starts before the offsets the
-    #: state's checkpoint recorded is refused (``InputOffsetsError``); with this, its rows
-    #: below those offsets are dropped instead (the rows need the Kafka source's
-    #: ``topic``, ``partition`` and ``offset`` columns), so that a query with a fresh
-    #: checkpointLocation continues the state exactly by itself.
+    #: state's checkpoint recorded, or that reads files the state holds, is refused
+    #: (``InputOffsetsError``); with this, those rows are dropped instead (Kafka rows need
+    #: the source's ``topic``, ``partition`` and ``offset`` columns), so that a query with
+    #: a fresh checkpointLocation continues the state exactly by itself.
     skip_applied_input: bool = False
     #: A batch whose Kafka input starts after the offsets the state recorded would skip
     #: input the state never saw: refused unless this is set (Spark's

@@ -82,6 +82,7 @@ from .input_check import (
     check_input,
     check_rerun,
     skip_condition,
+    skip_files_condition,
 )
 from .key_state import BatchContext, EventTime
 from .query_stop import stops_cleanly
@@ -356,6 +357,8 @@ class StatefulProcessor:
             return
         if checked.skip:
             batch_df = batch_df.where(skip_condition(checked.skip, batch_df.columns))
+        if checked.skip_files:
+            batch_df = batch_df.where(skip_files_condition(checked.skip_files))
         reused: dict[int, SubtaskCommit] = {}
         if kafka_sink is not None:
             config, reused = self._pending_commits(coordinator, plan, query_id, batch_id)

@@ -9,13 +9,15 @@ records (:class:`~kafka_changelog.state.input_progress.InputProgress`):
   exactly where the state ended. Before it, the batch would apply input again (a second
   deployment, a fresh or copied checkpointLocation, the old one after a rewind, a topic
   created again): refused, or, with ``skip_applied_input``, the rows the state holds are
-  dropped. After it, input would be skipped: refused unless ``allow_input_gaps`` (the
-  meaning of Spark's ``failOnDataLoss=false``). Topics the state never recorded are new
+  dropped (by their ``topic``, ``partition`` and ``offset`` columns). After it, input
+  would be skipped: refused unless ``allow_input_gaps`` (the meaning of Spark's
+  ``failOnDataLoss=false``). Topics the state never recorded are new
   input (a migration, a backfill, a second source): the state carries over.
 * **Files**, when the query is not the one that committed the base checkpoint (within a
   query, Spark's own file log is exact): a file the state holds (modified before the
-  newest file it holds, or at that time and by name) is refused. A directory the state
-  never recorded is new input.
+  newest file it holds, or at that time and by name) is refused, or, with
+  ``skip_applied_input``, its rows are dropped (by ``input_file_name()``). A directory
+  the state never recorded is new input.
 * **Other sources** (rate, table formats, sockets...), when the query is not the base's:
   a source of the same description as one the base's query read would start again from
   its beginning: refused unless ``allow_uncompared_sources``. Another source is new input.
@@ -52,8 +54,9 @@ class InputPolicy:
     """What a batch may do where its input does not continue the state's exactly (the
     fields of :class:`~spark_integration.streaming_config.StreamingStateConfig`)."""
 
-    #: Drop the Kafka rows the state holds (offsets below the state's), rather than
-    #: refuse the batch: a fresh checkpointLocation continues the state by itself.
+    #: Drop the rows the state holds (Kafka offsets below the state's, files it holds),
+    #: rather than refuse the batch: a fresh checkpointLocation continues the state by
+    #: itself.
     skip_applied_input: bool = False
     #: Accept input the state never saw being skipped (Kafka offsets after the state's).
     allow_input_gaps: bool = False
@@ -85,6 +88,8 @@ class InputCheck:
 
     #: (topic, partition) -> the state's end: rows below it are dropped.
     skip: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: Files of the batch the state holds (their paths): their rows are dropped.
+    skip_files: frozenset[str] = frozenset()
     #: The progress the batch's checkpoint records.
     progress: InputProgress = field(default_factory=InputProgress)
 
@@ -126,13 +131,13 @@ def check_input(where: BatchWhere, recorded: InputProgress, batch: BatchInput,
         raise InputOffsetsError(_overlap_message(where, overlaps, recorded))
     if gaps and not policy.allow_input_gaps:
         raise InputOffsetsError(_gap_message(where, gaps, recorded))
-    if held_files:
+    if held_files and not policy.skip_applied_input:
         raise InputOffsetsError(_files_message(where, held_files, recorded))
     if restarted and not policy.allow_uncompared_sources:
         raise InputOffsetsError(_restarted_message(where, restarted))
     skip = {(m.topic, m.partition): m.state_end for m in overlaps}
-    return InputCheck(skip, recorded.after(batch.kafka_end(), batch.files(),
-                                           batch.descriptions()))
+    return InputCheck(skip, frozenset(path for _, path, _ in held_files),
+                      recorded.after(batch.kafka_end(), batch.files(), batch.descriptions()))
 
 
 def check_rerun(where: BatchWhere, checkpoint_id: int, committed: InputProgress,
@@ -247,9 +252,10 @@ def _files_message(where: BatchWhere, held: list[tuple[str, str, int]],
         f"{where.batch()} would apply files again that the state (checkpoint "
         f"{where.base_id}) already holds: {shown}{more}. The state holds {marks}. "
         f"{_why(where)} Nothing was written. Continue with the checkpointLocation that "
-        "committed the state's checkpoints, or give this query only the files that "
-        "came after (move the ones the state holds out of the directory, or read a new "
-        "directory).")
+        "committed the state's checkpoints, set "
+        "StreamingStateConfig(skip_applied_input=True) to drop the rows of the files the "
+        "state holds, or give this query only the files that came after (move the ones "
+        "the state holds out of the directory, or read a new directory).")
 
 
 def _restarted_message(where: BatchWhere, restarted: list[str]) -> str:
@@ -268,6 +274,20 @@ def _listed(mismatches: list[PartitionMismatch]) -> str:
     for m in mismatches:
         by_source.setdefault(m.source, []).append(m.describe())
     return "; ".join(f"source {s}: {', '.join(parts)}" for s, parts in by_source.items())
+
+
+def _file_uri(path: str) -> str:
+    """A file URI in the form Hadoop's paths print (``file:/x``, not ``file:///x``)."""
+    return "file:/" + path[len("file:///"):] if path.startswith("file:///") else path
+
+
+def skip_files_condition(paths: frozenset[str]) -> object:
+    """The Spark condition keeping the rows not read from ``paths`` (the batch's rows
+    still carry their input file: the condition goes before any shuffle)."""
+    from pyspark.sql import functions as F
+
+    read_from = F.regexp_replace(F.input_file_name(), "^file:///", "file:/")
+    return ~read_from.isin(sorted(_file_uri(p) for p in paths))
 
 
 def skip_condition(skip: Mapping[tuple[str, int], int], columns: list[str]) -> object:
@@ -291,4 +311,5 @@ def skip_condition(skip: Mapping[tuple[str, int], int], columns: list[str]) -> o
 
 
 __all__ = ["KAFKA_COLUMNS", "BatchWhere", "InputCheck", "InputOffsetsError", "InputPolicy",
-           "PartitionMismatch", "check_input", "check_rerun", "skip_condition"]
+           "PartitionMismatch", "check_input", "check_rerun", "skip_condition",
+           "skip_files_condition"]

@@ -107,6 +107,10 @@ def test_files_the_state_holds_are_refused_for_another_query_only() -> None:
     checked = check_input(where(same_query=True), state, batch, InputPolicy())
     assert checked.progress.files == {
         "file:/in": FilesMark(100, frozenset({"file:/in/a", "file:/in/b"}))}
+    assert checked.skip_files == frozenset()
+    skipping = check_input(where(), state, batch, InputPolicy(skip_applied_input=True))
+    assert skipping.skip_files == {"file:/in/a"}
+    assert skipping.progress == checked.progress
 
 
 def test_a_source_that_cannot_be_compared_is_refused_when_a_new_query_restarts_it() -> None:

@@ -413,14 +413,23 @@ def test_the_file_source_refuses_files_the_state_holds(
         reports, error = run_files(spark, config, output_topic, tmp_path / "in",
                                    tmp_path / "b")
         refused(error, "would apply files again that the state (checkpoint 2) already "
-                "holds:", "part-000.json", "move the ones the state holds out of the "
-                "directory, or read a new directory")
+                "holds:", "part-000.json", "skip_applied_input=True to drop the rows of the "
+                "files the state holds, or give this query only the files that came after")
         assert not reports and checkpoint_ids(config) == [1, 2]
-        # The location that committed the state goes on with the third file only.
+        # With skip_applied_input, a fresh location drops the files the state holds.
+        skipping = app_config_like(config, skip_applied_input=True)
+        reports, error = run_files(spark, skipping, output_topic, tmp_path / "in",
+                                   tmp_path / "c")
+        assert error is None, error
+        assert [(r.checkpoint_id, r.rows_out) for r in reports] == [
+            (3, 0), (4, 0), (5, len({e["user"] for e in chunks[2]}))]
+        assert_exactly_once(config, settings, output_topic, all_events)
+        # The location that committed checkpoints 1 and 2 would now read the third file
+        # again: the state (committed by the new query) holds it.
         reports, error = run_files(spark, config, output_topic, tmp_path / "in",
                                    tmp_path / "a")
-        assert error is None, error
-        assert [r.checkpoint_id for r in reports] == [3]
-        assert_exactly_once(config, settings, output_topic, all_events)
+        refused(error, "would apply files again that the state (checkpoint 5) already "
+                "holds:", "part-002.json")
+        assert not reports and checkpoint_ids(config)[-1] == 5
     finally:
         WorkerResources.release(config)
