@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kafka_changelog.kafka.access import connect_admin
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
 from kafka_changelog.state.source_offsets import (
     SOURCE_OFFSETS_PROPERTY,
@@ -54,6 +55,8 @@ def starting_offsets(config: StreamingStateConfig | str, application: str | None
             raise ValueError("starting_offsets: give the application with bootstrap servers")
         store_config = CheckpointStoreConfig(bootstrap_servers=config, topic=checkpoint_topic)
     assert application is not None
+    if default is not None and not _topic_exists(store_config):
+        return default  # no application has a checkpoint there yet
     with KafkaCheckpointView(store_config) as store:
         checkpoint = (store.latest(application) if checkpoint_id is None
                       else store.get(application, checkpoint_id))
@@ -83,3 +86,10 @@ def starting_offsets(config: StreamingStateConfig | str, application: str | None
             f"{sorted(wanted - set(offsets))}, which the state never read: give the query "
             "a startingOffsets JSON with every partition of those too (-2: earliest)")
     return starting_offsets_json(offsets)
+
+
+def _topic_exists(config: CheckpointStoreConfig) -> bool:
+    """Whether the checkpoint topic exists (reading a missing one would wait for it)."""
+    _, metadata = connect_admin(config.admin(), config.request_timeout_s,
+                                "starting_offsets: does the checkpoint topic exist")
+    return config.topic in metadata.topics
