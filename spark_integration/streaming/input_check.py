@@ -144,11 +144,17 @@ def check_rerun(where: BatchWhere, checkpoint_id: int, committed: InputProgress,
                 batch: BatchInput) -> None:
     """Refuse a batch taken for a re-run of the batch that committed ``checkpoint_id``
     (the same query and batch id) whose Kafka input does not end where that batch's did
-    (``committed``: what the checkpoint recorded): its checkpointLocation is a copy that
-    planned the batch anew, and skipping it as done would lose the difference."""
+    (``committed``: what the checkpoint recorded), or that reads files the checkpoint
+    does not hold: its checkpointLocation is a copy that planned the batch anew, and
+    skipping it as done would lose the difference."""
     if not batch.known:
         return
-    differing = [
+    unheld = [f"file {path} (modified at {modified} ms), which the committed batch did "
+              "not read"
+              for directory, files in sorted(batch.files().items())
+              if (mark := committed.files.get(directory)) is not None
+              for path, modified in sorted(files.items()) if not mark.holds(path, modified)]
+    differing = unheld + [
         f"topic {topic} partition {partition}: this run reads up to {end}, the committed "
         f"batch read up to {committed.offsets[topic][partition]}"
         for source in batch.sources if source.kind is SourceKind.KAFKA

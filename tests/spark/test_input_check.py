@@ -16,6 +16,7 @@ from spark_integration.streaming.input_check import (
     InputOffsetsError,
     InputPolicy,
     check_input,
+    check_rerun,
     skip_condition,
 )
 
@@ -138,3 +139,23 @@ def test_skipping_needs_the_kafka_columns() -> None:
         "partition, offset columns, but the batch's rows have no column(s) ['topic', "
         "'partition'] (they have ['user', 'offset']): keep the Kafka source's columns "
         "topic, partition, offset in the stream given to foreachBatch.")
+
+
+def test_a_re_run_must_read_the_committed_batch_s_input() -> None:
+    committed = InputProgress({"t": {0: 10, 1: 20}},
+                              {"file:/in": FilesMark(100, frozenset({"file:/in/a"}))})
+    check_rerun(where(same_query=True), 7, committed, kafka({0: 5, 1: 15}, {0: 10, 1: 20}))
+    with pytest.raises(InputOffsetsError) as caught:
+        check_rerun(where(same_query=True), 7, committed,
+                    kafka({0: 5, 1: 15}, {0: 12, 1: 20}))
+    assert str(caught.value).startswith(
+        "application 'shop': batch 0 of Spark query q2 runs again the batch that committed "
+        "checkpoint 7, but not over the same input: topic t partition 0: this run reads up "
+        "to 12, the committed batch read up to 10. Its checkpointLocation is a copy")
+    files = BatchInput((BatchSource("FileStreamSource[file:/in]", SourceKind.FILES,
+                                    directory="file:/in",
+                                    files={"file:/in/a": 100, "file:/in/b": 100}),),
+                       known=True)
+    with pytest.raises(InputOffsetsError, match=r"file file:/in/b .modified at 100 ms., "
+                       "which the committed batch did not read"):
+        check_rerun(where(same_query=True), 7, committed, files)
