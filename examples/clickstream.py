@@ -270,7 +270,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     URL; ``spark_config``: extra session settings (e.g. a cluster's executor settings).
     ``vectorized``: ``fn`` is a vectorised function (e.g. :func:`update_users`).
     ``sink``: a sink function instead of the exactly-once ``KafkaOutputSink`` (at least
-    once: see docs/spark.md).
+    once: see docs/streaming.md, "Options").
     ``status_file``: rewritten every half second with the driver's figures (see
     :func:`write_status`), for a harness watching the job from outside.
     """

@@ -62,7 +62,7 @@ OPTIONS: dict[str, str] = {
     "slice.keygroups": f"key groups per input partition in modes state and timers "
                        f"(default {DEFAULT_SLICE_KEY_GROUPS})",
     "pushdown": "'true': filters on key, key_decoded and key_group read only their key "
-                "groups (default 'false'; see docs/spark.md, 'Key lookups')",
+                "groups (default 'false'; see docs/reading.md, 'Key lookups')",
     "minpartitions": "changes mode: input partitions are a multiple of this (default: the "
                      "session's parallelism when registered with register(spark), else one "
                      "per slice)",

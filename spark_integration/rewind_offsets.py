@@ -5,7 +5,7 @@ up to (``kafka_changelog/state/input_progress.py``), and the driver refuses a ba
 does not start there (``spark_integration/streaming/input_check.py``). A query with a
 fresh ``checkpointLocation`` (a redeploy, a new cluster, after ``kafka-changelog rewind``)
 started with ``.option("startingOffsets", starting_offsets(config))`` reads exactly the
-input that came after the state's (see docs/spark.md, "Input offsets").
+input that came after the state's (see docs/exactly-once.md, "Input offsets").
 """
 
 from __future__ import annotations

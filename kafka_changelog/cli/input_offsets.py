@@ -3,7 +3,7 @@
 Shows what the latest checkpoint records of the state's input (Kafka offsets per
 topic-partition, as ``startingOffsets``; per file-source directory the newest file
 held; the sources of the query that read it): what a streaming query must continue
-from (docs/spark.md, "Input offsets"). With ``--forget`` it forgets the offsets of
+from (docs/exactly-once.md, "Input offsets"). With ``--forget`` it forgets the offsets of
 topics deleted and created again (:mod:`kafka_changelog.state.input_forget`): a copy of
 the latest checkpoint without them becomes the latest; without ``--yes`` only shows what
 it would do. Like ``rewind``, it refuses while a driver holds the application.

@@ -209,7 +209,7 @@ class StatefulProcessor:
         and drop its subtask placement. Call it once the query has stopped (the processor
         works again afterwards, reopening what it needs).
 
-        Guarantees on return (docs/spark.md, "Stopping a query"): in the driver process,
+        Guarantees on return (docs/streaming.md, "Stopping a query"): in the driver process,
         the application's Kafka producers, consumers and admin clients are closed, its
         driver lease is released and its heartbeat thread ended, its snapshot sweep
         ended (or, still reading after ``SWEEP_WAIT_S``, deletes nothing); in Spark's

@@ -98,7 +98,7 @@ def test_each_kind_expires_ttl_after_its_last_write(backends: Backends) -> None:
 
 
 def test_state_ttl_is_importable_where_the_docs_name_it() -> None:
-    """docs/state.md and docs/spark.md name ``StateTtl`` beside ``value_state``, which
+    """docs/state.md and docs/time.md name ``StateTtl`` beside ``value_state``, which
     their examples import from ``kafka_changelog.state``."""
     import kafka_changelog.state as state
     from kafka_changelog.state import ttl
