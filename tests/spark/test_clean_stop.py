@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kafka_changelog.kafka.live_clients import live_clients
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import (
     BatchEvent,
     StreamingStateConfig,
