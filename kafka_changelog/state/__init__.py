@@ -34,6 +34,7 @@ from .errors import (
     StateMismatchError,
 )
 from .history.coordinator import CheckpointCoordinator, GarbageReport
+from .history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
 from .rocksdb.options import RocksDBOptions
 from .schema.descriptors import (
     StateDescriptor,
@@ -49,12 +50,14 @@ from .schema.ttl import StateTtl
 from .snapshots.materialization import MaterializationStats
 from .snapshots.materializer import MaterializationConfig
 from .snapshots.snapshot_store import InMemorySnapshotStore, SnapshotStore
+from .time.timers import TimeDomain
 
 __all__ = [
     "BYTES",
     "FLOAT64",
     "INT64",
     "JSON",
+    "REWOUND_FROM_PROPERTY",
     "UTF8",
     "ApplicationHeldError",
     "AvroSerializer",
@@ -94,10 +97,13 @@ __all__ = [
     "StateMismatchError",
     "StateTtl",
     "SubtaskState",
+    "TimeDomain",
     "aggregating_state",
+    "execute_rewind",
     "list_state",
     "load_keyed_state",
     "map_state",
+    "plan_rewind",
     "reducing_state",
     "restore_backend",
     "value_state",
