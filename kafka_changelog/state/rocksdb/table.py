@@ -22,7 +22,7 @@ by the caller) after it was flushed to disk whole.
 ``rocksdict`` is imported when a table is opened, not with this module: without it,
 opening raises :class:`~kafka_changelog.state.errors.StateBackendUnavailableError`.
 
-Over 500 lines because it is one class, the whole
+Over the library's 600 lines because it is one class, the whole
 :class:`~kafka_changelog.state.tables.protocol.KeyedStateTable` protocol on one store
 (registrations, the three mutation entry points, reads, key group snapshots, changed
 keys, the store's life); what can stand alone is in the modules above.
