@@ -24,8 +24,15 @@ import pandas as pd
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
-from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
+from kafka_changelog.state import (
+    FLOAT64,
+    INT64,
+    UTF8,
+    list_state,
+    map_state,
+    reducing_state,
+    value_state,
+)
 from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
 from spark_integration.rewind_offsets import starting_offsets
 from spark_integration.streaming import (

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from kafka_changelog.state.subtask_backend import StateSource
+from kafka_changelog.state.host.subtask_backend import StateSource
 
 from .batch_identity import BatchKind
 

@@ -21,10 +21,13 @@ from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.keys import recorded_key_types
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
-from kafka_changelog.state.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle
+from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.time_properties import (
+    PROCESSING_TIME_PROPERTY,
+    recorded_time,
+)
 from kafka_changelog.state.errors import CheckpointNotFoundError, CheckpointStoreError
-from kafka_changelog.state.time_properties import PROCESSING_TIME_PROPERTY, recorded_time
 
 from .scan import OffsetSlice
 

@@ -18,11 +18,14 @@ from kafka_changelog.kafka import KafkaChangelogConfig
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
-from kafka_changelog.state.backend_config import BackendKind
-from kafka_changelog.state.chunk_sweep import DEFAULT_SWEEP_GRACE_S, DEFAULT_SWEEP_INTERVAL_S
-from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
-from kafka_changelog.state.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
-from kafka_changelog.state.rocksdb_options import RocksDBOptions
+from kafka_changelog.state.backend.config import BackendKind
+from kafka_changelog.state.checkpoints.driver_claim import DEFAULT_DRIVER_LEASE_S
+from kafka_changelog.state.host.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
+from kafka_changelog.state.rocksdb.options import RocksDBOptions
+from kafka_changelog.state.snapshots.chunk_sweep import (
+    DEFAULT_SWEEP_GRACE_S,
+    DEFAULT_SWEEP_INTERVAL_S,
+)
 
 from .kafka_options import java_kafka_options, reader_options
 

@@ -34,12 +34,16 @@ import pandas as pd
 
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.descriptors import StateDescriptor
-from kafka_changelog.state.input_progress import InputProgress
-from kafka_changelog.state.subtask_backend import StateSource
-from kafka_changelog.state.subtask_commit import SubtaskCommit
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
+from kafka_changelog.state.checkpoints.input_progress import InputProgress
+from kafka_changelog.state.checkpoints.subtask_commit import SubtaskCommit
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.host.subtask_backend import StateSource
+from kafka_changelog.state.schema.descriptors import StateDescriptor
 
 from ..batch_identity import QUERY_ID, BatchPlan, plan_batch
 from ..connect import connect_query_id, is_connect

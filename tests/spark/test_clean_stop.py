@@ -18,9 +18,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointView
 from kafka_changelog.kafka.live_clients import live_clients
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.rewind import check_not_held
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.history.rewind import check_not_held
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import (
     BatchEvent,
     StreamingStateConfig,
