@@ -15,12 +15,14 @@ import pytest
 #: Modules in descending order of their run time (seconds in a two-worker CI run).
 LONGEST_FIRST = (
     "tests/spark/test_streaming_exactly_once.py",  # 540
+    "tests/spark/test_input_offsets.py",  # ~300 (estimate: 7 tests, ~20 query runs)
     "tests/spark/test_soak.py",  # 280
     "tests/container/test_compose_demo.py",  # 250
     "tests/spark/test_demo.py",  # 200
     "tests/project/test_readme_examples.py",  # 160
     "tests/spark/test_spark_connect.py",  # ~150 (estimate: 2 Connect server starts, 3 clients)
     "tests/spark/test_timers_exactly_once.py",  # 130
+    "tests/spark/test_clean_stop.py",  # ~130 (estimate)
     "tests/spark/test_streaming_keys.py",  # 120
     "tests/spark/test_two_drivers.py",  # 105
     "tests/spark/test_sink_function_crash.py",  # 105
