@@ -387,7 +387,7 @@ def size_case(broker: Broker, spark: Any, base_count: int, minimum: int, batches
 def start_spark() -> Any:
     """The ``local[2]`` session, bound to 127.0.0.1."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_integration.session import local_session
+    from spark_integration.sessions.session import local_session
 
     return local_session(
         "bench-streaming-overhead", parallelism=PARALLELISM,
@@ -408,7 +408,7 @@ def run(broker: Broker | None = None, batches: int = 5, per_user: bool = False,
             return run(broker, batches, per_user, own_spark)
         finally:
             own_spark.stop()
-    from spark_integration.session import spark_version
+    from spark_integration.sessions.session import spark_version
 
     cases = [size_case(broker, spark, base_count, minimum, batches, per_user)
              for base_count, minimum in SIZES]

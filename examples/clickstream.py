@@ -274,7 +274,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     ``status_file``: rewritten every half second with the driver's figures (see
     :func:`write_status`), for a harness watching the job from outside.
     """
-    from spark_integration.session import spark_session
+    from spark_integration import spark_session
 
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)

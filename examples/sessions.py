@@ -182,7 +182,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     their output schema may stand in)."""
     from pyspark.sql import functions as F
 
-    from spark_integration.session import spark_session
+    from spark_integration import spark_session
 
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .batch_identity import BatchOrderError as BatchOrderError
     from .batch_identity import OperatorMismatchError as OperatorMismatchError
-    from .connect import connect_session as connect_session
     from .datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
     from .datasource import register as register
     from .kafka_sink import KafkaOutputSink as KafkaOutputSink
@@ -26,8 +25,9 @@ if TYPE_CHECKING:
     from .metrics import SubtaskMetrics as SubtaskMetrics
     from .output_rows import OutputColumnsError as OutputColumnsError
     from .rewind_offsets import starting_offsets as starting_offsets
-    from .session import local_session as local_session
-    from .session import spark_session as spark_session
+    from .sessions.connect import connect_session as connect_session
+    from .sessions.session import local_session as local_session
+    from .sessions.session import spark_session as spark_session
     from .streaming import BATCH_EVENTS as BATCH_EVENTS
     from .streaming import BatchContext as BatchContext
     from .streaming import BatchListener as BatchListener

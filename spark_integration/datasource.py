@@ -45,7 +45,6 @@ from pyspark.sql.types import (
 )
 
 from .change_schema import CHANGES_SCHEMA
-from .connect import is_connect
 from .feed_planning import is_feed_read, parse_feed_options
 from .feed_schema import FEED_SCHEMA
 from .feed_source import ChangeFeedStreamReader, ChangesBetweenReader, check_schema
@@ -65,6 +64,7 @@ from .planning import (
 from .pushdown import KeySelection, pushdown_enabled, select
 from .rows import STATE_SCHEMA
 from .selected_plan import plan_selected
+from .sessions.connect import is_connect
 from .task_reading import read_task
 from .timer_rows import TIMERS_SCHEMA
 from .worker_gc import freeze_start_up_objects

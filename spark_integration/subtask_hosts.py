@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .connect import is_connect
+from .sessions.connect import is_connect
 from .streaming_config import StreamingStateConfig
 
 logger = logging.getLogger(__name__)

@@ -42,10 +42,10 @@ from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
 from ..batch_identity import QUERY_ID, BatchPlan, plan_batch
-from ..connect import connect_query_id, is_connect
 from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch
+from ..sessions.connect import connect_query_id, is_connect
 from ..streaming_config import StreamingStateConfig
 from ..subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
 from ..subtask_partitioning import (
@@ -577,7 +577,7 @@ def _query_id(batch_df: Any, application: str) -> str:
     Spark sets it as a local property of the query's thread, which is the thread
     calling the function (py4j pins Python threads to JVM threads). Under Spark Connect
     there is no such thread here: the query is found among its session's
-    (:func:`~spark_integration.connect.connect_query_id`).
+    (:func:`~spark_integration.sessions.connect.connect_query_id`).
     """
     session = batch_df.sparkSession
     if is_connect(session):
@@ -638,7 +638,7 @@ def stateful_foreach_batch(
     See :class:`StatefulProcessor` (``vectorized=True``: ``fn(rows, state)`` once per
     subtask per batch, see :mod:`spark_integration.streaming.vectorized`). Spark's Python
     workers must run an interpreter with this library installed:
-    :func:`spark_integration.session.local_session` sets that up for local sessions; on a
+    :func:`spark_integration.sessions.session.local_session` sets that up for local sessions; on a
     cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,

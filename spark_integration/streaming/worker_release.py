@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ..connect import is_connect
+from ..sessions.connect import is_connect
 from ..streaming_config import StreamingStateConfig
 from .worker_resources import WorkerResources
 

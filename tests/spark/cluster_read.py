@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from spark_integration.datasource import register
-from spark_integration.session import spark_session
+from spark_integration.sessions.session import spark_session
 
 
 def plain(value: Any) -> Any:
