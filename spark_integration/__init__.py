@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .batch_identity import BatchOrderError as BatchOrderError
     from .batch_identity import OperatorMismatchError as OperatorMismatchError
-    from .datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
-    from .datasource import register as register
     from .kafka_sink import KafkaOutputSink as KafkaOutputSink
     from .key_rows import KeyRows as KeyRows
     from .metrics import StateMetricsListener as StateMetricsListener
     from .metrics import SubtaskMetrics as SubtaskMetrics
     from .output_rows import OutputColumnsError as OutputColumnsError
+    from .reader.datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
+    from .reader.datasource import register as register
     from .rewind_offsets import starting_offsets as starting_offsets
     from .sessions.connect import connect_session as connect_session
     from .sessions.session import local_session as local_session

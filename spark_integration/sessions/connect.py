@@ -84,7 +84,7 @@ def connect_session(url: str, app_name: str = "kafka-changelog", parallelism: in
     default to 200); ``extra_config`` (session settings) wins. The server must run with
     this library and Spark's Kafka connector (see
     :mod:`spark_integration.sessions.connect_server`): the client only sends plans and pickled
-    functions. Register the reader with :func:`spark_integration.datasource.register`, as
+    functions. Register the reader with :func:`spark_integration.register`, as
     with classic sessions.
     """
     if not url.startswith(CONNECT_SCHEME):

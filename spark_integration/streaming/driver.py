@@ -41,7 +41,8 @@ from kafka_changelog.state.input_progress import InputProgress
 from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
-from ..batch_identity import QUERY_ID, BatchPlan, plan_batch
+from ..batch_identity import BatchPlan, plan_batch
+from ..checkpoint_properties import QUERY_ID
 from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
 from ..metrics import BatchReport, SubtaskMetrics, log_batch

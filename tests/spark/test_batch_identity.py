@@ -8,13 +8,12 @@ from kafka_changelog.keys import KEY_TYPES_PROPERTY, KeyTypeError
 from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
 from spark_integration.batch_identity import (
-    BATCH_ID,
-    QUERY_ID,
     BatchOrderError,
     BatchPlan,
     OperatorMismatchError,
     plan_batch,
 )
+from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
 
 APP = "shop"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spark_integration.datasource import session_parallelism
+from spark_integration.reader.datasource import session_parallelism
 from spark_integration.sessions.connect import (
     ConnectQueryError,
     connect_query_id,

@@ -11,10 +11,10 @@ A PySpark Python data source (Spark 4). Register it once per session with
           .load())
 
 Planning (which checkpoint, which input partitions) is in
-:mod:`spark_integration.planning` and :mod:`spark_integration.packing`, reading one
-input partition in :mod:`spark_integration.task_reading` (changes decoded column-wise
-by :mod:`spark_integration.change_columns`, state rows by :mod:`spark_integration.rows`,
-timer rows by :mod:`spark_integration.timer_rows`).
+:mod:`.planning` and :mod:`.packing`, reading one
+input partition in :mod:`.task_reading` (changes decoded column-wise
+by :mod:`.change_columns`, state rows by :mod:`.rows`,
+timer rows by :mod:`.timer_rows`).
 See ``docs/spark.md``.
 """
 
@@ -44,6 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ..sessions.connect import is_connect
 from .change_schema import CHANGES_SCHEMA
 from .feed_planning import is_feed_read, parse_feed_options
 from .feed_schema import FEED_SCHEMA
@@ -64,7 +65,6 @@ from .planning import (
 from .pushdown import KeySelection, pushdown_enabled, select
 from .rows import STATE_SCHEMA
 from .selected_plan import plan_selected
-from .sessions.connect import is_connect
 from .task_reading import read_task
 from .timer_rows import TIMERS_SCHEMA
 from .worker_gc import freeze_start_up_objects
@@ -180,7 +180,7 @@ class KafkaChangelogBatchReader(DataSourceReader):
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         """With option ``pushdown``, keep what filters on ``key``, ``key_decoded`` and
-        ``key_group`` select (:mod:`spark_integration.pushdown`); every filter goes back to
+        ``key_group`` select (:mod:`.pushdown`); every filter goes back to
         Spark, which applies it to the rows read."""
         if self.pushdown:
             self.selection = select(filters)
