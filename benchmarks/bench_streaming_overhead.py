@@ -40,7 +40,7 @@ query and compares the driver's check of each batch's input against the state's 
 the batch time's own noise.
 
 Both sides shuffle rows into one Spark partition per subtask
-(``spark_integration.subtask_partitioning.partition_by_subtask``), so with
+(``spark_integration.streaming.subtask_partitioning.partition_by_subtask``), so with
 parallelism 2 on ``local[2]`` the two subtasks run at the same time; the results
 record the partition each subtask ran in (``subtask_partitions``, from the
 processor's ``BatchReport``).
@@ -90,13 +90,13 @@ from benchmarks.common import (
 from benchmarks.input_check_side import input_check_case
 from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
 from examples.events import events
-from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import (
     StatefulProcessor,
     StreamingStateConfig,
     stateful_foreach_batch,
 )
-from spark_integration.subtask_partitioning import partition_by_subtask
+from spark_integration.streaming.key_rows import KeyRows
+from spark_integration.streaming.subtask_partitioning import partition_by_subtask
 
 DEFAULT_JSON = RESULTS_DIR / "streaming_overhead.json"
 #: (events per batch at BENCH_SCALE=1, minimum)

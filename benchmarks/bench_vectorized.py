@@ -75,9 +75,9 @@ from kafka_changelog.state.backend_config import StateBackendConfig
 from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
 from kafka_changelog.state.subtask_backend import StateSource
-from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
+from spark_integration.streaming.key_rows import KeyRows
 from spark_integration.streaming.task import SubtaskTask
 
 DEFAULT_JSON = RESULTS_DIR / "vectorized.json"

@@ -119,7 +119,7 @@ def stateless_bucket(batches: Iterator[pd.DataFrame], corrupt_user: str | None =
 def _start_stateless(ctx: RunContext) -> Any:
     from pyspark.sql import functions as F
 
-    from spark_integration.subtask_partitioning import partition_by_subtask
+    from spark_integration.streaming.subtask_partitioning import partition_by_subtask
 
     bucket = functools.partial(stateless_bucket, corrupt_user=ctx.corrupt_user)
     sink = ctx.sink

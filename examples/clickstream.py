@@ -26,8 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
 from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
-from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
-from spark_integration.rewind_offsets import starting_offsets
+from spark_integration import CHECKPOINT_HEADER, KafkaOutputSink, starting_offsets
 from spark_integration.streaming import (
     BatchListener,
     KeyState,

@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 
 from kafka_changelog.state.descriptors import list_state, value_state
 from kafka_changelog.state.serializers import INT64, UTF8
-from spark_integration.kafka_sink import KafkaOutputSink
+from spark_integration import KafkaOutputSink
 from spark_integration.streaming import (
     BatchListener,
     EventTime,

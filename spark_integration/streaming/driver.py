@@ -2,7 +2,7 @@
 micro-batch, runs one Spark task per subtask and commits the checkpoint.
 
 Checkpoint ids are the application's own (latest + 1 per committed batch); which
-checkpoint a batch commits and starts from is :mod:`spark_integration.batch_identity`
+checkpoint a batch commits and starts from is :mod:`spark_integration.streaming.batch_identity`
 (a re-run of a committed batch, a fresh ``checkpointLocation``). The driver adds each
 row's state key (``kafka_changelog.keys``, computed by Spark SQL from the key columns),
 its key group ``pmod(hash(key), max_parallelism)`` and its subtask, assigns each subtask
@@ -41,21 +41,10 @@ from kafka_changelog.state.input_progress import InputProgress
 from kafka_changelog.state.subtask_backend import StateSource
 from kafka_changelog.state.subtask_commit import SubtaskCommit
 
-from ..batch_identity import BatchPlan, plan_batch
 from ..checkpoint_properties import QUERY_ID
-from ..kafka_sink import KafkaOutputSink
 from ..keys import key_columns_of, key_sql
-from ..metrics import BatchReport, SubtaskMetrics, log_batch
 from ..sessions.connect import connect_query_id, is_connect
-from ..streaming_config import StreamingStateConfig
-from ..subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
-from ..subtask_partitioning import (
-    executor_count,
-    partition_by_subtask,
-    placement_possible,
-    subtask_markers,
-    subtask_placement,
-)
+from .batch_identity import BatchPlan, plan_batch
 from .batch_input import batch_input
 from .batch_time import (
     batch_context,
@@ -74,6 +63,7 @@ from .columns import (
     RESULT_SCHEMA,
     SUBTASK_COLUMN,
 )
+from .config import StreamingStateConfig
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
 from .input_check import (
@@ -85,9 +75,19 @@ from .input_check import (
     skip_condition,
     skip_files_condition,
 )
+from .kafka_sink import KafkaOutputSink
 from .key_state import BatchContext, EventTime
+from .metrics import BatchReport, SubtaskMetrics, log_batch
 from .query_stop import stops_cleanly
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
+from .subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
+from .subtask_partitioning import (
+    executor_count,
+    partition_by_subtask,
+    placement_possible,
+    subtask_markers,
+    subtask_placement,
+)
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
 from .ticks import TICK_COLUMN, without_ticks
@@ -237,14 +237,14 @@ class StatefulProcessor:
     def _placement(self, spark: Any, parallelism: int, config: StreamingStateConfig
                    ) -> tuple[Any, tuple[int, ...] | None]:
         """The subtask placement at ``parallelism`` (see
-        :mod:`spark_integration.subtask_partitioning`) as a DataFrame of ``spark`` (each
+        :mod:`spark_integration.streaming.subtask_partitioning`) as a DataFrame of ``spark`` (each
         micro-batch has a session of its own; the cache is the application's, so every
         batch's placement reads the same cached partitions), and which subtask each of
         its partitions runs (None: partition i runs subtask i). The placement of another
         parallelism is dropped, and so is the placement when executors joined since it
         was made (more are registered than the fewest seen since): the new one is
         computed first, and each partition gets a subtask that ran on its host before
-        (:mod:`spark_integration.subtask_hosts`)."""
+        (:mod:`spark_integration.streaming.subtask_hosts`)."""
         executors = executor_count(spark)
         fewest = executors
         if self._placement_of is not None:

@@ -21,9 +21,9 @@ from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, check_outp
 from kafka_changelog.state.coordinator import CheckpointCoordinator
 from kafka_changelog.state.driver_claim import DriverHolder
 
-from ..kafka_sink import KafkaOutputSink
 from ..sessions.connect import connect_query_running, is_connect
-from ..streaming_config import StreamingStateConfig
+from .config import StreamingStateConfig
+from .kafka_sink import KafkaOutputSink
 from .worker_resources import subtask_transactional_id
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..sessions.connect import is_connect
-from ..streaming_config import StreamingStateConfig
+from .config import StreamingStateConfig
 from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)

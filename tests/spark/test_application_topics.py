@@ -23,8 +23,8 @@ from kafka_changelog.kafka.topic_owners import SharedTopicError
 from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.serializers import INT64
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.config import application_topics
 from spark_integration.streaming.worker_resources import WorkerResources
-from spark_integration.streaming_config import application_topics
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = value_state("count", INT64)

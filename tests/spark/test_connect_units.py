@@ -25,7 +25,7 @@ from spark_integration.sessions.connect_server import (
     server_environment,
 )
 from spark_integration.sessions.connector import ensure_connector_jars
-from spark_integration.subtask_partitioning import executor_count
+from spark_integration.streaming.subtask_partitioning import executor_count
 
 
 @dataclass

@@ -36,8 +36,8 @@ from kafka_changelog.state.input_progress import SOURCE_FILES_PROPERTY, SOURCES_
 from kafka_changelog.state.rewind import execute_rewind, plan_rewind
 from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
 from spark_integration import starting_offsets
-from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from ..cli.cli_helpers import cli

@@ -24,7 +24,7 @@ from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
 from kafka_changelog.state.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
 from kafka_changelog.state.rocksdb_options import RocksDBOptions
 
-from .sessions.kafka_options import java_kafka_options, reader_options
+from ..sessions.kafka_options import java_kafka_options, reader_options
 
 #: Characters Kafka allows in a topic name.
 _TOPIC_CHARACTERS = re.compile(r"[^a-zA-Z0-9._-]")

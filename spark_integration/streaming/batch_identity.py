@@ -57,7 +57,7 @@ from kafka_changelog.state.checkpoint_store import CheckpointStore
 from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY
 from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
 
-from .checkpoint_properties import BATCH_ID, QUERY_ID
+from ..checkpoint_properties import BATCH_ID, QUERY_ID
 
 
 class BatchOrderError(ChangelogError):
