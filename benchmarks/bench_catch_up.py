@@ -52,12 +52,13 @@ from benchmarks.common import (
 from kafka_changelog import KeyGroupRange, key_group_for_key
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
-from kafka_changelog.state import BYTES, host_store, value_state
-from kafka_changelog.state import store_materialization as jobs
-from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.subtask_backend import CachedBackend
+from kafka_changelog.state import BYTES, value_state
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.host import host_store
+from kafka_changelog.state.host import store_materialization as jobs
+from kafka_changelog.state.host.subtask_backend import CachedBackend
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.task import host_store_settings, placement_of
 

@@ -1,6 +1,6 @@
 """Materialization that costs what changed: delta layers against whole key groups.
 
-One subtask's host-local RocksDB store (``kafka_changelog.state.host_store``, what every
+One subtask's host-local RocksDB store (``kafka_changelog.state.host.host_store``, what every
 streaming task runs) holds K keys of a 100-byte value state (``--keys``; ``BENCH_SCALE``
 scales it), materialized once. Then, round after round, a task updates U random keys
 (``--changed``, default 1% of K: they touch every key group, as random users do), takes
@@ -57,13 +57,14 @@ from benchmarks.common import (
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
-from kafka_changelog.state import BYTES, host_store, value_state
-from kafka_changelog.state import store_materialization as jobs
-from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.subtask_backend import CachedBackend
+from kafka_changelog.state import BYTES, value_state
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.host import host_store
+from kafka_changelog.state.host import store_materialization as jobs
+from kafka_changelog.state.host.subtask_backend import CachedBackend
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.task import host_store_settings, placement_of
 

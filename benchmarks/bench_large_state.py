@@ -80,8 +80,8 @@ from benchmarks.common import (
     verdict,
     write_json,
 )
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.serializers import UTF8
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import UTF8
 from spark_integration.streaming import (
     KeyState,
     StatefulProcessor,
@@ -434,9 +434,9 @@ def table_bytes_per_key(keys: int) -> float:
     import hashlib
 
     from kafka_changelog import key_group_for_key
-    from kafka_changelog.state.descriptors import StateKind
-    from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
-    from kafka_changelog.state.table import StateTable
+    from kafka_changelog.state.schema.descriptors import StateKind
+    from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
+    from kafka_changelog.state.tables.memory import StateTable
 
     table = StateTable()
     table.register(StateMeta(PROFILE.name, StateKind.VALUE, "utf8"))

@@ -64,11 +64,11 @@ from kafka_changelog.kafka import (
     KafkaChangelogStorage,
 )
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.state.checkpoint import KeyedStateHandle
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 
 DEFAULT_JSON = RESULTS_DIR / "restore.json"
 ALL_KEY_GROUPS = KeyGroupRange.of(0, MAX_PARALLELISM - 1)

@@ -70,19 +70,19 @@ from benchmarks.common import (
 from kafka_changelog import KeyGroupRange, key_group_for_key
 from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.state.checkpoint import KeyedStateHandle
-from kafka_changelog.state.descriptors import (
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.descriptors import (
     list_state,
     map_state,
     value_state,
 )
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.serializers import BYTES, INT64, UTF8
-from kafka_changelog.state.table import StateTable
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.schema.serializers import BYTES, INT64, UTF8
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.tables.memory import StateTable
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 
 DEFAULT_JSON = RESULTS_DIR / "restore_rocksdb.json"
 ALL = KeyGroupRange.of(0, MAX_PARALLELISM - 1)

@@ -71,9 +71,13 @@ from kafka_changelog.kafka import (
     KafkaChangelogStorage,
 )
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.descriptors import StateKind
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 
 DEFAULT_JSON = RESULTS_DIR / "spark_reader.json"
 APPLICATION = "bench"

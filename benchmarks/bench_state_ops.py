@@ -46,7 +46,7 @@ from benchmarks.common import (
     write_json,
 )
 from kafka_changelog.serialization import decode, encode
-from kafka_changelog.state.ops import OpKind, StateOp
+from kafka_changelog.state.schema.ops import OpKind, StateOp
 
 DEFAULT_JSON = RESULTS_DIR / "state_ops.json"
 #: Wall time each measurement aims at (at BENCH_SCALE=1).

@@ -15,7 +15,7 @@ host-local store against restoring it from Kafka.
    tail of K/10 updates) from a local Kafka broker into each table
    (``restore_backend(table=...)``): seconds, and the ratio.
 3. Reattach against restore, as streaming does with ``state_backend="rocksdb"``
-   (``kafka_changelog.state.host_store``): the subtask's store is restored from Kafka into
+   (``kafka_changelog.state.host.host_store``): the subtask's store is restored from Kafka into
    the local directory, released at its checkpoint (flushed, manifest written), then
    taken over by a new backend as another Python worker would (``attach`` without a
    cached backend: open the store, read the manifest, adopt the base). Seconds of both
@@ -57,17 +57,17 @@ from benchmarks.common import (
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.descriptors import StateKind, map_state, value_state
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
-from kafka_changelog.state.restore import REPLAY_BATCH, restore_backend
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.serializers import INT64, UTF8
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.table import StateTable
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import REPLAY_BATCH, restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.descriptors import StateKind, map_state, value_state
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.schema.serializers import INT64, UTF8
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.tables.memory import StateTable
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 
 DEFAULT_JSON = RESULTS_DIR / "state_table.json"
 OPS = 200_000
@@ -279,8 +279,8 @@ def _write_state(storage: KafkaChangelogStorage, snapshots: KafkaSnapshotStore,
 
 
 def restore_and_reattach(broker: Broker, rounds: int) -> dict[str, Any]:
-    from kafka_changelog.state import host_store
-    from kafka_changelog.state.subtask_backend import StateSource, SubtaskPlacement
+    from kafka_changelog.state.host import host_store
+    from kafka_changelog.state.host.subtask_backend import StateSource, SubtaskPlacement
 
     k = int(scaled(RESTORE_KEYS, minimum=2_000))
     storage, snapshots = _kafka_stores(broker, "state-table")

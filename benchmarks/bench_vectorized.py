@@ -70,11 +70,11 @@ from benchmarks.common import (
 from examples.clickstream import OUTPUT_COLUMNS, update_user, update_users
 from examples.events import events
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
-from kafka_changelog.state.acquire import AcquiredBackend
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.subtask_backend import StateSource
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.host.acquire import AcquiredBackend
+from kafka_changelog.state.host.subtask_backend import StateSource
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
 from spark_integration.streaming.key_rows import KeyRows

@@ -1,5 +1,5 @@
 """``bench_streaming_overhead``'s input-offsets side: what the driver's check of a batch's
-input against the state's (docs/spark.md, "Input offsets") costs in a real streaming
+input against the state's (docs/exactly-once.md, "Input offsets") costs in a real streaming
 query.
 
 A Kafka-sourced query (Spark's connector, ``local[2]``, 8 input partitions,

@@ -40,8 +40,8 @@ from benchmarks.sessions_workload import (
 from benchmarks.stateful_registry import OURS, RunContext, Side, register
 from benchmarks.stateful_sides import _ours_config, ours_state_rows
 from examples.sessions import CLICKS, LAST, START, close_session
-from kafka_changelog.state.descriptors import StateDescriptor, value_state
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.schema.descriptors import StateDescriptor, value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import EventTime, KeyState, stateful_foreach_batch
 from spark_integration.streaming.vectorized import BatchState
 

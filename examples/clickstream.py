@@ -24,8 +24,15 @@ import pandas as pd
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kafka_changelog.state.descriptors import list_state, map_state, reducing_state, value_state
-from kafka_changelog.state.serializers import FLOAT64, INT64, UTF8
+from kafka_changelog.state import (
+    FLOAT64,
+    INT64,
+    UTF8,
+    list_state,
+    map_state,
+    reducing_state,
+    value_state,
+)
 from spark_integration import CHECKPOINT_HEADER, KafkaOutputSink, starting_offsets
 from spark_integration.streaming import (
     BatchListener,
@@ -269,7 +276,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     URL; ``spark_config``: extra session settings (e.g. a cluster's executor settings).
     ``vectorized``: ``fn`` is a vectorised function (e.g. :func:`update_users`).
     ``sink``: a sink function instead of the exactly-once ``KafkaOutputSink`` (at least
-    once: see docs/spark.md).
+    once: see docs/streaming.md, "Options").
     ``status_file``: rewritten every half second with the driver's figures (see
     :func:`write_status`), for a harness watching the job from outside.
     """

@@ -26,8 +26,7 @@ from typing import Any
 import pandas as pd
 from confluent_kafka import Producer
 
-from kafka_changelog.state.descriptors import list_state, value_state
-from kafka_changelog.state.serializers import INT64, UTF8
+from kafka_changelog.state import INT64, UTF8, list_state, value_state
 from spark_integration import KafkaOutputSink
 from spark_integration.streaming import (
     BatchListener,

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..kafka.handle import KafkaChangelogHandle
-from ..state.checkpoint import CompletedCheckpoint, StateTopics, SubtaskState
+from ..state.checkpoints.checkpoint import CompletedCheckpoint, StateTopics, SubtaskState
 from .options import connection
 from .output import age, now_ms, print_json, size, table, when
 from .readonly import CheckpointTopicView, open_view, select_checkpoint

@@ -1,7 +1,7 @@
 """``fork APP NEW [--checkpoint N]``: start application NEW from APP's checkpoint.
 
 Nothing is copied: NEW's first checkpoint names APP's snapshot chunks and changelog
-ranges (rules, inheritance and the crash-safe order: ``kafka_changelog/state/fork.py``).
+ranges (rules, inheritance and the crash-safe order: ``kafka_changelog/state/history/fork.py``).
 The steps, each safe to repeat (running the command again finishes an interrupted fork):
 
 1. NEW's checkpoint record into APP's checkpoint topic;
@@ -23,9 +23,9 @@ from confluent_kafka.admin import OffsetSpec
 from ..kafka.access import connect_admin
 from ..kafka.offsets import list_offsets
 from ..kafka.producer import AckedProducer
-from ..state.checkpoint_store import DEFAULT_RETAIN
+from ..state.checkpoints.checkpoint_store import DEFAULT_RETAIN
 from ..state.errors import CheckpointStoreError
-from ..state.fork import (
+from ..state.history.fork import (
     ForkError,
     ForkOutcome,
     ForkPlan,

@@ -3,8 +3,8 @@
 Shows what the latest checkpoint records of the state's input (Kafka offsets per
 topic-partition, as ``startingOffsets``; per file-source directory the newest file
 held; the sources of the query that read it): what a streaming query must continue
-from (docs/spark.md, "Input offsets"). With ``--forget`` it forgets the offsets of
-topics deleted and created again (:mod:`kafka_changelog.state.input_forget`): a copy of
+from (docs/exactly-once.md, "Input offsets"). With ``--forget`` it forgets the offsets of
+topics deleted and created again (:mod:`kafka_changelog.state.history.input_forget`): a copy of
 the latest checkpoint without them becomes the latest; without ``--yes`` only shows what
 it would do. Like ``rewind``, it refuses while a driver holds the application.
 """
@@ -15,11 +15,11 @@ import argparse
 from typing import Any
 
 from ..kafka.checkpoint_store import KafkaCheckpointStore, KafkaCheckpointView
-from ..state.driver_claim import DEFAULT_DRIVER_LEASE_S
-from ..state.input_forget import ForgetPlan, execute_forget, plan_forget
-from ..state.input_progress import InputProgress
-from ..state.rewind import RewindError, check_not_held
-from ..state.source_offsets import starting_offsets_json
+from ..state.checkpoints.driver_claim import DEFAULT_DRIVER_LEASE_S
+from ..state.checkpoints.input_progress import InputProgress
+from ..state.checkpoints.source_offsets import starting_offsets_json
+from ..state.history.input_forget import ForgetPlan, execute_forget, plan_forget
+from ..state.history.rewind import RewindError, check_not_held
 from .options import connection
 from .output import now_ms, outcome, print_json, when
 from .readonly import open_view, select_checkpoint

@@ -10,8 +10,8 @@ from __future__ import annotations
 from ..kafka.access import connect_admin
 from ..kafka.checkpoint_store import KafkaCheckpointView
 from ..kafka.snapshot_store import KafkaSnapshotView
-from ..state.checkpoint import CompletedCheckpoint
-from ..state.checkpoint_store import Guard
+from ..state.checkpoints.checkpoint import CompletedCheckpoint
+from ..state.checkpoints.checkpoint_store import Guard
 from .options import CliError, Connection
 
 #: The checkpoint store's view of its topic (no topic created, no producer); beyond the

@@ -31,9 +31,9 @@ from ..kafka import KafkaChangelogHandle, KafkaChangelogStorage
 from ..kafka.access import connect_admin
 from ..kafka.offsets import list_offsets
 from ..kafka.producer import AckedProducer
-from ..state.checkpoint import CompletedCheckpoint
-from ..state.checkpoint_store import checkpoint_key, guard_key, latest_key
-from ..state.driver_claim import driver_claim_key
+from ..state.checkpoints.checkpoint import CompletedCheckpoint
+from ..state.checkpoints.checkpoint_store import checkpoint_key, guard_key, latest_key
+from ..state.checkpoints.driver_claim import driver_claim_key
 from ..state.errors import CheckpointStoreError, SnapshotWriteError
 from ..state.records import OutRecord
 from .options import CliError, Connection, connection

@@ -2,8 +2,8 @@
 
 A backend's restore creates a changelog writer and may materialize (write
 chunks); the commands only look, so they load snapshot chunks and replay the
-changelog into a :class:`~kafka_changelog.state.table.StateTable` exactly as a
-restore does (:func:`~kafka_changelog.state.restore.load_keyed_state`).
+changelog into a :class:`~kafka_changelog.state.tables.memory.StateTable` exactly as a
+restore does (:func:`~kafka_changelog.state.backend.restore.load_keyed_state`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from types import TracebackType
 
 from ..kafka.reader import KafkaChangelogReader
 from ..keygroups import KeyGroupRange
-from ..state.checkpoint import CompletedCheckpoint, KeyedStateHandle
-from ..state.restore import load_keyed_state
-from ..state.table import StateTable
+from ..state.backend.restore import load_keyed_state
+from ..state.checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle
+from ..state.tables.memory import StateTable
 from .options import Connection
 from .readonly import SnapshotChunkReader
 

@@ -1,6 +1,6 @@
 """``rewind APP --to N --yes``: make retained checkpoint N the application's latest again.
 
-What is written, in the crash-safe order of :mod:`kafka_changelog.state.rewind`: a copy
+What is written, in the crash-safe order of :mod:`kafka_changelog.state.history.rewind`: a copy
 of checkpoint N as the new latest (id: the latest + 2), tombstones of the snapshot
 chunks only the checkpoints after N name (none another application's checkpoint
 uses), then tombstones of those checkpoints. Running the command again finishes an
@@ -29,11 +29,10 @@ from ..kafka.checkpoint_store import (
     KafkaCheckpointView,
 )
 from ..kafka.producer import AckedProducer
-from ..state.checkpoint_store import RETAIN_ALL, CheckpointStore
-from ..state.driver_claim import DEFAULT_DRIVER_LEASE_S
+from ..state.checkpoints.checkpoint_store import RETAIN_ALL, CheckpointStore
+from ..state.checkpoints.driver_claim import DEFAULT_DRIVER_LEASE_S
 from ..state.errors import SnapshotWriteError
-from ..state.records import OutRecord
-from ..state.rewind import (
+from ..state.history.rewind import (
     Chunk,
     RewindError,
     RewindPlan,
@@ -41,6 +40,7 @@ from ..state.rewind import (
     execute_rewind,
     plan_rewind,
 )
+from ..state.records import OutRecord
 from .options import CliError, Connection, connection
 from .output import age, now_ms, outcome, progress
 from .readonly import open_view

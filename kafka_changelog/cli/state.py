@@ -12,8 +12,8 @@ from typing import Any
 
 from ..keygroups import KeyGroupRange, key_group_for_key
 from ..keys import key_json
-from ..state.time_properties import PROCESSING_TIME_PROPERTY, recorded_time
-from ..state.ttl import live_entry, split_serializer_name
+from ..state.checkpoints.time_properties import PROCESSING_TIME_PROPERTY, recorded_time
+from ..state.schema.ttl import live_entry, split_serializer_name
 from .keyarg import describe_key, encode_cli_key, key_types_to_use
 from .options import CliError, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, table, when

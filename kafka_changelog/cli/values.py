@@ -1,7 +1,7 @@
 """State values decoded by the serializer names recorded with each state's registration.
 
 ``utf8``, ``int64``, ``float64``, ``json`` and Avro decode (as the serializers of
-:mod:`kafka_changelog.state.serializers` write them; Avro values resolved to the
+:mod:`kafka_changelog.state.schema.serializers` write them; Avro values resolved to the
 state's latest recorded schema); ``bytes``, Avro states of 0.2.0 (their schema is
 not recorded) and bytes that do not decode stay raw and are shown as base64 in JSON
 and hex in tables.
@@ -13,12 +13,12 @@ import base64
 import json
 from typing import Any
 
-from ..state.avro_names import is_avro_name
-from ..state.ops import StateMeta
-from ..state.schema_evolution import read_avro_value
-from ..state.serializers import FLOAT64, INT64, JSON, UTF8, Serializer
-from ..state.table_protocol import Entry
-from ..state.ttl import split_serializer_name
+from ..state.schema.avro_names import is_avro_name
+from ..state.schema.evolution import read_avro_value
+from ..state.schema.ops import StateMeta
+from ..state.schema.serializers import FLOAT64, INT64, JSON, UTF8, Serializer
+from ..state.schema.ttl import split_serializer_name
+from ..state.tables.protocol import Entry
 
 _KNOWN: dict[str, Serializer[Any]] = {s.name: s for s in (UTF8, INT64, FLOAT64, JSON)}
 
@@ -59,7 +59,7 @@ def decode_value(serializer: str | None, data: bytes) -> Any:
 def decode_entry(meta: StateMeta, entry: Entry) -> Any:
     """A state's entry for one key: a value, a list of values, or a dict of map entries
     (keys decoded with the map key serializer). A TTL'd state's entry is given without
-    its expiries (see :func:`~kafka_changelog.state.ttl.live_entry`)."""
+    its expiries (see :func:`~kafka_changelog.state.schema.ttl.live_entry`)."""
     serializer, _ = split_serializer_name(meta.value_serializer)
     if isinstance(entry, bytes):
         return decode_value(serializer, entry)

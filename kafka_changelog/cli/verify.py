@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ChangelogError, KafkaConnectionError
-from ..state.checkpoint import CompletedCheckpoint, StateTopics, SubtaskState
-from ..state.table_protocol import KeyedStateTable
+from ..state.checkpoints.checkpoint import CompletedCheckpoint, StateTopics, SubtaskState
+from ..state.tables.protocol import KeyedStateTable
 from .options import Connection, changelog_topic, connection, snapshot_topic
 from .output import print_json, progress, size, table, when
 from .readonly import existing_topics, open_view, select_checkpoint

@@ -1,7 +1,8 @@
 """The checkpoint store in a compacted, single-partition Kafka topic.
 
-The records and the view built from them are ``kafka_changelog.state.checkpoint_store``'s
-(layout in ``docs/snapshots-and-checkpoints.md``); this module reads and writes them.
+The records and the view built from them are
+``kafka_changelog.state.checkpoints.checkpoint_store``'s (layout in
+``docs/snapshots-and-checkpoints.md``); this module reads and writes them.
 :class:`KafkaCheckpointView` only reads (the Spark reader and the command line use it);
 :class:`KafkaCheckpointStore` also creates the topic and writes.
 """
@@ -15,8 +16,8 @@ from confluent_kafka import Consumer, KafkaError
 
 from ..errors import ChangelogError, TopicConfigError
 from ..gc_types import LogFloor
-from ..state.checkpoint import CompletedCheckpoint
-from ..state.checkpoint_store import (
+from ..state.checkpoints.checkpoint import CompletedCheckpoint
+from ..state.checkpoints.checkpoint_store import (
     DEFAULT_GUARD_LIFETIME_S,
     DEFAULT_RETAIN,
     MAX_CHECKPOINT_RECORD_BYTES,
@@ -26,9 +27,9 @@ from ..state.checkpoint_store import (
     check_retain,
     check_retain_for,
 )
-from ..state.driver_claim import DriverIdentity
+from ..state.checkpoints.driver_claim import DriverIdentity
+from ..state.checkpoints.subtask_commit import SubtaskCommit, parse_subtask_commit_key
 from ..state.errors import CheckpointStoreError
-from ..state.subtask_commit import SubtaskCommit, parse_subtask_commit_key
 from .access import connect_admin
 from .client_settings import KafkaConnection
 from .consume import consume_range, end_of_partition
@@ -39,7 +40,7 @@ from .producer import AckedProducer
 from .topics import TopicInfo, check_infinite_retention, check_size, ensure_topic
 
 if TYPE_CHECKING:
-    from ..state.driver_claim import DriverClaim
+    from ..state.checkpoints.driver_claim import DriverClaim
     from ..state.records import OutRecord
 
 

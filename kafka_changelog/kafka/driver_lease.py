@@ -1,6 +1,6 @@
 """A driver's hold on an application: one transactional producer that fences zombies.
 
-The rules of who may hold an application are ``state/driver_claim.py``'s; this module
+The rules of who may hold an application are ``state/checkpoints/driver_claim.py``'s; this module
 makes them stick across processes, the way Kafka's exactly-once fences zombies:
 
 1. :meth:`DriverLease.acquire` waits while a live driver of another query holds the
@@ -35,7 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..serialization import HEADER_SCHEMA
-from ..state.driver_claim import (
+from ..state.checkpoints.driver_claim import (
     DRIVER_CLAIM_SCHEMA_HEADER,
     ApplicationHeldError,
     DriverClaim,

@@ -1,6 +1,6 @@
 """Writing a store materialization job in a process of its own, at a lower CPU priority.
 
-A job (:mod:`kafka_changelog.state.store_materialization`) written on a thread of the
+A job (:mod:`kafka_changelog.state.host.store_materialization`) written on a thread of the
 Python worker that made it shares that worker's GIL with the next tasks: while it
 encodes and sends its key groups, the task's own thread gets about half of the
 interpreter, and a batch that overlaps a materialization takes visibly longer than the
@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..state.store_materialization import MaterializationJob, StartedJob, run_job
+from ..state.host.store_materialization import MaterializationJob, StartedJob, run_job
 from .snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 
 logger = logging.getLogger(__name__)

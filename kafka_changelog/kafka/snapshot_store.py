@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from ..errors import ChangelogError, TopicConfigError
 from ..state.errors import SnapshotWriteError
 from ..state.records import OutRecord, RecordAppender, RecordSource, StoredRecord
-from ..state.snapshot_store import (
+from ..state.snapshots.snapshot_store import (
     BROKER_DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_CHUNK_BYTES,
     KIB,

@@ -14,7 +14,7 @@ batch, gets there first:
    even when it lies beyond another subtask's open transaction;
 3. if that attempt committed, its commit is reused and nothing is computed or written;
    else the task computes, and :meth:`SubtaskCommitter.commit` writes the outputs and
-   the :class:`~kafka_changelog.state.subtask_commit.SubtaskCommit` record in one
+   the :class:`~kafka_changelog.state.checkpoints.subtask_commit.SubtaskCommit` record in one
    transaction. When another attempt took the id over meanwhile (this producer is
    fenced), the committer starts a new producer (fencing that one in turn), looks
    again, and reuses what the other attempt committed or commits its own.
@@ -33,10 +33,15 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from ..state.checkpoint_store import PARTITION, CheckpointStore
-from ..state.driver_claim import DriverClaim, DriverFencedError, DriverHolder, driver_claim_key
+from ..state.checkpoints.checkpoint_store import PARTITION, CheckpointStore
+from ..state.checkpoints.driver_claim import (
+    DriverClaim,
+    DriverFencedError,
+    DriverHolder,
+    driver_claim_key,
+)
+from ..state.checkpoints.subtask_commit import SubtaskCommit
 from ..state.errors import CheckpointStoreError
-from ..state.subtask_commit import SubtaskCommit
 from .checkpoint_store import CheckpointStoreConfig, high_watermark
 from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error

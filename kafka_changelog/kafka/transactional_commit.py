@@ -22,7 +22,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 
 from ..errors import KafkaAccessError
-from ..state.checkpoint import CompletedCheckpoint
+from ..state.checkpoints.checkpoint import CompletedCheckpoint
 from ..state.errors import CheckpointStoreError
 from .checkpoint_store import KafkaCheckpointStore
 from .error_text import describe, is_access_error

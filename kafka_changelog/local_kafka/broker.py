@@ -10,10 +10,11 @@ Example::
 Nodes are addressed by *index* (0 .. nodes-1); node index ``i`` has Kafka
 ``node.id`` ``i + 1``.
 
-Why this module is long: one class owns the nodes' life cycle (configs, start, wait until
-usable, kill, pause, restart, stop) and the questions tests ask of a running cluster
-(leaders, controller); the pieces without cluster state are modules of their own (``jvm``,
-``process``, ``config``, ``security``, ``acls``, ``probe``, ``topics``).
+Why this module is over the library's 600 lines: one class owns the nodes' life cycle
+(configs, start, wait until usable, kill, pause, restart, stop) and the questions tests
+ask of a running cluster (leaders, controller); the pieces without cluster state are
+modules of their own (``jvm``, ``process``, ``config``, ``security``, ``acls``, ``probe``,
+``topics``).
 """
 
 from __future__ import annotations

@@ -5,21 +5,20 @@ checkpoint stores live in :mod:`kafka_changelog.kafka`. The names an application
 needs are importable from this package.
 """
 
-from .backend_config import BackendKind, StateBackendConfig
-from .bulk_state import BulkState
-from .checkpoint import CompletedCheckpoint, KeyedStateHandle, OperatorStateHandle, SubtaskState
-from .checkpoint_store import CheckpointStore, InMemoryCheckpointStore
-from .coordinator import CheckpointCoordinator, GarbageReport
-from .descriptors import (
-    StateDescriptor,
-    StateKind,
-    aggregating_state,
-    list_state,
-    map_state,
-    reducing_state,
-    value_state,
+from .backend.bulk_state import BulkState
+from .backend.config import BackendKind, StateBackendConfig
+from .backend.keyed_backend import ChangelogKeyedStateBackend
+from .backend.local_recovery import LocalRecoveryStore
+from .backend.operator_state import OperatorStateBackend
+from .backend.restore import load_keyed_state, restore_backend
+from .checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    OperatorStateHandle,
+    SubtaskState,
 )
-from .driver_claim import ApplicationHeldError, DriverFencedError
+from .checkpoints.checkpoint_store import CheckpointStore, InMemoryCheckpointStore
+from .checkpoints.driver_claim import ApplicationHeldError, DriverFencedError
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -34,22 +33,31 @@ from .errors import (
     SnapshotWriteError,
     StateMismatchError,
 )
-from .keyed_backend import ChangelogKeyedStateBackend
-from .local_recovery import LocalRecoveryStore
-from .materialization import MaterializationStats
-from .materializer import MaterializationConfig
-from .operator_state import OperatorStateBackend
-from .restore import load_keyed_state, restore_backend
-from .rocksdb_options import RocksDBOptions
-from .serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
-from .snapshot_store import InMemorySnapshotStore, SnapshotStore
-from .ttl import StateTtl
+from .history.coordinator import CheckpointCoordinator, GarbageReport
+from .history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
+from .rocksdb.options import RocksDBOptions
+from .schema.descriptors import (
+    StateDescriptor,
+    StateKind,
+    aggregating_state,
+    list_state,
+    map_state,
+    reducing_state,
+    value_state,
+)
+from .schema.serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
+from .schema.ttl import StateTtl
+from .snapshots.materialization import MaterializationStats
+from .snapshots.materializer import MaterializationConfig
+from .snapshots.snapshot_store import InMemorySnapshotStore, SnapshotStore
+from .time.timers import TimeDomain
 
 __all__ = [
     "BYTES",
     "FLOAT64",
     "INT64",
     "JSON",
+    "REWOUND_FROM_PROPERTY",
     "UTF8",
     "ApplicationHeldError",
     "AvroSerializer",
@@ -89,10 +97,13 @@ __all__ = [
     "StateMismatchError",
     "StateTtl",
     "SubtaskState",
+    "TimeDomain",
     "aggregating_state",
+    "execute_rewind",
     "list_state",
     "load_keyed_state",
     "map_state",
+    "plan_rewind",
     "reducing_state",
     "restore_backend",
     "value_state",

@@ -29,7 +29,7 @@ from kafka_changelog.avro_columns import Bytes, Int64s, padded, read_lengths, re
 from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.kafka.reader import decode_log_record
 from kafka_changelog.keys import key_text
-from kafka_changelog.state.ops import StateMeta
+from kafka_changelog.state.schema.ops import StateMeta
 
 from .change_arrow import binary_array, decoded_strings, list_array, utf8
 from .change_schema import BATCH_ROWS, BINARY_LIST, CHANGES_SCHEMA, META_OP

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 
 from .feed_schema import CheckpointStamp
 from .planning import (

@@ -15,7 +15,7 @@ Planning (which checkpoint, which input partitions) is in
 input partition in :mod:`.task_reading` (changes decoded column-wise
 by :mod:`.change_columns`, state rows by :mod:`.rows`,
 timer rows by :mod:`.timer_rows`).
-See ``docs/spark.md``.
+See ``docs/reading.md``.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class TaskPartition(InputPartition):
 
 
 class KafkaChangelogDataSource(DataSource):
-    """The batch data source ``kafka-changelog`` (options in ``docs/spark.md``).
+    """The batch data source ``kafka-changelog`` (options in ``docs/reading.md``).
 
     ``default_min_partitions``: option ``minPartitions`` when not given (None: one input
     partition per slice); :func:`register` sets it to the session's parallelism.

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointView
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
 
 from .checkpoint_changes import FeedTask, committed_changes
 from .planning import (

@@ -6,7 +6,7 @@ one byte buffer, each field of all payloads in one NumPy step
 of copying it: the Arrow columns are built from that in one copy
 (:mod:`.change_arrow`).
 
-It reads what :meth:`~kafka_changelog.state.ops.StateOp.from_bytes` reads, with the
+It reads what :meth:`~kafka_changelog.state.schema.ops.StateOp.from_bytes` reads, with the
 same result, except two encodings it leaves to that decoder: array blocks that carry
 their byte size (a negative count) and lists of more than :data:`MAX_ITEMS` values.
 For those, and for anything malformed, it returns ``None`` and the caller decodes

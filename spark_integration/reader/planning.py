@@ -21,10 +21,13 @@ from kafka_changelog.kafka.handle import KafkaChangelogHandle
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.keys import recorded_key_types
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle
-from kafka_changelog.state.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle
+from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.time_properties import (
+    PROCESSING_TIME_PROPERTY,
+    recorded_time,
+)
 from kafka_changelog.state.errors import CheckpointNotFoundError, CheckpointStoreError
-from kafka_changelog.state.time_properties import PROCESSING_TIME_PROPERTY, recorded_time
 
 from .scan import OffsetSlice
 
@@ -62,7 +65,7 @@ OPTIONS: dict[str, str] = {
     "slice.keygroups": f"key groups per input partition in modes state and timers "
                        f"(default {DEFAULT_SLICE_KEY_GROUPS})",
     "pushdown": "'true': filters on key, key_decoded and key_group read only their key "
-                "groups (default 'false'; see docs/spark.md, 'Key lookups')",
+                "groups (default 'false'; see docs/reading.md, 'Key lookups')",
     "minpartitions": "changes mode: input partitions are a multiple of this (default: the "
                      "session's parallelism when registered with register(spark), else one "
                      "per slice)",

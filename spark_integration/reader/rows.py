@@ -22,12 +22,12 @@ import pyarrow as pa
 from kafka_changelog.change import META_KEY_GROUP
 from kafka_changelog.errors import RecordDecodeError
 from kafka_changelog.keys import key_text
-from kafka_changelog.state.avro_names import is_avro_name
-from kafka_changelog.state.ops import StateMeta
-from kafka_changelog.state.schema_evolution import read_avro_value
-from kafka_changelog.state.table_protocol import Entry, KeyedStateTable
-from kafka_changelog.state.timers import TIMERS_STATE
-from kafka_changelog.state.ttl import live_entry, split_serializer_name
+from kafka_changelog.state.schema.avro_names import is_avro_name
+from kafka_changelog.state.schema.evolution import read_avro_value
+from kafka_changelog.state.schema.ops import StateMeta
+from kafka_changelog.state.schema.ttl import live_entry, split_serializer_name
+from kafka_changelog.state.tables.protocol import Entry, KeyedStateTable
+from kafka_changelog.state.time.timers import TIMERS_STATE
 
 from .change_schema import BATCH_ROWS, BINARY_LIST, CHANGES_SCHEMA, META_OP
 from .scan import OffsetSlice, ScannedChange, decode_state_op

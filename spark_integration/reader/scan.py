@@ -28,7 +28,7 @@ from kafka_changelog.kafka.reader import KafkaChangelogReader, decode_log_record
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotView
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.serialization import schemas_dir
-from kafka_changelog.state.ops import StateOp
+from kafka_changelog.state.schema.ops import StateOp
 
 
 @dataclass(frozen=True)

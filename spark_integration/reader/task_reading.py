@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from kafka_changelog.state.restore import load_keyed_state
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.backend.restore import load_keyed_state
+from kafka_changelog.state.tables.memory import StateTable
 
 from .change_columns import column_change_batches
 from .change_schema import BATCH_ROWS
@@ -32,7 +32,7 @@ def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptio
     within a record); ``ChangesGroup``: those of each of its slices in turn, with one
     consumer. ``StateTask``: its key groups' snapshot chunks, then the changelog
     replayed on top (exactly as a restore does, with
-    :func:`~kafka_changelog.state.restore.load_keyed_state`), as rows of its states'
+    :func:`~kafka_changelog.state.backend.restore.load_keyed_state`), as rows of its states'
     entries, or of its timers (``StateTask.timers``).
     """
     if isinstance(task, ChangesTask | ChangesGroup):

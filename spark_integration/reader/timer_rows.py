@@ -1,7 +1,7 @@
 """Mode ``timers`` of ``format("kafka-changelog")``: the registered timers, decoded.
 
 Timers are keyed state in a reserved map state (``__kc_timers``, see
-:mod:`kafka_changelog.state.timers`) whose map keys encode each timer's domain and time;
+:mod:`kafka_changelog.state.time.timers`) whose map keys encode each timer's domain and time;
 mode ``state`` leaves that state out, and this mode shows it as one row per timer. The
 Arrow schema is exactly what Spark derives from the reader's Spark schema
 (``spark_integration.reader.datasource``; a test compares the two). No pyspark import.
@@ -14,8 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from kafka_changelog.state.table_protocol import KeyedStateTable
-from kafka_changelog.state.timers import TIMERS_STATE, TimeDomain, parse_timer_map_key
+from kafka_changelog.state.tables.protocol import KeyedStateTable
+from kafka_changelog.state.time.timers import TIMERS_STATE, TimeDomain, parse_timer_map_key
 
 from .change_schema import BATCH_ROWS
 from .rows import decoded_keys

@@ -52,10 +52,10 @@ from kafka_changelog.keys import (
     recorded_key_types,
     same_key_encoding,
 )
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import CheckpointStore
-from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY
-from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY
 
 from ..checkpoint_properties import BATCH_ID, QUERY_ID
 

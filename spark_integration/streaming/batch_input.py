@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kafka_changelog.enums import StrEnum
-from kafka_changelog.state.source_offsets import SourceOffsets
+from kafka_changelog.state.checkpoints.source_offsets import SourceOffsets
 
 logger = logging.getLogger(__name__)
 

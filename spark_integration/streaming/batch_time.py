@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.checkpoint_store import CheckpointStore
-from kafka_changelog.state.subtask_commit import SubtaskCommit
-from kafka_changelog.state.time_properties import (
+from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
+from kafka_changelog.state.checkpoints.subtask_commit import SubtaskCommit
+from kafka_changelog.state.checkpoints.time_properties import (
     PROCESSING_TIME_PROPERTY,
     WATERMARK_PROPERTY,
     recorded_time,

@@ -18,11 +18,14 @@ from kafka_changelog.kafka import KafkaChangelogConfig
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
-from kafka_changelog.state.backend_config import BackendKind
-from kafka_changelog.state.chunk_sweep import DEFAULT_SWEEP_GRACE_S, DEFAULT_SWEEP_INTERVAL_S
-from kafka_changelog.state.driver_claim import DEFAULT_DRIVER_LEASE_S
-from kafka_changelog.state.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
-from kafka_changelog.state.rocksdb_options import RocksDBOptions
+from kafka_changelog.state.backend.config import BackendKind
+from kafka_changelog.state.checkpoints.driver_claim import DEFAULT_DRIVER_LEASE_S
+from kafka_changelog.state.host.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
+from kafka_changelog.state.rocksdb.options import RocksDBOptions
+from kafka_changelog.state.snapshots.chunk_sweep import (
+    DEFAULT_SWEEP_GRACE_S,
+    DEFAULT_SWEEP_INTERVAL_S,
+)
 
 from ..sessions.kafka_options import java_kafka_options, reader_options
 
@@ -100,7 +103,7 @@ class StreamingStateConfig:
     #: ``local_state_dir`` that any Python worker on the host reattaches; state may exceed
     #: the worker's memory; needs ``rocksdict``, in the ``spark`` extra) or "memory" (kept
     #: by the Python worker that ran the subtask last; a task in another worker restores
-    #: from Kafka). See docs/spark.md, "State backends". A :class:`BackendKind` or its
+    #: from Kafka). See docs/operations.md, "State backends". A :class:`BackendKind` or its
     #: value; a :class:`BackendKind` after construction.
     state_backend: BackendKind | str = BackendKind.ROCKSDB
     #: Where "rocksdb" keeps the host-local subtask stores (None: the user's own
@@ -122,7 +125,7 @@ class StreamingStateConfig:
     #: compression...; default: :class:`RocksDBOptions`'s defaults, a 64 MiB block cache
     #: shared by the stores of a Python worker and 32 MiB write buffers).
     rocksdb_options: RocksDBOptions = field(default_factory=RocksDBOptions)
-    #: Input the state already holds (see docs/spark.md, "Input offsets: the state's
+    #: Input the state already holds (see docs/exactly-once.md, "Input offsets: the state's
     #: checkpoint is the truth"): a batch whose Kafka input starts before the offsets the
     #: state's checkpoint recorded, or that reads files the state holds, is refused
     #: (``InputOffsetsError``); with this, those rows are dropped instead (Kafka rows need

@@ -34,12 +34,16 @@ import pandas as pd
 
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.descriptors import StateDescriptor
-from kafka_changelog.state.input_progress import InputProgress
-from kafka_changelog.state.subtask_backend import StateSource
-from kafka_changelog.state.subtask_commit import SubtaskCommit
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
+from kafka_changelog.state.checkpoints.input_progress import InputProgress
+from kafka_changelog.state.checkpoints.subtask_commit import SubtaskCommit
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.host.subtask_backend import StateSource
+from kafka_changelog.state.schema.descriptors import StateDescriptor
 
 from ..checkpoint_properties import QUERY_ID
 from ..keys import key_columns_of, key_sql
@@ -210,7 +214,7 @@ class StatefulProcessor:
         and drop its subtask placement. Call it once the query has stopped (the processor
         works again afterwards, reopening what it needs).
 
-        Guarantees on return (docs/spark.md, "Stopping a query"): in the driver process,
+        Guarantees on return (docs/streaming.md, "Stopping a query"): in the driver process,
         the application's Kafka producers, consumers and admin clients are closed, its
         driver lease is released and its heartbeat thread ended, its snapshot sweep
         ended (or, still reading after ``SWEEP_WAIT_S``, deletes nothing); in Spark's

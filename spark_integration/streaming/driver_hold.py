@@ -1,6 +1,6 @@
 """The driver's hold on its application, taken before every batch.
 
-One driver at a time runs an application (``kafka_changelog/state/driver_claim.py``):
+One driver at a time runs an application (``kafka_changelog/state/checkpoints/driver_claim.py``):
 before each batch the driver reads the checkpoint topic up to everything written for
 its application, takes the application (its first batch, or after another driver took
 it over) or checks it still holds it, and, after every new claim, fences the
@@ -18,8 +18,8 @@ from typing import Any
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.kafka.driver_lease import DriverLease
 from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, check_output_topics, fence
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.driver_claim import DriverHolder
+from kafka_changelog.state.checkpoints.driver_claim import DriverHolder
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 
 from ..sessions.connect import connect_query_running, is_connect
 from .config import StreamingStateConfig

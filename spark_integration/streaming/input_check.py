@@ -3,7 +3,7 @@ the state already holds, nor skips input it never saw, whatever its checkpointLo
 
 Before any task of a batch runs, the driver compares the batch's input
 (:mod:`spark_integration.streaming.batch_input`) with the input its base checkpoint
-records (:class:`~kafka_changelog.state.input_progress.InputProgress`):
+records (:class:`~kafka_changelog.state.checkpoints.input_progress.InputProgress`):
 
 * **Kafka**, every batch: per topic-partition the state recorded, the batch must start
   exactly where the state ended. Before it, the batch would apply input again (a second
@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.input_progress import InputProgress
-from kafka_changelog.state.source_offsets import starting_offsets_json
+from kafka_changelog.state.checkpoints.input_progress import InputProgress
+from kafka_changelog.state.checkpoints.source_offsets import starting_offsets_json
 
 from .batch_input import BatchInput, BatchSource, SourceKind
 

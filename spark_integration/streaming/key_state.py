@@ -14,9 +14,9 @@ from typing import Any
 
 from kafka_changelog.enums import StrEnum
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.descriptors import StateDescriptor
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.timers import TimeDomain
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.schema.descriptors import StateDescriptor
+from kafka_changelog.state.time.timers import TimeDomain
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 

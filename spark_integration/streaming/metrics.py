@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
-from kafka_changelog.state.subtask_backend import StateSource
+from kafka_changelog.state.host.subtask_backend import StateSource
 
 from .batch_identity import BatchKind
 
@@ -124,7 +124,7 @@ class BatchReport:
     watermark_ms: int | None = None
     next_watermark_ms: int | None = None
     #: Seconds the driver took to read the batch's input from the query and check it
-    #: against the input the state holds (docs/spark.md, "Input offsets").
+    #: against the input the state holds (docs/exactly-once.md, "Input offsets").
     input_check_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

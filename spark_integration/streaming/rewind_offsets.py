@@ -1,11 +1,11 @@
 """``starting_offsets``: where Spark's Kafka source continues a checkpoint's state.
 
 Each checkpoint the streaming driver commits records the Kafka offsets its state has read
-up to (``kafka_changelog/state/input_progress.py``), and the driver refuses a batch that
+up to (``kafka_changelog/state/checkpoints/input_progress.py``), and the driver refuses a batch that
 does not start there (``spark_integration/streaming/input_check.py``). A query with a
 fresh ``checkpointLocation`` (a redeploy, a new cluster, after ``kafka-changelog rewind``)
 started with ``.option("startingOffsets", starting_offsets(config))`` reads exactly the
-input that came after the state's (see docs/spark.md, "Input offsets").
+input that came after the state's (see docs/exactly-once.md, "Input offsets").
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from kafka_changelog.kafka.access import connect_admin
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointView
-from kafka_changelog.state.source_offsets import (
+from kafka_changelog.state.checkpoints.source_offsets import (
     SOURCE_OFFSETS_PROPERTY,
     SourceOffsetsError,
     parse_offsets,

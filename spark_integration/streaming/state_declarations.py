@@ -16,13 +16,13 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kafka_changelog.state.descriptors import StateDescriptor
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.errors import StateSchemaError
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.ops import StateMeta
-from kafka_changelog.state.schema_evolution import evolve_meta, requested_meta
-from kafka_changelog.state.timers import TIMERS_STATE
-from kafka_changelog.state.ttl_state import check_ttl_unchanged
+from kafka_changelog.state.schema.descriptors import StateDescriptor
+from kafka_changelog.state.schema.evolution import evolve_meta, requested_meta
+from kafka_changelog.state.schema.ops import StateMeta
+from kafka_changelog.state.time.timers import TIMERS_STATE
+from kafka_changelog.state.time.ttl_state import check_ttl_unchanged
 
 #: Checkpoint properties ``state.<name>``: a declared state's registration (JSON).
 STATE_PROPERTY_PREFIX = "state."

@@ -6,7 +6,7 @@ One task per subtask per batch: Spark partition ``i`` holds exactly subtask ``i`
 for every partition: the driver gives each subtask one marker row (removed before the
 task sees its rows), so every subtask checkpoints, fires its due timers and expires its
 state even in a batch without rows. The task gets its backend through
-:func:`kafka_changelog.state.acquire.acquire` (reattached, rolled back, restored or
+:func:`kafka_changelog.state.host.acquire.acquire` (reattached, rolled back, restored or
 fresh), and returns one handle row (the subtask's state in the checkpoint, its metrics)
 plus, when the outputs go to a sink function, its output rows.
 """
@@ -27,15 +27,15 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka.task_commit import SubtaskCommitter
 from kafka_changelog.kafka.transactional_commit import OutputRecord
 from kafka_changelog.keys import NullKeyError
-from kafka_changelog.state import host_store
-from kafka_changelog.state.acquire import AcquiredBackend, acquire, discard, keep
-from kafka_changelog.state.backend_config import BackendKind
-from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
-from kafka_changelog.state.driver_claim import DriverHolder
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.subtask_backend import StateSource, SubtaskPlacement
-from kafka_changelog.state.subtask_commit import SubtaskCommit, subtask_commit_key
+from kafka_changelog.state.backend.config import BackendKind
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.checkpoints.driver_claim import DriverHolder
+from kafka_changelog.state.checkpoints.subtask_commit import SubtaskCommit, subtask_commit_key
+from kafka_changelog.state.host import host_store
+from kafka_changelog.state.host.acquire import AcquiredBackend, acquire, discard, keep
+from kafka_changelog.state.host.subtask_backend import StateSource, SubtaskPlacement
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 
 from .columns import (
     HANDLE_COLUMN,

@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 
 from kafka_changelog.errors import ChangelogError
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.timers import TimeDomain
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.time.timers import TimeDomain
 
 from .event_times import event_times_ms
 from .key_runs import key_value_of

@@ -28,11 +28,11 @@ import pandas as pd
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
 from kafka_changelog.keys import encode_key
-from kafka_changelog.state.acquire import AcquiredBackend
-from kafka_changelog.state.descriptors import StateDescriptor
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.subtask_backend import StateSource
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.host.acquire import AcquiredBackend
+from kafka_changelog.state.host.subtask_backend import StateSource
+from kafka_changelog.state.schema.descriptors import StateDescriptor
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .batch_time import next_watermark
 from .columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN

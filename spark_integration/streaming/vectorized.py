@@ -3,7 +3,7 @@
 With ``stateful_foreach_batch(..., vectorized=True)`` the user's function is
 ``fn(rows, state)``: ``rows`` are all of a subtask's rows of the micro-batch (user
 columns only, sorted by key then ``order_by``, index ``0..n-1``) and ``state`` a
-:class:`BatchState`, a :class:`~kafka_changelog.state.bulk_state.BulkState` over the
+:class:`BatchState`, a :class:`~kafka_changelog.state.backend.bulk_state.BulkState` over the
 subtask's backend opened for the batch's distinct keys. The function folds rows with
 pandas (``groupby`` aggregates) and reads and writes the state of many keys per call,
 instead of being called once per key with a state object per call; it returns the
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kafka_changelog.state.bulk_state import BulkState
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.timers import Timer
+from kafka_changelog.state.backend.bulk_state import BulkState
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.time.timers import Timer
 
 from .key_runs import keys_at, run_starts
 from .key_state import BatchContext, KeyState, KeyTimers, TimerInfo

@@ -24,11 +24,11 @@ from kafka_changelog.kafka.job_process import spawn_job
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
 from kafka_changelog.kafka.task_commit import SubtaskCommitter
 from kafka_changelog.kafka.topic_owners import claim_topics
-from kafka_changelog.state.backend_config import BackendKind
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.local_store import remove_operator_stores
-from kafka_changelog.state.store_materialization import StartedJob, run_job
-from kafka_changelog.state.subtask_backend import CachedBackend
+from kafka_changelog.state.backend.config import BackendKind
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.host.local_store import remove_operator_stores
+from kafka_changelog.state.host.store_materialization import StartedJob, run_job
+from kafka_changelog.state.host.subtask_backend import CachedBackend
 
 from .config import StreamingStateConfig
 from .kafka_sink import KafkaOutputSink

@@ -27,11 +27,11 @@ from kafka_changelog.kafka import (
     SnapshotStoreConfig,
 )
 from kafka_changelog.keys import encode_key
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.descriptors import list_state, map_state, value_state
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.serializers import BYTES, FLOAT64, INT64, JSON, UTF8
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.schema.descriptors import list_state, map_state, value_state
+from kafka_changelog.state.schema.serializers import BYTES, FLOAT64, INT64, JSON, UTF8
 
 MAX_P = 128
 

@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 
 from kafka_changelog.cli.output import when
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 
 from .cli_helpers import (
     MAX_P,

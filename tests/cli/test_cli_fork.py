@@ -15,9 +15,14 @@ from kafka_changelog.cli.main import main
 from kafka_changelog.cli.options import Connection
 from kafka_changelog.kafka import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.producer import AckedProducer
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.errors import CheckpointStoreError
-from kafka_changelog.state.fork import FORK_APPLICATION, FORK_CHECKPOINT, ForkRequest, plan_fork
+from kafka_changelog.state.history.fork import (
+    FORK_APPLICATION,
+    FORK_CHECKPOINT,
+    ForkRequest,
+    plan_fork,
+)
 
 from .cli_helpers import (
     Deployment,

@@ -24,9 +24,9 @@ from kafka_changelog.cli.options import (
 from kafka_changelog.cli.output import age, size, table
 from kafka_changelog.cli.values import Raw, decode_entry, to_json, to_text
 from kafka_changelog.keys import KeyTypeError, encode_key, key_json
-from kafka_changelog.state.descriptors import StateKind
-from kafka_changelog.state.ops import StateMeta
-from kafka_changelog.state.serializers import FLOAT64, INT64, JSON, UTF8
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.ops import StateMeta
+from kafka_changelog.state.schema.serializers import FLOAT64, INT64, JSON, UTF8
 
 
 def test_split_types_keeps_decimal_commas() -> None:

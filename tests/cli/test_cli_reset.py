@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from kafka_changelog.kafka.handle import KafkaChangelogHandle
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import checkpoint_key, guard_key, latest_key
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import checkpoint_key, guard_key, latest_key
 
 from .cli_helpers import (
     Deployment,

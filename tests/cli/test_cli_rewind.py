@@ -16,11 +16,11 @@ import pytest
 
 from kafka_changelog.cli.main import main
 from kafka_changelog.kafka import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import checkpoint_key
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY, plan_rewind
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import checkpoint_key
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY, plan_rewind
 
 from .cli_helpers import (
     COUNT,

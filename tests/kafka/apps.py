@@ -8,9 +8,9 @@ from typing import Any
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
-from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 from tests.state.state_helpers import (
     MAX_P,
     apply_event,

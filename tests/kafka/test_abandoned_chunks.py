@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.snapshot_store import finish_or_abandon
+from kafka_changelog.state.snapshots.snapshot_store import finish_or_abandon
 
 pytestmark = pytest.mark.broker
 

@@ -16,19 +16,19 @@ from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from kafka_changelog.local_kafka.topics import create_topic
-from kafka_changelog.state.checkpoint import (
+from kafka_changelog.state.checkpoints.checkpoint import (
     CompletedCheckpoint,
     KeyedStateHandle,
     OperatorStateHandle,
     SubtaskState,
 )
-from kafka_changelog.state.checkpoint_store import checkpoint_key
+from kafka_changelog.state.checkpoints.checkpoint_store import checkpoint_key
 from kafka_changelog.state.errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
     CheckpointOrderError,
 )
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle
 
 pytestmark = pytest.mark.broker
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from kafka_changelog.state.snapshot_store import LiveKey
+from kafka_changelog.state.snapshots.snapshot_store import LiveKey
 from tests.kafka.apps import App
 from tests.state.state_helpers import ranges
 

@@ -22,14 +22,14 @@ from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaC
 from kafka_changelog.kafka.driver_lease import DriverLease, driver_transactional_id
 from kafka_changelog.kafka.task_commit import SubtaskCommitter, fence
 from kafka_changelog.kafka.transactional_commit import OutputRecord
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import checkpoint_key
-from kafka_changelog.state.driver_claim import (
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import checkpoint_key
+from kafka_changelog.state.checkpoints.driver_claim import (
     ApplicationHeldError,
     DriverFencedError,
     DriverIdentity,
 )
-from kafka_changelog.state.subtask_commit import SubtaskCommit
+from kafka_changelog.state.checkpoints.subtask_commit import SubtaskCommit
 
 pytestmark = pytest.mark.broker
 

@@ -15,8 +15,8 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.snapshot import ChunkRef
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.snapshots.snapshot import ChunkRef
 from tests.kafka.apps import App
 
 pytestmark = pytest.mark.broker

@@ -20,7 +20,7 @@ from kafka_changelog import (
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.transactional_commit import TransactionalCommitter
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 from kafka_changelog.testing.pytest_plugin import SECURE_USERS
 from tests.kafka.kafka_helpers import changes_of
 

@@ -11,10 +11,10 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from kafka_changelog import KeyGroupRange
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.local_recovery import LocalRecoveryStore
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.errors import SnapshotMissingError
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.local_recovery import LocalRecoveryStore
 from tests.kafka.test_state_kafka import USERS, Job
 from tests.state.state_helpers import MAX_P, apply_event, expected_for, model_apply, read_user
 

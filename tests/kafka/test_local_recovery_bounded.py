@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from kafka_changelog import key_group_for_key
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.local_recovery import LocalKeyedStateHandle, LocalRecoveryStore
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.local_recovery import LocalKeyedStateHandle, LocalRecoveryStore
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.writer import SnapshotResult
 from tests.kafka.test_local_recovery import ALL, restore
 from tests.kafka.test_state_kafka import USERS, Job

@@ -20,7 +20,7 @@ from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
-from kafka_changelog.state.coordinator import CheckpointCoordinator
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 from tests.state.model_machine import CheckpointMachine, Environment, FailingSnapshots, fresh_totals
 
 pytestmark = pytest.mark.broker

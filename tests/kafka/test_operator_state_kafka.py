@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.operator_state import OperatorStateBackend
-from kafka_changelog.state.serializers import JSON
+from kafka_changelog.state.backend.operator_state import OperatorStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.schema.serializers import JSON
 from tests.kafka.test_state_kafka import USERS, Job
 from tests.state.state_helpers import (
     MAX_P,

@@ -21,7 +21,7 @@ from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from kafka_changelog.local_kafka.topics import create_topic
 from kafka_changelog.serialization import encode
 from kafka_changelog.state.errors import SnapshotCorruptError, SnapshotMissingError
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle
 
 pytestmark = pytest.mark.broker
 

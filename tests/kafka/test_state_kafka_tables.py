@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.tables.memory import StateTable
 from tests.state.state_helpers import expected_for, ranges, read_user, users_in
 
 from .test_state_kafka import USERS, Job

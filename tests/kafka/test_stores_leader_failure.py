@@ -20,7 +20,7 @@ from kafka_changelog.kafka import (
     SnapshotStoreConfig,
 )
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.snapshot import SnapshotHandle
+from kafka_changelog.state.snapshots.snapshot import SnapshotHandle
 
 from .test_checkpoint_store import checkpoint
 

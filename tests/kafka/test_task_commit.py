@@ -26,7 +26,7 @@ from kafka_changelog.kafka.task_commit import (
     fence,
 )
 from kafka_changelog.kafka.transactional_commit import OutputRecord
-from kafka_changelog.state.subtask_commit import SubtaskCommit
+from kafka_changelog.state.checkpoints.subtask_commit import SubtaskCommit
 
 pytestmark = pytest.mark.broker
 

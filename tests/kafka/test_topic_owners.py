@@ -17,7 +17,11 @@ from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.kafka.topic_owners import SharedTopicError, claim_topics
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
 
 pytestmark = pytest.mark.broker
 

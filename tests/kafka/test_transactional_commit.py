@@ -15,7 +15,11 @@ from confluent_kafka import Consumer, TopicPartition
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.transaction_calls import TransactionFencedError
 from kafka_changelog.kafka.transactional_commit import OutputRecord, TransactionalCommitter
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, OperatorStateHandle, SubtaskState
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    OperatorStateHandle,
+    SubtaskState,
+)
 from kafka_changelog.state.errors import CheckpointOrderError
 
 pytestmark = pytest.mark.broker

@@ -11,12 +11,17 @@ import pytest
 import kafka_changelog
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Documents whose ``python`` blocks a test runs: README.md and docs/spark.md in
-#: test_readme_examples.py (against a broker and Spark), the in-process documents in
-#: test_docs_examples.py. A new document with examples must join one of them.
+#: Documents whose ``python`` blocks a test runs: README.md and the Spark guides in
+#: test_readme_examples.py (against a broker and Spark, each in a fresh interpreter), the
+#: in-process documents in test_docs_examples.py. A new document with examples must join one
+#: of them.
 RUN_EXAMPLES = {
     "README.md",
-    "docs/spark.md",
+    "docs/reading.md",
+    "docs/streaming.md",
+    "docs/time.md",
+    "docs/exactly-once.md",
+    "docs/operations.md",
     "docs/state.md",
     "docs/schema-evolution.md",
     "docs/rewind.md",
@@ -30,7 +35,9 @@ FRAGMENTS = {"docs/kafka-storage.md"}
 #: tests/spark/test_secured_streaming.py runs against a SASL_SSL broker.
 SECURED = {"docs/security.md"}
 #: The documents whose links are checked.
-LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/spark-internals.md",
+LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/reading.md", "docs/streaming.md",
+          "docs/time.md", "docs/exactly-once.md", "docs/spark-connect.md",
+          "docs/spark-internals.md", "docs/ARCHITECTURE.md",
           "docs/state.md", "docs/kafka-storage.md", "docs/snapshots-and-checkpoints.md",
           "docs/security.md", "docs/operations.md",
           "docs/schema-evolution.md",
@@ -67,6 +74,26 @@ def test_every_document_with_python_examples_has_them_run_by_a_test() -> None:
     assert with_examples == expected, (
         "documents with python examples that no test runs (or a runner without examples): "
         f"{sorted(with_examples ^ expected)}")
+
+
+def test_the_examples_are_run_by_the_tests_named_above() -> None:
+    from tests.project.test_docs_examples import IN_PROCESS_DOCS
+    from tests.project.test_readme_examples import BROKER_DOCS
+    run = set(BROKER_DOCS) | {f"docs/{name}" for name in IN_PROCESS_DOCS}
+    assert run == RUN_EXAMPLES, sorted(run ^ RUN_EXAMPLES)
+
+
+def test_the_readme_lists_every_document() -> None:
+    """README.md's "Documentation" list links every document of docs/, one item each."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^- \[[^\]]*\]\(([^)#]+)\)", section, re.M)
+    documents = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md"))
+    assert sorted(set(items) & set(documents)) == documents, (
+        f"documents the README's list does not link: {sorted(set(documents) - set(items))}")
+    assert len(items) == len(set(items)), "a document listed twice"
+    assert all(name in LINKED for name in documents), (
+        f"documents whose links no test checks: {sorted(set(documents) - set(LINKED))}")
 
 
 def anchors(markdown: str) -> set[str]:

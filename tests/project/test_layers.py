@@ -8,6 +8,11 @@ command line, ``kafka_changelog/cli/``, and the local Kafka it runs,
 may use every layer below, never spark. So may the test kit
 (``kafka_changelog/testing/``), which the library, spark and the tools never import.
 
+Inside state, the sub-packages stand in floors (``STATE_FLOORS``, drawn in
+docs/ARCHITECTURE.md): each imports only floors below its own, so two on one floor
+never import each other. The modules at the root of ``kafka_changelog/state/``
+(errors, records) are the ground floor; its ``__init__`` hands the public names on.
+
 Inside spark, one package per role: the reader (``spark_integration/reader/``) and
 streaming (``spark_integration/streaming/``) never import each other; both may use
 sessions (``spark_integration/sessions/``) and the modules both sides hold to, at the top
@@ -26,6 +31,13 @@ LAYERS = {"core": 0, "state": 1, "kafka": 2, "tools": 3, "spark": 3, "test kit":
 # spark import the test kit.
 FORBIDDEN = {("tools", "spark"), ("test kit", "spark"), ("tools", "test kit"),
              ("spark", "test kit")}
+
+
+#: The sub-packages of ``kafka_changelog/state/``, bottom up: what a state is and its bytes;
+#: the working copy; RocksDB, time and snapshots over it; what a checkpoint records; the
+#: backends; host-local state and the checkpoint history, which use the backends.
+STATE_FLOORS = {"schema": 1, "tables": 2, "rocksdb": 3, "time": 3, "snapshots": 3,
+                "checkpoints": 4, "backend": 5, "host": 6, "history": 6}
 
 
 def module_name(path: Path) -> str:
@@ -128,6 +140,78 @@ def test_no_import_cycles() -> None:
             visit(name, [name])
     assert cycles == []
 
+
+def state_part(module: str) -> str | None:
+    """The state sub-package of ``module`` (``""``: a module at the root of state, the
+    ground floor); None outside state and for the package's own ``__init__``."""
+    parts = module.split(".")
+    if parts[:2] != ["kafka_changelog", "state"] or len(parts) == 2:
+        return None
+    return parts[2] if parts[2] in STATE_FLOORS else ""
+
+
+def state_imports() -> list[tuple[str, int, str, str]]:
+    """(file, line, importing part, imported part) of every import between state's parts
+    (``"__init__"``: the package's face, above every floor)."""
+    found = []
+    for path in sorted((ROOT / "kafka_changelog" / "state").rglob("*.py")):
+        mine = state_part(module_name(path))
+        if mine is None:
+            continue
+        for line, target in imports_of(path, top_level_only=False):
+            theirs = "__init__" if target == "kafka_changelog.state" else state_part(target)
+            if theirs is not None and theirs != mine:
+                found.append((str(path.relative_to(ROOT)), line, mine, theirs))
+    return found
+
+
+def test_every_state_module_is_in_a_part_of_known_floor() -> None:
+    """A new sub-package of state must be given its floor here."""
+    state = ROOT / "kafka_changelog" / "state"
+    folders = {p.parent.name for p in state.glob("*/*.py")}
+    assert folders == set(STATE_FLOORS)
+    assert all((state / name / "__init__.py").is_file() for name in STATE_FLOORS)
+
+
+def test_state_sub_packages_import_only_lower_floors() -> None:
+    floor = {"": 0, **STATE_FLOORS, "__init__": max(STATE_FLOORS.values()) + 1}
+    wrong = [f"{path}:{line} ({mine}, floor {floor[mine]}) imports {theirs} "
+             f"(floor {floor[theirs]})"
+             for path, line, mine, theirs in state_imports() if floor[theirs] >= floor[mine]]
+    assert wrong == []
+
+
+def test_state_sub_packages_form_no_circle() -> None:
+    """No circle between the parts, whatever the floors say (a change of the floors must
+    not let one in): a depth-first walk of the graph of parts finds no way back."""
+    graph: dict[str, set[str]] = {}
+    for _, _, mine, theirs in state_imports():
+        graph.setdefault(mine, set()).add(theirs)
+    circles = []
+    done: set[str] = set()
+
+    def visit(part: str, path: list[str]) -> None:
+        for target in sorted(graph.get(part, ())):
+            if target in path:
+                circles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in done:
+                visit(target, [*path, target])
+        done.add(part)
+
+    for part in sorted(graph):
+        visit(part, [part])
+    assert circles == []
+
+
+def test_state_sub_packages_only_describe_themselves() -> None:
+    """A sub-package's ``__init__`` imports nothing: its modules are imported by their
+    path, so importing one never drags in its neighbours (nor a circle)."""
+    wrong = [f"{name}/__init__.py:{line} imports {target}"
+             for name in STATE_FLOORS
+             for line, target in imports_of(ROOT / "kafka_changelog" / "state" / name
+                                            / "__init__.py", top_level_only=False)
+             if target != "__future__"]
+    assert wrong == []
 
 
 SPARK_ROLES = ("reader", "streaming", "sessions")

@@ -1,6 +1,7 @@
-"""Every Python example of README.md and docs/spark.md runs as a user would run it: against
-``kafka-changelog broker`` started in another process, each document's examples in order
-in one fresh interpreter (docs/state.md's run in ``test_docs_examples.py``)."""
+"""Every Python example of README.md and of the Spark guides runs as a user would run it:
+against ``kafka-changelog broker`` started in another process, each document's examples in
+order in one fresh interpreter of its own, so each guide sets up what it uses (its session
+first). docs/state.md and the other in-process documents run in ``test_docs_examples.py``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+#: The documents whose examples run here, each in a fresh interpreter (one per line).
+BROKER_DOCS = [
+    "README.md",
+    "docs/reading.md",
+    "docs/streaming.md",
+    "docs/time.md",
+    "docs/exactly-once.md",
+    "docs/operations.md",
+]
 
 
 def free_port() -> int:
@@ -60,7 +72,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 process.kill()
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/spark.md"])
+@pytest.mark.parametrize("document", BROKER_DOCS)
 def test_the_examples_run_against_kafka_changelog_broker(broker: str, document: str,
                                                          tmp_path: Path) -> None:
     blocks = BLOCK.findall((ROOT / document).read_text(encoding="utf-8"))

@@ -17,7 +17,7 @@
   Python worker running the task (SIGKILL) at that task event, once (across retries:
   a marker file in ``--fault-dir``); Spark then runs the task again;
 - ``--sink-dir DIR``: outputs go to a sink function instead of ``KafkaOutputSink``,
-  idempotent by checkpoint id as docs/spark.md tells users: each call writes the batch's
+  idempotent by checkpoint id as docs/streaming.md tells users: each call writes the batch's
   outputs to ``DIR/<checkpoint id>.json`` (replacing what a re-run of the checkpoint
   wrote) and appends ``<checkpoint id> <batch id>`` to ``DIR/calls.log``; with
   ``--kill-after-sink BATCH`` the driver is killed (once: a marker in ``DIR``) right

@@ -22,9 +22,9 @@ from typing import Any
 import pandas as pd
 
 from examples.sessions import close_session, main, update_session
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.serializers import INT64
-from kafka_changelog.state.timers import TimeDomain
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
+from kafka_changelog.state.time.timers import TimeDomain
 from spark_integration.streaming import KeyState, TimerInfo
 from tests.spark.crashing_clickstream import (
     driver_kill,

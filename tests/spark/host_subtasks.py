@@ -13,13 +13,14 @@ from pathlib import Path
 from kafka_changelog import KeyGroupRange, key_group_for_key
 from kafka_changelog.kafka import KafkaChangelogStorage
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore
-from kafka_changelog.state import INT64, host_store, value_state
-from kafka_changelog.state import store_materialization as jobs
-from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
-from kafka_changelog.state.local_store import SubtaskStore
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.subtask_backend import CachedBackend
+from kafka_changelog.state import INT64, value_state
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.host import host_store
+from kafka_changelog.state.host import store_materialization as jobs
+from kafka_changelog.state.host.local_store import SubtaskStore
+from kafka_changelog.state.host.subtask_backend import CachedBackend
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.task import host_store_settings, placement_of
 
@@ -88,7 +89,7 @@ class Subtask:
                  users: list[str] | None = None) -> dict[str, int]:
         """The state of ``checkpoint_id`` read back from Kafka alone (into memory, or a
         RocksDB table at ``into_rocksdb``), for the model's users and ``users``."""
-        from kafka_changelog.state.rocksdb_table import RocksDBStateTable
+        from kafka_changelog.state.rocksdb.table import RocksDBStateTable
 
         table = RocksDBStateTable(into_rocksdb) if into_rocksdb is not None else None
         backend = restore_backend(self.storage, self.snapshots, "op", ALL, 128,

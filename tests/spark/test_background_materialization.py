@@ -21,9 +21,9 @@ import pytest
 
 from kafka_changelog import key_group_for_key
 from kafka_changelog.kafka.job_process import spawn_job
-from kafka_changelog.state import host_store
-from kafka_changelog.state import store_materialization as jobs
-from kafka_changelog.state.materializer import MaterializationConfig
+from kafka_changelog.state.host import host_store
+from kafka_changelog.state.host import store_materialization as jobs
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources, resource_key
 from tests.spark.host_subtasks import Subtask, subtask_runner, users_in_groups
@@ -219,7 +219,7 @@ def test_later_materializations_write_only_the_keys_changed_since(
     assert subtask.restored(4, tmp_path / "rocks", users=[gone]) == subtask.model
 
     # The same key group changed again and again: whole again once it has MAX_LAYERS.
-    from kafka_changelog.state.delta_layer import MAX_LAYERS
+    from kafka_changelog.state.snapshots.delta_layer import MAX_LAYERS
 
     again = [everyone[5]] * 3
     key_group = key_group_for_key(again[0].encode(), 128)

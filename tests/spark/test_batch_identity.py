@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kafka_changelog.keys import KEY_TYPES_PROPERTY, KeyTypeError
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
 from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
 from spark_integration.streaming.batch_identity import (
     BatchOrderError,

@@ -23,8 +23,8 @@ from kafka_changelog.avro_columns import padded, read_longs
 from kafka_changelog.kafka.reader import decode_log_record
 from kafka_changelog.kafka.record_format import RawChange, empty_value, encode_changes
 from kafka_changelog.keys import encode_key
-from kafka_changelog.state.kinds import StateKind
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.schema.kinds import StateKind
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 from spark_integration.reader import change_columns
 from spark_integration.reader.change_columns import change_starts, column_change_batches
 from spark_integration.reader.change_schema import CHANGES_SCHEMA

@@ -22,9 +22,13 @@ import pytest
 from kafka_changelog import key_group_for_key, key_group_range_for_operator
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogHandle, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.descriptors import StateKind
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 from spark_integration.reader.datasource import CHANGES_STRUCT, input_partitions
 from spark_integration.reader.packing import ChangesGroup
 from spark_integration.reader.planning import ChangesTask, parse_options, plan_read

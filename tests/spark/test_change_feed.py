@@ -33,11 +33,11 @@ from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.keygroups import key_group_for_key
-from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.descriptors import map_state, value_state
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.serializers import INT64, UTF8
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.schema.descriptors import map_state, value_state
+from kafka_changelog.state.schema.serializers import INT64, UTF8
 from spark_integration.reader.datasource import FEED_STRUCT, KafkaChangelogBatchReader
 from spark_integration.reader.feed_planning import (
     FeedPlanner,

@@ -120,7 +120,7 @@ def test_filters_select_the_key_groups_of_their_keys() -> None:
 
 
 def test_changes_only_in_a_snapshot_are_reported_with_their_sequence_numbers() -> None:
-    from kafka_changelog.state.checkpoint import CompletedCheckpoint
+    from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
     from spark_integration.reader.checkpoint_changes import ChangesOnlyInSnapshotError, check_no_gap
 
     before = CompletedCheckpoint("app", 4, 0, 128, ())

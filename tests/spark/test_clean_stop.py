@@ -16,9 +16,11 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointView
 from kafka_changelog.kafka.live_clients import live_clients
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.history.rewind import check_not_held
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import (
     BatchEvent,
     StreamingStateConfig,
@@ -126,10 +128,12 @@ def test_close_after_stopping_ticking_queries_leaves_nothing_running(
     jvm_err = tmp_path / "jvm-stderr.log"
     restore = _jvm_stderr_to(spark, jvm_err)
     topics: list[str] = []
+    configs: list[StreamingStateConfig] = []
     try:
         for run in range(3):
             prefix = f"stop-{uuid.uuid4().hex[:8]}"
             config = _config(kafka_cluster, prefix)
+            configs.append(config)
             topics += [config.changelog_topic, config.snapshot_topic, config.checkpoint_topic]
             source = tmp_path / f"input-{run}"
             source.mkdir()
@@ -184,3 +188,7 @@ def test_close_after_stopping_ticking_queries_leaves_nothing_running(
     ends = _end_offsets(kafka_cluster.bootstrap_servers, topics)
     time.sleep(5)
     assert _end_offsets(kafka_cluster.bootstrap_servers, topics) == ends
+    # fork, reset and rewind see a quiet application: no driver holds it any more.
+    for config in configs:
+        with KafkaCheckpointView(config.checkpoints()) as view:
+            check_not_held(view, config.application)

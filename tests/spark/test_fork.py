@@ -27,10 +27,10 @@ import pytest
 
 from kafka_changelog.cli.main import main
 from kafka_changelog.kafka import CheckpointStoreConfig, KafkaCheckpointStore
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.fork import FORK_APPLICATION, FORK_CHECKPOINT
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.history.fork import FORK_APPLICATION, FORK_CHECKPOINT
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.driver import StatefulProcessor
 from spark_integration.streaming.worker_resources import WorkerResources

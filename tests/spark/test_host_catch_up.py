@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from kafka_changelog import key_group_for_key
-from kafka_changelog.state import host_store
-from kafka_changelog.state.materializer import MaterializationConfig
+from kafka_changelog.state.host import host_store
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 from spark_integration.streaming.task import host_store_settings, placement_of
 from tests.spark.host_subtasks import (
     COUNT,

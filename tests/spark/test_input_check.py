@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_changelog.state.input_progress import FilesMark, InputProgress
+from kafka_changelog.state.checkpoints.input_progress import FilesMark, InputProgress
 from spark_integration.streaming.batch_input import (
     BatchInput,
     BatchSource,

@@ -32,9 +32,9 @@ from examples.clickstream import (
 )
 from examples.events import events
 from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.state.input_progress import SOURCE_FILES_PROPERTY, SOURCES_PROPERTY
-from kafka_changelog.state.rewind import execute_rewind, plan_rewind
-from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.checkpoints.input_progress import SOURCE_FILES_PROPERTY, SOURCES_PROPERTY
+from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.history.rewind import execute_rewind, plan_rewind
 from spark_integration import starting_offsets
 from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.kafka_sink import KafkaOutputSink

@@ -111,10 +111,10 @@ def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
     """What ``stateful_foreach_batch``'s task hands the function (run in process over the
     in-memory changelog storage: no Spark, no broker)."""
     from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
-    from kafka_changelog.state.acquire import AcquiredBackend
-    from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-    from kafka_changelog.state.subtask_backend import StateSource
+    from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+    from kafka_changelog.state.host.acquire import AcquiredBackend
+    from kafka_changelog.state.host.subtask_backend import StateSource
+    from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
     from spark_integration.streaming import StreamingStateConfig
     from spark_integration.streaming.columns import (
         KEY_COLUMN,

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from kafka_changelog import KeyGroupRange
-from kafka_changelog.state.local_store import SubtaskStore
+from kafka_changelog.state.host.local_store import SubtaskStore
 from spark_integration.streaming import (
     StatefulProcessor,
     StreamingStateConfig,

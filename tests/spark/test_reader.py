@@ -36,10 +36,10 @@ from kafka_changelog.kafka import KafkaChangelogConfig
 from kafka_changelog.kafka.record_format import EncodedRecord, encode_changes
 from kafka_changelog.keygroups import partition_for_key_group
 from kafka_changelog.local_kafka.process import die_with_parent
-from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.ops import OpKind, StateOp
-from kafka_changelog.state.serializers import INT64, JSON
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+from kafka_changelog.state.schema.ops import OpKind, StateOp
+from kafka_changelog.state.schema.serializers import INT64, JSON
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 from spark_integration.reader.datasource import (
     CHANGES_STRUCT,
     STATE_STRUCT,

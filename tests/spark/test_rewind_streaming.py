@@ -32,10 +32,10 @@ from examples.clickstream import (
 )
 from examples.events import events
 from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
-from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
 from spark_integration import starting_offsets
 from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
 from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch

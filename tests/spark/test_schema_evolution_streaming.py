@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from kafka_changelog.state.descriptors import value_state
 from kafka_changelog.state.errors import StateSchemaError
-from kafka_changelog.state.serializers import INT64, AvroSerializer
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64, AvroSerializer
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 
 from .file_batches import write_batches

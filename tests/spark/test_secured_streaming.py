@@ -3,7 +3,7 @@
 The security settings are given once (``-X`` to the clickstream job, ``client_config`` of
 :class:`StreamingStateConfig`): the job's Kafka input through Spark's connector, its state,
 its exactly-once outputs, the ``kafka-changelog`` reader and every read command of the CLI
-all connect as ``alice`` over TLS, with only the ACLs docs/spark.md lists.
+all connect as ``alice`` over TLS, with only the ACLs docs/operations.md lists.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ EVENTS, USERS = 600, 15
 
 
 def grant_application(cluster: LocalKafkaCluster, user: str, app: str) -> None:
-    """What an application's principal needs (docs/spark.md, "ACLs"): its topics and
+    """What an application's principal needs (docs/operations.md, "ACLs"): its topics and
     transactional ids by prefix, the topic-owner registry, and Spark's source groups."""
     cluster.grant(user, "TOPIC", app, ["CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ",
                                        "WRITE", "DELETE"], pattern_type="PREFIXED")

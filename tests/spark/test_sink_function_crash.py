@@ -1,5 +1,5 @@
 """The sink-function path (at least once) through driver kills: exactly-once state, and
-outputs exactly once once de-duplicated by checkpoint id, as docs/spark.md tells users.
+outputs exactly once once de-duplicated by checkpoint id, as docs/streaming.md tells users.
 
 The clickstream job writes its outputs with a sink function that keeps each call's
 outputs under its checkpoint id (``tests.spark.crashing_clickstream --sink-dir``). The

@@ -25,12 +25,16 @@ from kafka_changelog import InMemoryChangelogHandle, KeyGroupRange, RecordDecode
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keys import encode_key
 from kafka_changelog.serialization import load_schema
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.descriptors import StateKind
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle
+from kafka_changelog.state.tables.memory import StateTable
 from spark_integration.reader.planning import (
     DEFAULT_CHECKPOINT_TOPIC,
     DEFAULT_SLICE_KEY_GROUPS,
@@ -399,8 +403,8 @@ def test_avro_values_render_as_json_in_the_latest_schema_the_registration_record
     """``value_decoded`` of an Avro state: JSON (sorted keys) of the value resolved to the
     latest schema its registration records; so a checkpoint read shows the schema the
     application had registered by then. 0.2.0's states (no schema recorded): null."""
-    from kafka_changelog.state.avro_names import avro_name, schema_json
-    from kafka_changelog.state.serializers import AvroSerializer
+    from kafka_changelog.state.schema.avro_names import avro_name, schema_json
+    from kafka_changelog.state.schema.serializers import AvroSerializer
 
     v1 = {"type": "record", "name": "Profile",
           "fields": [{"name": "visits", "type": "long"}, {"name": "tag", "type": "bytes"}]}
@@ -496,7 +500,7 @@ def test_state_rows_expand_lists_and_maps_in_order() -> None:
 
 
 def test_state_rows_of_ttl_states_hide_what_expired_at_the_checkpoint_and_show_expiry() -> None:
-    from kafka_changelog.state.ttl import stamp
+    from kafka_changelog.state.schema.ttl import stamp
 
     table = StateTable()
     table.register(StateMeta("seen", StateKind.VALUE, "ttl:int64"))
@@ -524,7 +528,7 @@ def test_state_rows_of_ttl_states_hide_what_expired_at_the_checkpoint_and_show_e
 
 
 def test_timer_rows_decode_the_reserved_state_and_state_rows_leave_it_out() -> None:
-    from kafka_changelog.state.timers import TIMERS_STATE, TimeDomain, timer_map_key
+    from kafka_changelog.state.time.timers import TIMERS_STATE, TimeDomain, timer_map_key
     from spark_integration.reader.timer_rows import TIMERS_SCHEMA, timer_batches
 
     table = StateTable()

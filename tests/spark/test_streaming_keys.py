@@ -21,8 +21,8 @@ import pytest
 
 from kafka_changelog import key_group_for_key, key_group_range_for_operator
 from kafka_changelog.keys import NullKeyError, decode_key, encode_key
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.keys import key_sql
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.worker_resources import WorkerResources

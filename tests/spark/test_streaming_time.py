@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from kafka_changelog import key_group_range_for_operator
-from kafka_changelog.state.descriptors import list_state, value_state
-from kafka_changelog.state.serializers import INT64, UTF8
+from kafka_changelog.state.schema.descriptors import list_state, value_state
+from kafka_changelog.state.schema.serializers import INT64, UTF8
 from spark_integration.streaming import (
     EventTime,
     EventTimeColumnError,

@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.serializers import INT64
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import (
     EventTime,
     EventTimeColumnError,

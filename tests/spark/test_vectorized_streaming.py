@@ -182,8 +182,8 @@ def test_call_vectorized_gives_each_row_its_key(tmp_path: Path) -> None:
     """``BatchState``: keys in row order (first row of each key), ``key_index`` per row,
     natural values as the per-key API gives them (no Spark needed)."""
     from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
-    from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+    from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+    from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
     from spark_integration.streaming.key_runs import natural_key_value
 
     rows = pd.DataFrame({"region": ["eu", "eu", "us", "us", "us"],

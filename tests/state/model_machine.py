@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kafka_changelog import key_group_for_key
-from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.snapshot_store import SnapshotStore
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.snapshots.snapshot_store import SnapshotStore
 
 from .state_helpers import MAX_P, apply_event, expected_for, model_apply, ranges, read_user
 

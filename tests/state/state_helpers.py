@@ -6,16 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from kafka_changelog import KeyGroupRange, key_group_for_key, key_group_range_for_operator
-from kafka_changelog.state.checkpoint import KeyedStateHandle
-from kafka_changelog.state.descriptors import (
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
+from kafka_changelog.state.schema.descriptors import (
     aggregating_state,
     list_state,
     map_state,
     reducing_state,
     value_state,
 )
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.serializers import INT64, JSON, UTF8
+from kafka_changelog.state.schema.serializers import INT64, JSON, UTF8
 
 MAX_P = 128
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, key_group_for_key
-from kafka_changelog.state.acquire import AcquiredBackend, acquire, discard, keep
-from kafka_changelog.state.checkpoint import KeyedStateHandle, SubtaskState
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.host_store import HostStoreSettings
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.serializers import INT64
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.subtask_backend import CachedBackend, StateSource, SubtaskPlacement
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle, SubtaskState
+from kafka_changelog.state.host.acquire import AcquiredBackend, acquire, discard, keep
+from kafka_changelog.state.host.host_store import HostStoreSettings
+from kafka_changelog.state.host.subtask_backend import CachedBackend, StateSource, SubtaskPlacement
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .state_helpers import MAX_P
 

@@ -19,15 +19,15 @@ import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange
 from kafka_changelog.state import InMemoryCheckpointStore
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.checkpoint import SubtaskState
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.table import StateTable
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.tables.memory import StateTable
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 
 from .state_helpers import (
     MAX_P,

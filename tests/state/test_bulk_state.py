@@ -1,4 +1,5 @@
-"""Bulk state (``kafka_changelog.state.bulk_state``) against the per-key API, on both tables.
+"""Bulk state (``kafka_changelog.state.backend.bulk_state``) against the per-key API, on
+both tables.
 
 A random program of bulk calls runs on one backend; the same calls, key by key through
 ``set_current_key`` and the state objects, run on another. Both must log exactly the
@@ -20,12 +21,13 @@ import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupOutOfRangeError, KeyGroupRange
 from kafka_changelog.keygroups import key_group_for_key
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.bulk_state import BulkState
-from kafka_changelog.state.checkpoint import KeyedStateHandle
+from kafka_changelog.state.backend.bulk_state import BulkState
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
 from kafka_changelog.state.errors import KeyNotInBatchError, StateMismatchError
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.ops import (
+from kafka_changelog.state.schema.ops import (
     LIST_ADD,
     LIST_REPLACE,
     MAP_PUT,
@@ -36,9 +38,8 @@ from kafka_changelog.state.ops import (
     encode_ops,
     ops_of_columns,
 )
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 
 from .state_helpers import COUNT, EVENTS, MAX_P, PAGES, STATS, TOTAL
 

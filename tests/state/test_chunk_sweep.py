@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kafka_changelog.keygroups import KeyGroupRange
-from kafka_changelog.state.chunk_sweep import ChunkKey, chunks_to_sweep
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle, chunk_key
-from kafka_changelog.state.snapshot_store import LiveKey
+from kafka_changelog.state.snapshots.chunk_sweep import ChunkKey, chunks_to_sweep
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle, chunk_key
+from kafka_changelog.state.snapshots.snapshot_store import LiveKey
 
 NOW_S = 1_800_000_000.0
 GRACE_S = 3600.0

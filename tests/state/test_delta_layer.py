@@ -12,17 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafka_changelog import KeyGroupRange
-from kafka_changelog.state.delta_layer import (
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.key_group_codec import iter_key_group
+from kafka_changelog.state.schema.ops import OpKind, StateOp
+from kafka_changelog.state.snapshots.delta_layer import (
     MAX_LAYERS,
     apply_delta,
     encode_delta,
     worth_a_delta,
 )
-from kafka_changelog.state.key_group_codec import iter_key_group
-from kafka_changelog.state.ops import OpKind, StateOp
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle
+from kafka_changelog.state.tables.memory import StateTable
 
 from .test_rocksdb_table import KEY_GROUPS, assert_same, op_strategy, registered
 

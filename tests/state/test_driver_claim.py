@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from kafka_changelog.state.driver_claim import (
+from kafka_changelog.state.checkpoints.driver_claim import (
     DriverClaim,
     DriverIdentity,
     Takeover,

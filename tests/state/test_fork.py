@@ -11,10 +11,10 @@ import pytest
 from kafka_changelog import KeyGroupRange
 from kafka_changelog.gc_types import LogFloor
 from kafka_changelog.memory import InMemoryChangelogStorage
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, SubtaskState
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.fork import (
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.history.fork import (
     FORK_APPLICATION,
     FORK_CHECKPOINT,
     ForkError,
@@ -24,7 +24,7 @@ from kafka_changelog.state.fork import (
     fork_origin,
     plan_fork,
 )
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .state_helpers import COUNT, MAX_P
 

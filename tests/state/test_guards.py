@@ -9,10 +9,10 @@ import pytest
 
 from kafka_changelog.gc_types import LogFloor
 from kafka_changelog.memory import InMemoryChangelogStorage
-from kafka_changelog.state import checkpoint_store as store_module
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.checkpoints import checkpoint_store as store_module
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 FLOOR = LogFloor("changelog", 0, 42)
 

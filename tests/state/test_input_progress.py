@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_changelog.state.checkpoint import CompletedCheckpoint
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.input_forget import (
+from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.checkpoints.input_progress import FilesMark, InputProgress
+from kafka_changelog.state.checkpoints.source_offsets import SourceOffsetsError
+from kafka_changelog.state.history.input_forget import (
     FORGOT_FROM_PROPERTY,
     FORGOT_TOPICS_PROPERTY,
     execute_forget,
     plan_forget,
 )
-from kafka_changelog.state.input_progress import FilesMark, InputProgress
-from kafka_changelog.state.rewind import RewindError
-from kafka_changelog.state.source_offsets import SourceOffsetsError
+from kafka_changelog.state.history.rewind import RewindError
 
 
 def test_progress_is_cumulative_and_never_goes_back() -> None:

@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange
-from kafka_changelog.state.descriptors import (
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.errors import NoCurrentKeyError, StateMismatchError
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.descriptors import (
     StateKind,
     list_state,
     map_state,
     value_state,
 )
-from kafka_changelog.state.errors import NoCurrentKeyError, StateMismatchError
-from kafka_changelog.state.key_buffer import KeyChangeBuffer
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.ops import (
+from kafka_changelog.state.schema.ops import (
     DELETE,
     LIST_ADD,
     LIST_REPLACE,
@@ -31,12 +32,11 @@ from kafka_changelog.state.ops import (
     StateMeta,
     StateOp,
 )
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.serializers import INT64, UTF8
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.table import StateTable
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.schema.serializers import INT64, UTF8
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.tables.key_buffer import KeyChangeBuffer
+from kafka_changelog.state.tables.memory import StateTable
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 
 from .state_helpers import MAX_P
 
@@ -207,7 +207,7 @@ def test_the_table_and_entry_counts_include_the_current_keys_changes() -> None:
 
 
 def test_bulk_calls_see_the_per_key_changes_made_before_them() -> None:
-    from kafka_changelog.state.bulk_state import BulkState
+    from kafka_changelog.state.backend.bulk_state import BulkState
 
     storage, store = InMemoryChangelogStorage(), InMemorySnapshotStore()
     backend = new_backend(storage, store)

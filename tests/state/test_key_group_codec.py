@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from kafka_changelog.avro_binary import AvroDecodeError, encode_bytes, encode_string
 from kafka_changelog.serialization import decode, encode, load_schema
-from kafka_changelog.state.descriptors import StateKind
-from kafka_changelog.state.key_group_codec import (
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.key_group_codec import (
     KINDS,
     SHAPE_LIST,
     SHAPE_MAP,
@@ -27,8 +27,8 @@ from kafka_changelog.state.key_group_codec import (
     load_key_group,
     shape_of,
 )
-from kafka_changelog.state.ops import StateMeta
-from kafka_changelog.state.table_protocol import Entry
+from kafka_changelog.state.schema.ops import StateMeta
+from kafka_changelog.state.tables.protocol import Entry
 
 small = st.binary(max_size=80)
 big = st.binary(min_size=60, max_size=300)  # lengths past one varint byte

@@ -16,17 +16,17 @@ from kafka_changelog import (
     KeyGroupRange,
     SequenceNumberOutOfRangeError,
 )
-from kafka_changelog.state.descriptors import list_state, value_state
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
 from kafka_changelog.state.errors import (
     MaterializationFailedError,
     NoCurrentKeyError,
     StateMismatchError,
 )
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.serializers import INT64, JSON, UTF8
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.schema.descriptors import list_state, value_state
+from kafka_changelog.state.schema.serializers import INT64, JSON, UTF8
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .state_helpers import (
     MAX_P,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kafka_changelog import KeyGroupRange
-from kafka_changelog.state.local_cleanup import remove_idle, sweep_idle
-from kafka_changelog.state.local_store import StoreManifest, SubtaskStore
+from kafka_changelog.state.host.local_cleanup import remove_idle, sweep_idle
+from kafka_changelog.state.host.local_store import StoreManifest, SubtaskStore
 
 
 def at_checkpoint(root: Path, subtask: int, checkpoint_id: int | None, *,

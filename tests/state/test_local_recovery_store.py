@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange
-from kafka_changelog.state.checkpoint import KeyedStateHandle
-from kafka_changelog.state.descriptors import value_state
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.local_recovery import LocalKeyedStateHandle, LocalRecoveryStore
-from kafka_changelog.state.serializers import INT64
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.local_recovery import LocalKeyedStateHandle, LocalRecoveryStore
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
+from kafka_changelog.state.schema.descriptors import value_state
+from kafka_changelog.state.schema.serializers import INT64
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .state_helpers import MAX_P
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from kafka_changelog import KeyGroupRange
-from kafka_changelog.state.descriptors import StateKind
 from kafka_changelog.state.errors import LocalStateError
-from kafka_changelog.state.local_store import (
+from kafka_changelog.state.host.local_store import (
     StoreManifest,
     SubtaskStore,
     remove_operator_stores,
 )
-from kafka_changelog.state.ops import SET, StateMeta, StateOp
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.ops import SET, StateMeta, StateOp
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,7 @@ def test_writing_needs_the_lock(tmp_path: Path) -> None:
 
 HOLD = """
 import sys, time
-from kafka_changelog.state.local_store import SubtaskStore
+from kafka_changelog.state.host.local_store import SubtaskStore
 store = SubtaskStore(sys.argv[1], "app", "op", 0, 1)
 store.lock()
 print("locked", flush=True)
@@ -219,7 +219,7 @@ def test_a_store_whose_materialization_job_runs_is_removed_only_after_it(
     fail reading its copy: the store stays until the job let go of its lock."""
     import fcntl
 
-    from kafka_changelog.state.local_store import JOBS_DIRECTORY
+    from kafka_changelog.state.host.local_store import JOBS_DIRECTORY
 
     store = SubtaskStore(tmp_path, "app", "op", 0, 2)
     store.lock()

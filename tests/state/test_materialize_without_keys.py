@@ -16,11 +16,11 @@ import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange
 from kafka_changelog.reader import StateChangelogReader
-from kafka_changelog.state.checkpoint import KeyedStateHandle
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore, SnapshotStore
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore, SnapshotStore
 
 from .state_helpers import MAX_P, apply_event, expected_for, model_apply, read_user
 

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kafka_changelog import InMemoryChangelogStorage
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.coordinator import CheckpointCoordinator
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .model_machine import CheckpointMachine, Environment, FailingSnapshots, fresh_totals
 

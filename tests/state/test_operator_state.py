@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kafka_changelog.state.checkpoint import OperatorStateHandle
-from kafka_changelog.state.operator_state import OperatorStateBackend, redistribute
-from kafka_changelog.state.serializers import JSON
+from kafka_changelog.state.backend.operator_state import OperatorStateBackend, redistribute
+from kafka_changelog.state.checkpoints.checkpoint import OperatorStateHandle
+from kafka_changelog.state.schema.serializers import JSON
 
 OFFSETS = "partition-offsets"
 ASSIGNMENT = "all-partitions"
@@ -74,10 +74,10 @@ def test_a_name_is_either_list_or_union() -> None:
 
 def test_the_coordinator_restores_nothing_as_empty_operator_state() -> None:
     from kafka_changelog import InMemoryChangelogStorage
-    from kafka_changelog.state.checkpoint import SubtaskState
-    from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-    from kafka_changelog.state.coordinator import CheckpointCoordinator
-    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+    from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+    from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+    from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+    from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
     with InMemoryChangelogStorage() as storage:
         coordinator = CheckpointCoordinator("app", InMemoryCheckpointStore(),
@@ -94,10 +94,10 @@ def test_a_checkpoint_is_restored_only_with_the_max_parallelism_it_was_written_w
     from kafka_changelog import InMemoryChangelogStorage, key_group_for_key
     from kafka_changelog.keygroups import KeyGroupRange
     from kafka_changelog.state import INT64, MaxParallelismMismatchError, value_state
-    from kafka_changelog.state.checkpoint import SubtaskState
-    from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-    from kafka_changelog.state.coordinator import CheckpointCoordinator
-    from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+    from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
+    from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+    from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+    from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
     count = value_state("count", INT64)
     checkpoints, snapshots = InMemoryCheckpointStore(), InMemorySnapshotStore()

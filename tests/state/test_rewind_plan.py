@@ -6,11 +6,20 @@ from __future__ import annotations
 import pytest
 
 from kafka_changelog import KeyGroupRange
-from kafka_changelog.state.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
-from kafka_changelog.state.checkpoint_store import InMemoryCheckpointStore
-from kafka_changelog.state.driver_claim import DriverClaim, DriverIdentity, driver_claim_key
+from kafka_changelog.state.checkpoints.checkpoint import (
+    CompletedCheckpoint,
+    KeyedStateHandle,
+    SubtaskState,
+)
+from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.checkpoints.driver_claim import (
+    DriverClaim,
+    DriverIdentity,
+    driver_claim_key,
+)
+from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.errors import CheckpointOrderError
-from kafka_changelog.state.rewind import (
+from kafka_changelog.state.history.rewind import (
     REWOUND_AT_PROPERTY,
     REWOUND_FROM_PROPERTY,
     REWOUND_LATEST_PROPERTY,
@@ -20,8 +29,7 @@ from kafka_changelog.state.rewind import (
     execute_rewind,
     plan_rewind,
 )
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle
-from kafka_changelog.state.source_offsets import SOURCE_OFFSETS_PROPERTY
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle
 
 ALL = KeyGroupRange.of(0, 1)
 T0 = 1_700_000_000_000

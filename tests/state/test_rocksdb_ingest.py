@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kafka_changelog.state import rocksdb_ingest
-from kafka_changelog.state.delta_layer import encode_delta
-from kafka_changelog.state.descriptors import StateKind
-from kafka_changelog.state.key_group_codec import encode_key_group
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
-from kafka_changelog.state.restore import load_layers
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.backend.restore import load_layers
+from kafka_changelog.state.rocksdb import ingest as rocksdb_ingest
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.key_group_codec import encode_key_group
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.snapshots.delta_layer import encode_delta
+from kafka_changelog.state.tables.memory import StateTable
 
 from .test_rocksdb_table import KEY_GROUPS, assert_same, op_strategy, registered
 
@@ -177,7 +177,7 @@ def test_large_state_goes_into_several_bounded_files(
         created.append(made)
         return made
 
-    monkeypatch.setattr("kafka_changelog.state.rocksdb_table.SstIngest", tracked)
+    monkeypatch.setattr("kafka_changelog.state.rocksdb.table.SstIngest", tracked)
     table.load_groups(_snapshots(memory))
     assert created[0].files_ingested >= 8  # ~250 KB per key group: a file each
     assert_same(table, memory, metas=False)

@@ -12,10 +12,10 @@ import pytest
 
 from kafka_changelog import InMemoryChangelogStorage
 from kafka_changelog.state import BackendKind, RocksDBOptions, StateBackendConfig
-from kafka_changelog.state.materializer import MaterializationConfig
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.table import StateTable
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.tables.memory import StateTable
 from spark_integration.streaming.config import StreamingStateConfig
 
 SMALL = RocksDBOptions(block_cache_bytes=8 << 20, share_block_cache=False,
@@ -100,7 +100,7 @@ def test_a_shared_block_cache_is_one_cache_for_equal_options(tmp_path: Path) -> 
 
 
 def test_options_set_on_the_streaming_config_reach_the_subtask_store(tmp_path: Path) -> None:
-    from kafka_changelog.state.acquire import acquire, discard
+    from kafka_changelog.state.host.acquire import acquire, discard
     from spark_integration.streaming.task import host_store_settings, placement_of
 
     config = StreamingStateConfig(application="app", operator_id="op",

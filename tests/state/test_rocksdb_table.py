@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.descriptors import StateKind
+from kafka_changelog.state.backend.config import StateBackendConfig
 from kafka_changelog.state.errors import StateBackendUnavailableError, StateMismatchError
-from kafka_changelog.state.ops import OpKind, StateMeta, StateOp
-from kafka_changelog.state.rocksdb_table import RocksDBStateTable
-from kafka_changelog.state.table import StateTable
-from kafka_changelog.state.table_protocol import KeyedStateTable
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.descriptors import StateKind
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.tables.memory import StateTable
+from kafka_changelog.state.tables.protocol import KeyedStateTable
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,17 +14,17 @@ import pytest
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange
 from kafka_changelog.cli.values import Raw, decode_entry
 from kafka_changelog.keygroups import key_group_for_key
-from kafka_changelog.state.avro_names import legacy_avro_name, schema_json
-from kafka_changelog.state.avro_resolution import resolution_problems
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.checkpoint import KeyedStateHandle
-from kafka_changelog.state.descriptors import StateKind, list_state, map_state, value_state
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.checkpoints.checkpoint import KeyedStateHandle
 from kafka_changelog.state.errors import StateMismatchError, StateSchemaError
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.ops import SET, StateMeta
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.serializers import INT64, UTF8, AvroSerializer
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.schema.avro_names import legacy_avro_name, schema_json
+from kafka_changelog.state.schema.avro_resolution import resolution_problems
+from kafka_changelog.state.schema.descriptors import StateKind, list_state, map_state, value_state
+from kafka_changelog.state.schema.ops import SET, StateMeta
+from kafka_changelog.state.schema.serializers import INT64, UTF8, AvroSerializer
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .state_helpers import MAX_P, ranges, users_in
 

@@ -17,13 +17,13 @@ from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.memory.handle import InMemoryChangelogHandle
 from kafka_changelog.sequence import SequenceNumber
 from kafka_changelog.serialization import encode
-from kafka_changelog.state.checkpoint import (
+from kafka_changelog.state.checkpoints.checkpoint import (
     CompletedCheckpoint,
     KeyedStateHandle,
     OperatorStateHandle,
     SubtaskState,
 )
-from kafka_changelog.state.checkpoint_store import (
+from kafka_changelog.state.checkpoints.checkpoint_store import (
     InMemoryCheckpointStore,
     checkpoint_key,
     latest_key,
@@ -36,8 +36,12 @@ from kafka_changelog.state.errors import (
     SnapshotCorruptError,
     SnapshotMissingError,
 )
-from kafka_changelog.state.snapshot import ChunkRef, SnapshotHandle, chunk_key
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore, StoredRecord, split_chunks
+from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle, chunk_key
+from kafka_changelog.state.snapshots.snapshot_store import (
+    InMemorySnapshotStore,
+    StoredRecord,
+    split_chunks,
+)
 
 R = KeyGroupRange.of
 

@@ -30,8 +30,8 @@ from kafka_changelog.avro_binary import (
 )
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.serialization import load_schema
-from kafka_changelog.state import ops as ops_module
-from kafka_changelog.state.ops import OpKind, StateOp
+from kafka_changelog.state.schema import ops as ops_module
+from kafka_changelog.state.schema.ops import OpKind, StateOp
 
 SCHEMA = load_schema("state_op")
 

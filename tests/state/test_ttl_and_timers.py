@@ -11,20 +11,20 @@ import pytest
 
 from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
 from kafka_changelog.state import StateTtl
-from kafka_changelog.state.backend_config import StateBackendConfig
-from kafka_changelog.state.descriptors import (
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
+from kafka_changelog.state.backend.restore import restore_backend
+from kafka_changelog.state.errors import StateMismatchError
+from kafka_changelog.state.schema.descriptors import (
     aggregating_state,
     list_state,
     map_state,
     reducing_state,
     value_state,
 )
-from kafka_changelog.state.errors import StateMismatchError
-from kafka_changelog.state.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.restore import restore_backend
-from kafka_changelog.state.serializers import INT64, UTF8
-from kafka_changelog.state.snapshot_store import InMemorySnapshotStore
-from kafka_changelog.state.timers import TIMERS_STATE, TimeDomain
+from kafka_changelog.state.schema.serializers import INT64, UTF8
+from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
+from kafka_changelog.state.time.timers import TIMERS_STATE, TimeDomain
 
 from .state_helpers import MAX_P
 
@@ -98,10 +98,10 @@ def test_each_kind_expires_ttl_after_its_last_write(backends: Backends) -> None:
 
 
 def test_state_ttl_is_importable_where_the_docs_name_it() -> None:
-    """docs/state.md and docs/spark.md name ``StateTtl`` beside ``value_state``, which
+    """docs/state.md and docs/time.md name ``StateTtl`` beside ``value_state``, which
     their examples import from ``kafka_changelog.state``."""
     import kafka_changelog.state as state
-    from kafka_changelog.state import ttl
+    from kafka_changelog.state.schema import ttl
 
     assert "StateTtl" in state.__all__
     assert state.StateTtl is ttl.StateTtl is StateTtl
@@ -233,7 +233,7 @@ def test_the_timers_state_name_is_reserved() -> None:
 def test_bulk_access_to_ttl_states_sees_and_logs_what_per_key_access_does(
     backends: Backends,
 ) -> None:
-    from kafka_changelog.state.bulk_state import BulkState
+    from kafka_changelog.state.backend.bulk_state import BulkState
 
     users = ["a", "b", "c"]
     per_key, bulk = backends.new(), backends.new()
