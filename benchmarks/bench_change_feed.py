@@ -218,8 +218,8 @@ def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
 
     from pyspark.sql import functions as F
 
-    from spark_integration.datasource import register
-    from spark_integration.session import local_session
+    from spark_integration.reader.datasource import register
+    from spark_integration.sessions.session import local_session
 
     spark = local_session(
         app_name="bench-change-feed", parallelism=2,

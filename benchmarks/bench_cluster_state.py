@@ -165,7 +165,7 @@ def own_pids(broker: Broker) -> list[int]:
 
 
 def run(broker: Broker, batches: int) -> dict[str, Any]:
-    from spark_integration.session import spark_session
+    from spark_integration.sessions.session import spark_session
     from tests.spark.standalone import LocalSparkCluster
 
     users = int(scaled(USERS, minimum=200))

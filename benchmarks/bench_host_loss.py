@@ -123,7 +123,7 @@ def summarize(runs: list[dict[str, Any]], lose_at: int, back_at: int) -> dict[st
 
 
 def run(broker: Broker, batches: int) -> dict[str, Any]:
-    from spark_integration.session import spark_session
+    from spark_integration.sessions.session import spark_session
     from tests.spark.standalone import LocalSparkCluster
 
     if batches < 20:

@@ -469,7 +469,7 @@ def start_spark() -> Any:
     size of ``THREAD_STACK`` (Spark's JVM, and through it the Python workers, inherit it)."""
     import resource
 
-    from spark_integration.session import local_session
+    from spark_integration.sessions.session import local_session
 
     soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
     resource.setrlimit(resource.RLIMIT_STACK, (THREAD_STACK, hard))

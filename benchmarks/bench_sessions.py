@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = [n for n in names if n not in SIDES]
     if unknown:
         raise SystemExit(f"--sides: unknown {unknown}; known: {list(SIDES)}")
-    from spark_integration.session import spark_version
+    from spark_integration.sessions.session import spark_version
 
     pinned = spark_version()
     newest_version = spark_version_of(args.newest_python) if args.newest_python else None

@@ -254,9 +254,9 @@ def run_spark(broker: Broker, checkpoint: Checkpoint, parallelism: int,
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import functions as F
 
-    from spark_integration.datasource import input_partitions, register
-    from spark_integration.planning import parse_options, plan_read
-    from spark_integration.session import local_session
+    from spark_integration.reader.datasource import input_partitions, register
+    from spark_integration.reader.planning import parse_options, plan_read
+    from spark_integration.sessions.session import local_session
 
     options = spark_options(broker, checkpoint)
     # What register() makes the reader do in this session: slices packed for its cores.

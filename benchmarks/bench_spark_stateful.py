@@ -750,7 +750,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"scratch kept in {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    from spark_integration.session import spark_version
+    from spark_integration.sessions.session import spark_version
 
     results: dict[str, Any] = {
         "name": "spark_stateful",

@@ -40,7 +40,7 @@ query and compares the driver's check of each batch's input against the state's 
 the batch time's own noise.
 
 Both sides shuffle rows into one Spark partition per subtask
-(``spark_integration.subtask_partitioning.partition_by_subtask``), so with
+(``spark_integration.streaming.subtask_partitioning.partition_by_subtask``), so with
 parallelism 2 on ``local[2]`` the two subtasks run at the same time; the results
 record the partition each subtask ran in (``subtask_partitions``, from the
 processor's ``BatchReport``).
@@ -90,13 +90,13 @@ from benchmarks.common import (
 from benchmarks.input_check_side import input_check_case
 from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
 from examples.events import events
-from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import (
     StatefulProcessor,
     StreamingStateConfig,
     stateful_foreach_batch,
 )
-from spark_integration.subtask_partitioning import partition_by_subtask
+from spark_integration.streaming.key_rows import KeyRows
+from spark_integration.streaming.subtask_partitioning import partition_by_subtask
 
 DEFAULT_JSON = RESULTS_DIR / "streaming_overhead.json"
 #: (events per batch at BENCH_SCALE=1, minimum)
@@ -387,7 +387,7 @@ def size_case(broker: Broker, spark: Any, base_count: int, minimum: int, batches
 def start_spark() -> Any:
     """The ``local[2]`` session, bound to 127.0.0.1."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_integration.session import local_session
+    from spark_integration.sessions.session import local_session
 
     return local_session(
         "bench-streaming-overhead", parallelism=PARALLELISM,
@@ -408,7 +408,7 @@ def run(broker: Broker | None = None, batches: int = 5, per_user: bool = False,
             return run(broker, batches, per_user, own_spark)
         finally:
             own_spark.stop()
-    from spark_integration.session import spark_version
+    from spark_integration.sessions.session import spark_version
 
     cases = [size_case(broker, spark, base_count, minimum, batches, per_user)
              for base_count, minimum in SIZES]

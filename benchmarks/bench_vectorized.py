@@ -75,9 +75,9 @@ from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBacke
 from kafka_changelog.state.host.acquire import AcquiredBackend
 from kafka_changelog.state.host.subtask_backend import StateSource
 from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
-from spark_integration.key_rows import KeyRows
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
+from spark_integration.streaming.key_rows import KeyRows
 from spark_integration.streaming.task import SubtaskTask
 
 DEFAULT_JSON = RESULTS_DIR / "vectorized.json"

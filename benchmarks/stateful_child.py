@@ -42,7 +42,7 @@ SESSION_CONFIG = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
 }
-#: What ``spark_integration.session.spark_session`` sets, for a child that must not import
+#: What ``spark_integration.sessions.session.spark_session`` sets, for a child that must not import
 #: the library (``plain_session``: Spark's sides under another PySpark release).
 PLAIN_SESSION_CONFIG = {
     "spark.sql.shuffle.partitions": "2",
@@ -63,7 +63,7 @@ def _session(spec: dict[str, Any], app_name: str) -> Any:
     config = {**SESSION_CONFIG, "spark.driver.memory": spec["driver_memory"],
               **spec.get("session_config", {})}
     if not spec.get("plain_session"):
-        from spark_integration.session import spark_session
+        from spark_integration.sessions.session import spark_session
 
         return spark_session("local[2]", app_name, 2, config, kafka_connector=False)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

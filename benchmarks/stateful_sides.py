@@ -119,7 +119,7 @@ def stateless_bucket(batches: Iterator[pd.DataFrame], corrupt_user: str | None =
 def _start_stateless(ctx: RunContext) -> Any:
     from pyspark.sql import functions as F
 
-    from spark_integration.subtask_partitioning import partition_by_subtask
+    from spark_integration.streaming.subtask_partitioning import partition_by_subtask
 
     bucket = functools.partial(stateless_bucket, corrupt_user=ctx.corrupt_user)
     sink = ctx.sink
@@ -189,7 +189,7 @@ def ours_state_rows(ctx: RunContext, permille: int, states: Sequence[str] = ()
                     ) -> pd.DataFrame:
     """The sampled users' state rows at the latest checkpoint, through our Spark reader:
     ``user, state, map_key, list_index, value_decoded`` (of ``states`` only, if given)."""
-    from spark_integration.datasource import register as register_reader
+    from spark_integration.reader.datasource import register as register_reader
 
     config = ctx.state_config or {}
     register_reader(ctx.spark)

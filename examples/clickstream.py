@@ -33,8 +33,7 @@ from kafka_changelog.state import (
     reducing_state,
     value_state,
 )
-from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
-from spark_integration.rewind_offsets import starting_offsets
+from spark_integration import CHECKPOINT_HEADER, KafkaOutputSink, starting_offsets
 from spark_integration.streaming import (
     BatchListener,
     KeyState,
@@ -281,7 +280,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     ``status_file``: rewritten every half second with the driver's figures (see
     :func:`write_status`), for a harness watching the job from outside.
     """
-    from spark_integration.session import spark_session
+    from spark_integration import spark_session
 
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)

@@ -27,7 +27,7 @@ import pandas as pd
 from confluent_kafka import Producer
 
 from kafka_changelog.state import INT64, UTF8, list_state, value_state
-from spark_integration.kafka_sink import KafkaOutputSink
+from spark_integration import KafkaOutputSink
 from spark_integration.streaming import (
     BatchListener,
     EventTime,
@@ -181,7 +181,7 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     their output schema may stand in)."""
     from pyspark.sql import functions as F
 
-    from spark_integration.session import spark_session
+    from spark_integration import spark_session
 
     ensure_topic(settings, output_topic)
     parallelism = max(2, config.parallelism)

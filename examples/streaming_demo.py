@@ -289,8 +289,7 @@ def read_states(settings: dict[str, Any], checkpoints: dict[str, int],
     """Each application's state rows at its checkpoint, read with the Spark reader
     (``format("kafka-changelog")``, mode ``state``; the topics named after the
     application)."""
-    from spark_integration.datasource import register
-    from spark_integration.session import spark_session
+    from spark_integration import register, spark_session
 
     engine = engine or Spark()
     spark = spark_session(engine.master or "local[2]", "kafka-changelog-demo-read", 2,

@@ -51,5 +51,5 @@ fi
 log "resolving the Kafka broker jars (Maven Central, cached)"
 .venv/bin/python -m kafka_changelog.local_kafka.jars
 log "resolving Spark's Kafka connector jars (Maven Central, cached)"
-.venv/bin/python -m spark_integration.connector >/dev/null
+.venv/bin/python -m spark_integration.sessions.connector >/dev/null
 log "ready"

@@ -3,6 +3,15 @@
 The names a streaming application needs: exactly-once keyed state through
 ``foreachBatch``, exactly-once Kafka outputs, the ``kafka-changelog`` reader, sessions
 with Spark's Kafka connector, and per-batch state metrics.
+
+One package per role: :mod:`.reader` (reading a checkpoint's state and changes:
+``format("kafka-changelog")`` and the change feed), :mod:`.streaming` (running a
+stateful query) and :mod:`.sessions` (reaching Spark and Kafka), which both others use.
+The reader and streaming never import each other. What both of them hold to is here at
+the top, beside the public names: :mod:`.keys` (the key encoding as Spark SQL, the twin
+of :mod:`kafka_changelog.keys`) and :mod:`.checkpoint_properties` (what a batch records in
+the checkpoint it commits). Neither is a step of reading nor of running, and each imports
+no package of this one.
 """
 
 import ast
@@ -15,19 +24,11 @@ from typing import TYPE_CHECKING, Any
 # use, because the reader's worker-side modules (planning, scan, rows) import this
 # package without pyspark, and must stay that way.
 if TYPE_CHECKING:
-    from .batch_identity import BatchOrderError as BatchOrderError
-    from .batch_identity import OperatorMismatchError as OperatorMismatchError
-    from .connect import connect_session as connect_session
-    from .datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
-    from .datasource import register as register
-    from .kafka_sink import KafkaOutputSink as KafkaOutputSink
-    from .key_rows import KeyRows as KeyRows
-    from .metrics import StateMetricsListener as StateMetricsListener
-    from .metrics import SubtaskMetrics as SubtaskMetrics
-    from .output_rows import OutputColumnsError as OutputColumnsError
-    from .rewind_offsets import starting_offsets as starting_offsets
-    from .session import local_session as local_session
-    from .session import spark_session as spark_session
+    from .reader.datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
+    from .reader.datasource import register as register
+    from .sessions.connect import connect_session as connect_session
+    from .sessions.session import local_session as local_session
+    from .sessions.session import spark_session as spark_session
     from .streaming import BATCH_EVENTS as BATCH_EVENTS
     from .streaming import BatchContext as BatchContext
     from .streaming import BatchListener as BatchListener
@@ -42,6 +43,15 @@ if TYPE_CHECKING:
     from .streaming import TimerInfo as TimerInfo
     from .streaming import stateful_foreach_batch as stateful_foreach_batch
     from .streaming import with_ticks as with_ticks
+    from .streaming.batch_identity import BatchOrderError as BatchOrderError
+    from .streaming.batch_identity import OperatorMismatchError as OperatorMismatchError
+    from .streaming.kafka_sink import CHECKPOINT_HEADER as CHECKPOINT_HEADER
+    from .streaming.kafka_sink import KafkaOutputSink as KafkaOutputSink
+    from .streaming.key_rows import KeyRows as KeyRows
+    from .streaming.metrics import StateMetricsListener as StateMetricsListener
+    from .streaming.metrics import SubtaskMetrics as SubtaskMetrics
+    from .streaming.output_rows import OutputColumnsError as OutputColumnsError
+    from .streaming.rewind_offsets import starting_offsets as starting_offsets
 
 
 def _homes() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Two sets of jars use this: the Kafka broker the local clusters run
 (:mod:`kafka_changelog.local_kafka.jars`) and Spark's Kafka connector
-(:mod:`spark_integration.connector`). Each set is resolved by
+(:mod:`spark_integration.sessions.connector`). Each set is resolved by
 ``mvn dependency:copy-dependencies -DincludeScope=runtime`` on a small pom into a
 temporary directory that is renamed into place only when complete, under a file
 lock, so concurrent or interrupted runs never see a half-filled cache.

@@ -1,20 +1,34 @@
-"""Exactly-once keyed state for Structured Streaming, through ``foreachBatch``.
+"""Exactly-once keyed state for Structured Streaming, through ``foreachBatch``: running a query.
 
-One module per role: :mod:`.driver` (the ``foreachBatch`` function: plans a batch, runs
-a task per subtask, commits the checkpoint), :mod:`.batch_time` (the batch's processing
-time and watermark), :mod:`.task` (what a Spark task runs for its subtask),
-:mod:`.task_time` (late rows and due timers in a task), :mod:`.key_state` (what the
-user's function gets), :mod:`.vectorized` (the vectorised entry point),
-:mod:`.worker_resources` (what a Python process keeps across batches), :mod:`.batch_input`
-and :mod:`.input_check` (a batch's input against the input its state holds), :mod:`.events`
-(what listeners hear), :mod:`.columns` (the internal columns), :mod:`.tester` (running a
-function in plain Python), :mod:`.ticks` (micro-batches without new input). The public
-names are here.
+One module per role. The batch, on the driver: :mod:`.driver` (the ``foreachBatch``
+function: plans a batch, runs a task per subtask, commits the checkpoint),
+:mod:`.driver_hold` (the driver's claim on its application), :mod:`.batch_identity`
+(which checkpoint a batch commits and starts from), :mod:`.batch_time` (the batch's
+processing time and watermark), :mod:`.batch_input` and :mod:`.input_check` (a batch's
+input against the input its state holds), :mod:`.subtask_partitioning` and
+:mod:`.subtask_hosts` (one Spark partition per subtask, on the host that holds its
+store), :mod:`.query_stop`, :mod:`.ticks` (micro-batches without new input). The task, on
+the workers: :mod:`.task` (what a Spark task runs for its subtask), :mod:`.task_time`
+(late rows and due timers), :mod:`.key_runs` and :mod:`.key_rows` (a subtask's rows cut
+per key), :mod:`.key_state` (what the user's function gets), :mod:`.vectorized` (the
+vectorised entry point), :mod:`.output_rows` and :mod:`.kafka_sink` (outputs, exactly
+once), :mod:`.worker_resources` and :mod:`.worker_release` (what a Python process keeps
+across batches). Both sides: :mod:`.config` (:class:`StreamingStateConfig`),
+:mod:`.state_declarations`, :mod:`.events` (what listeners hear), :mod:`.metrics` (what
+a batch reports), :mod:`.columns` (the internal columns). Around a query:
+:mod:`.tester` (running a function in plain Python), :mod:`.rewind_offsets` (where
+Spark's Kafka source continues a checkpoint's state).
+
+Streaming never imports :mod:`spark_integration.reader` and is never imported by it. Both
+may use :mod:`spark_integration.sessions` and the contracts at the top of the package
+that the state's writer and its reader share: :mod:`spark_integration.keys` (key bytes
+as Spark SQL) and :mod:`spark_integration.checkpoint_properties` (what a batch records
+in its checkpoint). The public names are here; :mod:`spark_integration` exports the
+most used of them.
 """
 
-from ..metrics import BatchReport
-from ..streaming_config import StreamingStateConfig
 from .batch_time import EventTimeColumnError
+from .config import StreamingStateConfig
 from .driver import StatefulProcessor, stateful_foreach_batch
 from .events import (
     BATCH_EVENTS,
@@ -35,6 +49,7 @@ from .key_state import (
     TimerInfo,
     TimerOutsideCallError,
 )
+from .metrics import BatchReport
 from .task import StatefulFunction
 from .task_time import TimerFunction
 from .tester import StatefulTester

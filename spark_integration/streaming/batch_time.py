@@ -24,9 +24,9 @@ from kafka_changelog.state.checkpoints.time_properties import (
     recorded_time,
 )
 
-from ..batch_identity import BatchPlan
-from ..metrics import SubtaskMetrics
+from .batch_identity import BatchPlan
 from .key_state import BatchContext, EventTime
+from .metrics import SubtaskMetrics
 
 #: Spark types an event-time column may have.
 EVENT_TIME_TYPES = ("timestamp", "timestamp_ntz")

@@ -6,7 +6,7 @@ subtask's state handle (on one row of its own), its Spark partition and its metr
 
 from __future__ import annotations
 
-from ..subtask_partitioning import SLOT_COLUMN
+from .subtask_partitioning import SLOT_COLUMN
 
 #: The row's state key bytes (``kafka_changelog.keys``, computed by Spark SQL).
 KEY_COLUMN = "__kc_key"

@@ -2,7 +2,7 @@
 micro-batch, runs one Spark task per subtask and commits the checkpoint.
 
 Checkpoint ids are the application's own (latest + 1 per committed batch); which
-checkpoint a batch commits and starts from is :mod:`spark_integration.batch_identity`
+checkpoint a batch commits and starts from is :mod:`spark_integration.streaming.batch_identity`
 (a re-run of a committed batch, a fresh ``checkpointLocation``). The driver adds each
 row's state key (``kafka_changelog.keys``, computed by Spark SQL from the key columns),
 its key group ``pmod(hash(key), max_parallelism)`` and its subtask, assigns each subtask
@@ -45,20 +45,10 @@ from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 from kafka_changelog.state.host.subtask_backend import StateSource
 from kafka_changelog.state.schema.descriptors import StateDescriptor
 
-from ..batch_identity import QUERY_ID, BatchPlan, plan_batch
-from ..connect import connect_query_id, is_connect
-from ..kafka_sink import KafkaOutputSink
+from ..checkpoint_properties import QUERY_ID
 from ..keys import key_columns_of, key_sql
-from ..metrics import BatchReport, SubtaskMetrics, log_batch
-from ..streaming_config import StreamingStateConfig
-from ..subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
-from ..subtask_partitioning import (
-    executor_count,
-    partition_by_subtask,
-    placement_possible,
-    subtask_markers,
-    subtask_placement,
-)
+from ..sessions.connect import connect_query_id, is_connect
+from .batch_identity import BatchPlan, plan_batch
 from .batch_input import batch_input
 from .batch_time import (
     batch_context,
@@ -77,6 +67,7 @@ from .columns import (
     RESULT_SCHEMA,
     SUBTASK_COLUMN,
 )
+from .config import StreamingStateConfig
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
 from .input_check import (
@@ -88,9 +79,19 @@ from .input_check import (
     skip_condition,
     skip_files_condition,
 )
+from .kafka_sink import KafkaOutputSink
 from .key_state import BatchContext, EventTime
+from .metrics import BatchReport, SubtaskMetrics, log_batch
 from .query_stop import stops_cleanly
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
+from .subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
+from .subtask_partitioning import (
+    executor_count,
+    partition_by_subtask,
+    placement_possible,
+    subtask_markers,
+    subtask_placement,
+)
 from .task import StatefulFunction, SubtaskTask, TaskCommit
 from .task_time import TaskTime, TimerFunction
 from .ticks import TICK_COLUMN, without_ticks
@@ -240,14 +241,14 @@ class StatefulProcessor:
     def _placement(self, spark: Any, parallelism: int, config: StreamingStateConfig
                    ) -> tuple[Any, tuple[int, ...] | None]:
         """The subtask placement at ``parallelism`` (see
-        :mod:`spark_integration.subtask_partitioning`) as a DataFrame of ``spark`` (each
+        :mod:`spark_integration.streaming.subtask_partitioning`) as a DataFrame of ``spark`` (each
         micro-batch has a session of its own; the cache is the application's, so every
         batch's placement reads the same cached partitions), and which subtask each of
         its partitions runs (None: partition i runs subtask i). The placement of another
         parallelism is dropped, and so is the placement when executors joined since it
         was made (more are registered than the fewest seen since): the new one is
         computed first, and each partition gets a subtask that ran on its host before
-        (:mod:`spark_integration.subtask_hosts`)."""
+        (:mod:`spark_integration.streaming.subtask_hosts`)."""
         executors = executor_count(spark)
         fewest = executors
         if self._placement_of is not None:
@@ -581,7 +582,7 @@ def _query_id(batch_df: Any, application: str) -> str:
     Spark sets it as a local property of the query's thread, which is the thread
     calling the function (py4j pins Python threads to JVM threads). Under Spark Connect
     there is no such thread here: the query is found among its session's
-    (:func:`~spark_integration.connect.connect_query_id`).
+    (:func:`~spark_integration.sessions.connect.connect_query_id`).
     """
     session = batch_df.sparkSession
     if is_connect(session):
@@ -642,7 +643,7 @@ def stateful_foreach_batch(
     See :class:`StatefulProcessor` (``vectorized=True``: ``fn(rows, state)`` once per
     subtask per batch, see :mod:`spark_integration.streaming.vectorized`). Spark's Python
     workers must run an interpreter with this library installed:
-    :func:`spark_integration.session.local_session` sets that up for local sessions; on a
+    :func:`spark_integration.sessions.session.local_session` sets that up for local sessions; on a
     cluster, set ``spark.pyspark.python``.
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,

@@ -21,9 +21,9 @@ from kafka_changelog.kafka.task_commit import TRANSACTION_TIMEOUT_MS, check_outp
 from kafka_changelog.state.checkpoints.driver_claim import DriverHolder
 from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 
-from ..connect import connect_query_running, is_connect
-from ..kafka_sink import KafkaOutputSink
-from ..streaming_config import StreamingStateConfig
+from ..sessions.connect import connect_query_running, is_connect
+from .config import StreamingStateConfig
+from .kafka_sink import KafkaOutputSink
 from .worker_resources import subtask_transactional_id
 
 

@@ -52,7 +52,7 @@ class InputOffsetsError(ChangelogError):
 @dataclass(frozen=True)
 class InputPolicy:
     """What a batch may do where its input does not continue the state's exactly (the
-    fields of :class:`~spark_integration.streaming_config.StreamingStateConfig`)."""
+    fields of :class:`~spark_integration.streaming.config.StreamingStateConfig`)."""
 
     #: Drop the rows the state holds (Kafka offsets below the state's, files it holds),
     #: rather than refuse the batch: a fresh checkpointLocation continues the state by

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from kafka_changelog.errors import ChangelogError
 
-from ..connect import is_connect
+from ..sessions.connect import is_connect
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 snapshot, commit the outputs (with a ``KafkaOutputSink``), give the backend back.
 
 One task per subtask per batch: Spark partition ``i`` holds exactly subtask ``i``'s rows
-(:func:`~spark_integration.subtask_partitioning.partition_by_subtask`), and the task runs
+(:func:`~spark_integration.streaming.subtask_partitioning.partition_by_subtask`), and the task runs
 for every partition: the driver gives each subtask one marker row (removed before the
 task sees its rows), so every subtask checkpoints, fires its due timers and expires its
 state even in a batch without rows. The task gets its backend through
@@ -37,13 +37,6 @@ from kafka_changelog.state.host.acquire import AcquiredBackend, acquire, discard
 from kafka_changelog.state.host.subtask_backend import StateSource, SubtaskPlacement
 from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 
-from ..kafka_sink import KafkaOutputSink
-from ..key_rows import KeyRows
-from ..key_runs import keys_at, natural_key_value, run_starts
-from ..metrics import SubtaskMetrics
-from ..output_rows import output_records
-from ..streaming_config import StreamingStateConfig
-from ..subtask_hosts import host_identity
 from .columns import (
     HANDLE_COLUMN,
     INPUT_COLUMNS,
@@ -54,9 +47,16 @@ from .columns import (
     RESULT_COLUMNS,
     SUBTASK_COLUMN,
 )
+from .config import StreamingStateConfig
 from .events import TaskEvent, TaskListener
+from .kafka_sink import KafkaOutputSink
+from .key_rows import KeyRows
+from .key_runs import keys_at, natural_key_value, run_starts
 from .key_state import BatchContext, KeyState
+from .metrics import SubtaskMetrics
+from .output_rows import output_records
 from .state_declarations import StateDeclarations
+from .subtask_hosts import host_identity
 from .task_time import TaskTime, fire_timers, split_late_rows
 from .vectorized import (
     VectorizedFunction,
@@ -134,7 +134,7 @@ class SubtaskTask:
         # States registered (and dropped) before the function runs.
         self.declarations = declarations or StateDeclarations()
         # Partition -> the subtask it runs (None: partition i runs subtask i; see
-        # spark_integration.subtask_hosts).
+        # spark_integration.streaming.subtask_hosts).
         self.partition_subtasks = tuple(partition_subtasks) if partition_subtasks else None
         # Without a batch time (a task run outside a query): the wall clock, fixed now.
         self.time = time or TaskTime(BatchContext(batch_id, checkpoint_id,
@@ -175,7 +175,7 @@ class SubtaskTask:
             raise ChangelogError(
                 f"batch {self.batch_id}: Spark partition {partition} of a stateful step of "
                 f"parallelism {self.config.parallelism}: the rows lost their partitioning "
-                "on the way to the task (see spark_integration.subtask_partitioning's "
+                "on the way to the task (see spark_integration.streaming.subtask_partitioning's "
                 "PLACEMENT_SETTINGS)")
         subtask = (self.partition_subtasks[partition] if self.partition_subtasks is not None
                    else partition)

@@ -14,10 +14,10 @@ from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.time.timers import TimeDomain
 
-from ..key_runs import key_value_of
-from ..output_rows import output_records
 from .event_times import event_times_ms
+from .key_runs import key_value_of
 from .key_state import BatchContext, EventTime, KeyState, LateRows, TimerInfo
+from .output_rows import output_records
 from .vectorized import VectorizedTimerFunction, call_vectorized_timers
 
 logger = logging.getLogger(__name__)

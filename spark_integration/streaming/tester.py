@@ -34,11 +34,11 @@ from kafka_changelog.state.host.subtask_backend import StateSource
 from kafka_changelog.state.schema.descriptors import StateDescriptor
 from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
-from ..metrics import SubtaskMetrics
-from ..streaming_config import StreamingStateConfig
 from .batch_time import next_watermark
 from .columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
+from .config import StreamingStateConfig
 from .key_state import BatchContext, EventTime, KeyState, TimerInfo, to_ms
+from .metrics import SubtaskMetrics
 from .state_declarations import StateDeclarations
 from .task import StatefulFunction, SubtaskTask
 from .task_time import TaskTime, TimerFunction

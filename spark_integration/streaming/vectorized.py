@@ -31,9 +31,9 @@ from kafka_changelog.state.backend.bulk_state import BulkState
 from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.time.timers import Timer
 
-from ..key_runs import keys_at, run_starts
-from ..output_rows import output_records
+from .key_runs import keys_at, run_starts
 from .key_state import BatchContext, KeyState, KeyTimers, TimerInfo
+from .output_rows import output_records
 
 
 class BulkTimers:

@@ -20,8 +20,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ..connect import is_connect
-from ..streaming_config import StreamingStateConfig
+from ..sessions.connect import is_connect
+from .config import StreamingStateConfig
 from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)

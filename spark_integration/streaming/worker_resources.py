@@ -30,8 +30,8 @@ from kafka_changelog.state.host.local_store import remove_operator_stores
 from kafka_changelog.state.host.store_materialization import StartedJob, run_job
 from kafka_changelog.state.host.subtask_backend import CachedBackend
 
-from ..kafka_sink import KafkaOutputSink
-from ..streaming_config import StreamingStateConfig
+from .config import StreamingStateConfig
+from .kafka_sink import KafkaOutputSink
 
 logger = logging.getLogger(__name__)
 

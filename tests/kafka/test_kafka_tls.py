@@ -172,7 +172,7 @@ def filled(profile: dict[str, str], cluster: LocalKafkaCluster, user: str
 
 
 def test_the_documented_profiles_are_all_there_and_translate_for_spark(tmp_path: Path) -> None:
-    from spark_integration.kafka_options import java_kafka_options
+    from spark_integration.sessions.kafka_options import java_kafka_options
 
     documented = profiles()
     assert sorted(documented) == ["aiven-mtls", "aiven-sasl", "confluent-cloud", "msk-mtls",

@@ -12,6 +12,12 @@ Inside state, the sub-packages stand in floors (``STATE_FLOORS``, drawn in
 docs/ARCHITECTURE.md): each imports only floors below its own, so two on one floor
 never import each other. The modules at the root of ``kafka_changelog/state/``
 (errors, records) are the ground floor; its ``__init__`` hands the public names on.
+
+Inside spark, one package per role: the reader (``spark_integration/reader/``) and
+streaming (``spark_integration/streaming/``) never import each other; both may use
+sessions (``spark_integration/sessions/``) and the modules both sides hold to, at the top
+of the package (``keys.py``, ``checkpoint_properties.py``); those import no package of
+spark, and only the package's face (``spark_integration/__init__.py``) imports them all.
 """
 
 from __future__ import annotations
@@ -205,6 +211,44 @@ def test_state_sub_packages_only_describe_themselves() -> None:
              for line, target in imports_of(ROOT / "kafka_changelog" / "state" / name
                                             / "__init__.py", top_level_only=False)
              if target != "__future__"]
+    assert wrong == []
+
+
+SPARK_ROLES = ("reader", "streaming", "sessions")
+#: The modules at the top of ``spark_integration`` besides its face: what the reader and
+#: streaming both hold to. A new one is placed here on purpose, or goes in a role's package.
+SPARK_SHARED = ("spark_integration.keys", "spark_integration.checkpoint_properties")
+#: What each part of spark may import of spark, besides itself.
+SPARK_MAY_IMPORT = {
+    "face": {"reader", "streaming", "sessions", "shared"},
+    "reader": {"sessions", "shared"},
+    "streaming": {"sessions", "shared"},
+    "sessions": set(),
+    "shared": set(),
+}
+
+
+def spark_part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "face"
+    if parts[1] in SPARK_ROLES:
+        return parts[1]
+    assert ".".join(parts[:2]) in SPARK_SHARED, f"{module}: in no role's package"
+    return "shared"
+
+
+def test_spark_roles_import_only_what_they_may() -> None:
+    wrong = []
+    for path in sorted((ROOT / "spark_integration").rglob("*.py")):
+        mine = spark_part(module_name(path))
+        for line, target in imports_of(path, top_level_only=False):
+            if target.split(".")[0] != "spark_integration":
+                continue
+            theirs = spark_part(target)
+            if theirs != mine and theirs not in SPARK_MAY_IMPORT[mine]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} "
+                             f"({theirs})")
     assert wrong == []
 
 

@@ -27,7 +27,7 @@ def test_no_module_of_the_library_signals_its_own_process() -> None:
 def test_stateful_foreach_batch_leaves_a_users_worker_python_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from spark_integration.session import ensure_worker_python
+    from spark_integration.sessions.session import ensure_worker_python
     from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/cluster/python3")

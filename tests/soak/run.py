@@ -32,7 +32,7 @@ def spark_session() -> Iterator[Any]:
     """A ``local[2]`` session on loopback, for reading the outputs with Spark's
     connector."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_integration.session import local_session
+    from spark_integration.sessions.session import local_session
 
     session = local_session(app_name="soak-check", parallelism=2, extra_config={
         "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})

@@ -15,8 +15,8 @@ import pickle
 import sys
 from typing import Any
 
-from spark_integration.datasource import register
-from spark_integration.session import spark_session
+from spark_integration.reader.datasource import register
+from spark_integration.sessions.session import spark_session
 
 
 def plain(value: Any) -> Any:

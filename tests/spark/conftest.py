@@ -13,8 +13,8 @@ import pytest
 def spark() -> Iterator[Any]:
     """``local_session(parallelism=2)`` with the reader registered; stopped at the end."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_integration.datasource import register
-    from spark_integration.session import local_session
+    from spark_integration.reader.datasource import register
+    from spark_integration.sessions.session import local_session
 
     session = local_session(
         app_name="kafka-changelog-tests",

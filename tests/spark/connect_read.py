@@ -13,9 +13,9 @@ import json
 import pickle
 import sys
 
-from spark_integration.connect import is_connect
-from spark_integration.datasource import register
-from spark_integration.session import spark_session
+from spark_integration.reader.datasource import register
+from spark_integration.sessions.connect import is_connect
+from spark_integration.sessions.session import spark_session
 from tests.spark.cluster_read import plain
 
 

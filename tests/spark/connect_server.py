@@ -1,6 +1,6 @@
 """A local Spark Connect server for the tests: started, killed -9 and restarted.
 
-The server is ``spark_integration.connect_server``'s command line (PySpark's
+The server is ``spark_integration.sessions.connect_server``'s command line (PySpark's
 ``spark-submit`` of the Connect server, ``local[2]`` on 127.0.0.1 and a free port, the
 Kafka connector's jars, this interpreter for the Python workers, the repository on their
 ``PYTHONPATH``), started with the guarantees of the local brokers
@@ -26,7 +26,7 @@ from types import TracebackType
 
 from kafka_changelog.local_kafka import process
 from kafka_changelog.local_kafka.net import LOOPBACK, free_ports
-from spark_integration.connect_server import (
+from spark_integration.sessions.connect_server import (
     ConnectServerConfig,
     server_command,
     server_environment,

@@ -22,7 +22,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kafka_changelog.state import INT64, UTF8, map_state, value_state
-from spark_integration.session import local_session
+from spark_integration.sessions.session import local_session
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 
 COUNT = value_state("count", INT64)

@@ -23,8 +23,8 @@ from kafka_changelog.kafka.topic_owners import SharedTopicError
 from kafka_changelog.state.schema.descriptors import value_state
 from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.config import application_topics
 from spark_integration.streaming.worker_resources import WorkerResources
-from spark_integration.streaming_config import application_topics
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = value_state("count", INT64)
@@ -71,7 +71,7 @@ def test_default_topics_are_read_by_the_reader_and_the_cli_without_naming_them(
     topics = set(AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers})
                  .list_topics(timeout=30).topics)
     assert {f"kafka-changelog-{app}-changelog", f"kafka-changelog-{app}-snapshots"} <= topics
-    from spark_integration.datasource import register
+    from spark_integration.reader.datasource import register
 
     register(spark)
     state = (spark.read.format("kafka-changelog")

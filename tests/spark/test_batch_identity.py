@@ -1,4 +1,4 @@
-"""Which checkpoint a micro-batch commits and starts from (spark_integration.batch_identity)."""
+"""Which checkpoint a micro-batch commits and starts from (streaming.batch_identity)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import pytest
 from kafka_changelog.keys import KEY_TYPES_PROPERTY, KeyTypeError
 from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
-from spark_integration.batch_identity import (
-    BATCH_ID,
-    QUERY_ID,
+from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
+from spark_integration.streaming.batch_identity import (
     BatchOrderError,
     BatchPlan,
     OperatorMismatchError,

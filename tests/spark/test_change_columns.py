@@ -25,12 +25,12 @@ from kafka_changelog.kafka.record_format import RawChange, empty_value, encode_c
 from kafka_changelog.keys import encode_key
 from kafka_changelog.state.schema.kinds import StateKind
 from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
-from spark_integration import change_columns
-from spark_integration.change_columns import change_starts, column_change_batches
-from spark_integration.change_schema import CHANGES_SCHEMA
-from spark_integration.op_columns import MAX_ITEMS
-from spark_integration.rows import change_batches
-from spark_integration.scan import OffsetSlice, kept_changes
+from spark_integration.reader import change_columns
+from spark_integration.reader.change_columns import change_starts, column_change_batches
+from spark_integration.reader.change_schema import CHANGES_SCHEMA
+from spark_integration.reader.op_columns import MAX_ITEMS
+from spark_integration.reader.rows import change_batches
+from spark_integration.reader.scan import OffsetSlice, kept_changes
 
 LOG = "w-1"
 #: Sequence numbers 3..9, key groups 64..95 kept.

@@ -29,11 +29,11 @@ from kafka_changelog.state.checkpoints.checkpoint import (
 )
 from kafka_changelog.state.schema.descriptors import StateKind
 from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
-from spark_integration.datasource import CHANGES_STRUCT, input_partitions
-from spark_integration.packing import ChangesGroup
-from spark_integration.planning import ChangesTask, parse_options, plan_read
-from spark_integration.rows import change_batches
-from spark_integration.scan import SliceReader
+from spark_integration.reader.datasource import CHANGES_STRUCT, input_partitions
+from spark_integration.reader.packing import ChangesGroup
+from spark_integration.reader.planning import ChangesTask, parse_options, plan_read
+from spark_integration.reader.rows import change_batches
+from spark_integration.reader.scan import SliceReader
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -194,8 +194,8 @@ def test_a_checkpoint_without_changes_reads_no_row(spark: Any, written: Written)
 
 
 def test_tasks_pack_by_bytes_onto_every_core() -> None:
-    from spark_integration.packing import pack_changes
-    from spark_integration.scan import OffsetSlice
+    from spark_integration.reader.packing import pack_changes
+    from spark_integration.reader.scan import OffsetSlice
 
     def task(partition: int, start: int, end: int, size: int, log: str = "w") -> ChangesTask:
         return ChangesTask("op", 0, OffsetSlice("t", partition, start, end, log, 0, 127, 0, 9),

@@ -38,17 +38,17 @@ from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
 from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 from kafka_changelog.state.schema.descriptors import map_state, value_state
 from kafka_changelog.state.schema.serializers import INT64, UTF8
-from spark_integration.datasource import FEED_STRUCT, KafkaChangelogBatchReader
-from spark_integration.feed_planning import (
+from spark_integration.reader.datasource import FEED_STRUCT, KafkaChangelogBatchReader
+from spark_integration.reader.feed_planning import (
     FeedPlanner,
     parse_feed_options,
     require_whole_changelog,
 )
-from spark_integration.feed_reading import read_feed_task
-from spark_integration.feed_schema import FEED_SCHEMA
-from spark_integration.feed_source import ChangesBetweenReader
-from spark_integration.planning import CheckpointSelectionError, parse_options, plan_read
-from spark_integration.task_reading import read_task
+from spark_integration.reader.feed_reading import read_feed_task
+from spark_integration.reader.feed_schema import FEED_SCHEMA
+from spark_integration.reader.feed_source import ChangesBetweenReader
+from spark_integration.reader.planning import CheckpointSelectionError, parse_options, plan_read
+from spark_integration.reader.task_reading import read_task
 from tests.state.state_helpers import MAX_P, ranges, users_in
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]

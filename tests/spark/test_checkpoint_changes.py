@@ -9,10 +9,10 @@ from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keygroups import KeyGroupRange, key_group_for_key
 from kafka_changelog.keys import encode_key
-from spark_integration.checkpoint_changes import Piece, new_pieces, selected_runs, subtract
-from spark_integration.feed_planning import parse_feed_options
-from spark_integration.planning import ReaderOptionError
-from spark_integration.pushdown import KeySelection, key_bytes_of_text, select
+from spark_integration.reader.checkpoint_changes import Piece, new_pieces, selected_runs, subtract
+from spark_integration.reader.feed_planning import parse_feed_options
+from spark_integration.reader.planning import ReaderOptionError
+from spark_integration.reader.pushdown import KeySelection, key_bytes_of_text, select
 
 KG = KeyGroupRange
 
@@ -121,7 +121,7 @@ def test_filters_select_the_key_groups_of_their_keys() -> None:
 
 def test_changes_only_in_a_snapshot_are_reported_with_their_sequence_numbers() -> None:
     from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
-    from spark_integration.checkpoint_changes import ChangesOnlyInSnapshotError, check_no_gap
+    from spark_integration.reader.checkpoint_changes import ChangesOnlyInSnapshotError, check_no_gap
 
     before = CompletedCheckpoint("app", 4, 0, 128, ())
     after = CompletedCheckpoint("app", 5, 0, 128, ())
@@ -139,9 +139,9 @@ def test_changes_only_in_a_snapshot_are_reported_with_their_sequence_numbers() -
 
 
 def test_feed_tasks_are_grouped_in_runs_that_keep_their_order() -> None:
-    from spark_integration.checkpoint_changes import FeedTask, contiguous_groups
-    from spark_integration.feed_schema import CheckpointStamp
-    from spark_integration.scan import OffsetSlice
+    from spark_integration.reader.checkpoint_changes import FeedTask, contiguous_groups
+    from spark_integration.reader.feed_schema import CheckpointStamp
+    from spark_integration.reader.scan import OffsetSlice
 
     tasks = [FeedTask("op", 0, OffsetSlice("t", 0, i, i + 1, "L", 0, 0, 0, 0),
                       CheckpointStamp(1, None, 0), estimated_bytes=size)

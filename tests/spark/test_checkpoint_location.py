@@ -27,12 +27,12 @@ from examples.events import events
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.keys import KeyTypeError
 from kafka_changelog.state import MaxParallelismMismatchError
-from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import (
     BatchReport,
     StreamingStateConfig,
     stateful_foreach_batch,
 )
+from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches

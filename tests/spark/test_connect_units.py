@@ -10,22 +10,22 @@ from typing import Any
 
 import pytest
 
-from spark_integration.connect import (
+from spark_integration.reader.datasource import session_parallelism
+from spark_integration.sessions.connect import (
     ConnectQueryError,
     connect_query_id,
     connect_query_running,
     connect_session,
     is_connect,
 )
-from spark_integration.connect_server import (
+from spark_integration.sessions.connect_server import (
     SERVER_CLASS,
     ConnectServerConfig,
     server_command,
     server_environment,
 )
-from spark_integration.connector import ensure_connector_jars
-from spark_integration.datasource import session_parallelism
-from spark_integration.subtask_partitioning import executor_count
+from spark_integration.sessions.connector import ensure_connector_jars
+from spark_integration.streaming.subtask_partitioning import executor_count
 
 
 @dataclass

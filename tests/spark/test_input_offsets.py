@@ -36,8 +36,8 @@ from kafka_changelog.state.checkpoints.input_progress import SOURCE_FILES_PROPER
 from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.history.rewind import execute_rewind, plan_rewind
 from spark_integration import starting_offsets
-from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from ..cli.cli_helpers import cli

@@ -28,8 +28,8 @@ from examples.clickstream import (
     update_user,
 )
 from examples.events import events
-from spark_integration.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.kafka_sink import CHECKPOINT_HEADER, KafkaOutputSink
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 

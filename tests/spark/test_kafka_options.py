@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_integration.kafka_options import KafkaOptionsError, java_kafka_options
+from spark_integration.sessions.kafka_options import KafkaOptionsError, java_kafka_options
 from spark_integration.streaming import StreamingStateConfig
 
 SERVERS = "broker-1:9093,broker-2:9093"

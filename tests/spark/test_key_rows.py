@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_integration.key_rows import KeyRows
+from spark_integration.streaming.key_rows import KeyRows
 
 FRAMES: dict[str, pd.DataFrame] = {
     "mixed with nulls": pd.DataFrame({
@@ -157,7 +157,7 @@ def test_a_per_key_call_gets_its_rows_as_key_rows_in_order() -> None:
                                   if len(FRAMES[n]) >= 2 and len(FRAMES[n].columns)])
 def test_copy_of_rows_is_a_copy_of_those_rows(name: str, through_manager: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import spark_integration.key_rows as key_rows
+    import spark_integration.streaming.key_rows as key_rows
 
     monkeypatch.setattr(key_rows, "_SLICE_MANAGER", through_manager and
                         key_rows._manager_slice_works())
@@ -175,6 +175,6 @@ def test_copy_of_rows_is_a_copy_of_those_rows(name: str, through_manager: bool,
 
 def test_this_pandas_slices_through_its_block_manager() -> None:
     """The faster slicing is in use with the pandas the project pins (2.x)."""
-    import spark_integration.key_rows as key_rows
+    import spark_integration.streaming.key_rows as key_rows
 
     assert key_rows._SLICE_MANAGER

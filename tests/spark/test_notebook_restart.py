@@ -26,8 +26,8 @@ from examples.clickstream import (
     update_user,
 )
 from examples.events import events
-from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .jobs import state_of

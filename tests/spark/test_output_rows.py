@@ -7,7 +7,7 @@ import re
 import pandas as pd
 import pytest
 
-from spark_integration.output_rows import OutputColumnsError, output_records
+from spark_integration.streaming.output_rows import OutputColumnsError, output_records
 
 
 def test_rows_as_a_frame_a_dict_a_list_or_a_generator() -> None:

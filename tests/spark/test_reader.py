@@ -40,15 +40,15 @@ from kafka_changelog.state.checkpoints.checkpoint import SubtaskState
 from kafka_changelog.state.schema.ops import OpKind, StateOp
 from kafka_changelog.state.schema.serializers import INT64, JSON
 from kafka_changelog.state.tables.protocol import KeyedStateTable
-from spark_integration.datasource import (
+from spark_integration.reader.datasource import (
     CHANGES_STRUCT,
     STATE_STRUCT,
     KafkaChangelogBatchReader,
     TaskPartition,
 )
-from spark_integration.planning import parse_options, plan_changes, plan_read
-from spark_integration.rows import CHANGES_SCHEMA, META_OP, STATE_SCHEMA
-from spark_integration.scan import OffsetSlice, SliceReader
+from spark_integration.reader.planning import parse_options, plan_changes, plan_read
+from spark_integration.reader.rows import CHANGES_SCHEMA, META_OP, STATE_SCHEMA
+from spark_integration.reader.scan import OffsetSlice, SliceReader
 from tests.kafka.kafka_helpers import changes_of
 from tests.kafka.test_state_kafka import USERS, Job
 from tests.record_helpers import decode_record

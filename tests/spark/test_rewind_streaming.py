@@ -37,16 +37,15 @@ from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpoin
 from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
 from spark_integration import starting_offsets
-from spark_integration.batch_identity import (
-    BATCH_ID,
-    QUERY_ID,
+from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
+from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.batch_identity import (
     BatchKind,
     BatchOrderError,
     BatchPlan,
     plan_batch,
 )
-from spark_integration.kafka_sink import KafkaOutputSink
-from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from ..cli.cli_helpers import cli

@@ -35,7 +35,7 @@ from kafka_changelog.state.schema.descriptors import StateKind
 from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 from kafka_changelog.state.snapshots.snapshot import ChunkRef, SnapshotHandle
 from kafka_changelog.state.tables.memory import StateTable
-from spark_integration.planning import (
+from spark_integration.reader.planning import (
     DEFAULT_CHECKPOINT_TOPIC,
     DEFAULT_SLICE_KEY_GROUPS,
     DEFAULT_SLICE_OFFSETS,
@@ -53,7 +53,7 @@ from spark_integration.planning import (
     split_key_groups,
     split_offsets,
 )
-from spark_integration.rows import (
+from spark_integration.reader.rows import (
     CHANGES_SCHEMA,
     META_OP,
     STATE_SCHEMA,
@@ -62,7 +62,7 @@ from spark_integration.rows import (
     render_value,
     state_batches,
 )
-from spark_integration.scan import OP_SYMBOLS, OffsetSlice, ScannedChange, decode_state_op
+from spark_integration.reader.scan import OP_SYMBOLS, OffsetSlice, ScannedChange, decode_state_op
 
 SERVERS = "127.0.0.1:9092"
 BASE = {"kafka.bootstrap.servers": SERVERS, "application": "shop"}
@@ -529,7 +529,7 @@ def test_state_rows_of_ttl_states_hide_what_expired_at_the_checkpoint_and_show_e
 
 def test_timer_rows_decode_the_reserved_state_and_state_rows_leave_it_out() -> None:
     from kafka_changelog.state.time.timers import TIMERS_STATE, TimeDomain, timer_map_key
-    from spark_integration.timer_rows import TIMERS_SCHEMA, timer_batches
+    from spark_integration.reader.timer_rows import TIMERS_SCHEMA, timer_batches
 
     table = StateTable()
     table.register(StateMeta("count", StateKind.VALUE, "int64"))
@@ -560,7 +560,7 @@ def test_timer_rows_decode_the_reserved_state_and_state_rows_leave_it_out() -> N
 
 
 def test_the_reader_modules_do_not_import_pyspark() -> None:
-    code = ("import sys, spark_integration.planning, spark_integration.rows, "
-            "spark_integration.scan, spark_integration.timer_rows; "
+    code = ("import sys, spark_integration.reader.planning, spark_integration.reader.rows, "
+            "spark_integration.reader.scan, spark_integration.reader.timer_rows; "
             "assert 'pyspark' not in sys.modules, 'pyspark imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,12 +14,12 @@ import pytest
 
 from kafka_changelog.kafka import KafkaChangelogReader
 from kafka_changelog.state import INT64, UTF8, list_state, value_state
-from spark_integration.metrics import StateMetricsListener
 from spark_integration.streaming import (
     BatchReport,
     StreamingStateConfig,
     stateful_foreach_batch,
 )
+from spark_integration.streaming.metrics import StateMetricsListener
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_integration.subtask_hosts import SubtaskHosts, assign, inverse
+from spark_integration.streaming.subtask_hosts import SubtaskHosts, assign, inverse
 
 
 def hosts_of(parallelism: int, ran_on: dict[int, list[str]]) -> SubtaskHosts:

@@ -11,7 +11,7 @@ import pytest
 from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
 from examples.events import events
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
-from spark_integration.subtask_partitioning import (
+from spark_integration.streaming.subtask_partitioning import (
     SLOT_COLUMN,
     partition_by_subtask,
     placement_possible,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_changelog.murmur3 import spark_hash_int
-from spark_integration.subtask_partitioning import subtask_slots
+from spark_integration.streaming.subtask_partitioning import subtask_slots
 
 
 @pytest.mark.parametrize("parallelism", [1, 2, 3, 4, 7, 16, 128])

@@ -25,7 +25,7 @@ from examples.sessions import (
 )
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.local_kafka.process import die_with_parent
-from spark_integration.batch_identity import BATCH_ID
+from spark_integration.checkpoint_properties import BATCH_ID
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources
 from tests.spark.crashing_sessions import SINCE_REMINDER

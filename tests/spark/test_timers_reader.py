@@ -14,9 +14,9 @@ import pytest
 
 from kafka_changelog import key_group_for_key
 from kafka_changelog.state import INT64, value_state
-from spark_integration.datasource import TIMERS_STRUCT
+from spark_integration.reader.datasource import TIMERS_STRUCT
+from spark_integration.reader.timer_rows import TIMERS_SCHEMA
 from spark_integration.streaming import EventTime, StreamingStateConfig, stateful_foreach_batch
-from spark_integration.timer_rows import TIMERS_SCHEMA
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 

@@ -21,13 +21,13 @@ from pyspark.errors import StreamingQueryException
 from examples.events import events
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.state import INT64, value_state
-from spark_integration.batch_identity import OperatorMismatchError
 from spark_integration.streaming import (
     KeyState,
     StatefulProcessor,
     StreamingStateConfig,
     stateful_foreach_batch,
 )
+from spark_integration.streaming.batch_identity import OperatorMismatchError
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches

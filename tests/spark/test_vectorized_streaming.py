@@ -35,8 +35,8 @@ from examples.clickstream import (
 )
 from examples.events import events
 from kafka_changelog import key_group_range_for_operator
-from spark_integration.kafka_sink import KafkaOutputSink
 from spark_integration.streaming import StreamingStateConfig
+from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.vectorized import BatchState, call_vectorized
 from spark_integration.streaming.worker_resources import WorkerResources
 
@@ -184,7 +184,7 @@ def test_call_vectorized_gives_each_row_its_key(tmp_path: Path) -> None:
     from kafka_changelog import InMemoryChangelogStorage, KeyGroupRange, key_group_for_key
     from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
     from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
-    from spark_integration.key_runs import natural_key_value
+    from spark_integration.streaming.key_runs import natural_key_value
 
     rows = pd.DataFrame({"region": ["eu", "eu", "us", "us", "us"],
                          "user": [1, 1, 1, 2, 2], "x": [10, 11, 12, 13, 14]})

@@ -16,7 +16,7 @@ from kafka_changelog.state.rocksdb.table import RocksDBStateTable
 from kafka_changelog.state.snapshots.materializer import MaterializationConfig
 from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 from kafka_changelog.state.tables.memory import StateTable
-from spark_integration.streaming_config import StreamingStateConfig
+from spark_integration.streaming.config import StreamingStateConfig
 
 SMALL = RocksDBOptions(block_cache_bytes=8 << 20, share_block_cache=False,
                        write_buffer_bytes=4 << 20, compression="zstd")

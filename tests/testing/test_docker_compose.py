@@ -65,6 +65,6 @@ def test_the_demo_image_has_python_java_maven_and_the_connector() -> None:
     for package in ("python3-venv", "openjdk-17-jre-headless", "maven", "kcat"):
         assert package in dockerfile, package
     assert 'pip install --no-cache-dir ".[spark]"' in dockerfile
-    assert "python -m spark_integration.connector" in dockerfile
+    assert "python -m spark_integration.sessions.connector" in dockerfile
     assert "COPY examples ./examples" in dockerfile
     assert "examples.streaming_demo" in dockerfile

@@ -2,7 +2,7 @@
 
 Set it through :class:`~kafka_changelog.state.backend.config.StateBackendConfig`
 (``rocksdb_options``) or, in streaming, through
-:class:`~spark_integration.streaming_config.StreamingStateConfig` (``rocksdb_options``);
+:class:`~spark_integration.streaming.StreamingStateConfig` (``rocksdb_options``);
 the defaults suit a Python worker holding a few subtask stores. The options are plain
 data (picklable, hashable): they travel to Spark executors with the configs, and
 ``rocksdict`` is only imported when a table opens with them.

@@ -3,7 +3,7 @@
 The feed's position is a checkpoint id: offset ``{"checkpoint": c}`` means the changes
 of every checkpoint up to ``c`` were emitted, and the range ``(start, end]`` emits the
 changes each retained checkpoint ``start < id <= end`` committed over its predecessor
-(:mod:`spark_integration.checkpoint_changes`). :data:`BEGINNING` (``-1``) is the position
+(:mod:`.checkpoint_changes`). :data:`BEGINNING` (``-1``) is the position
 before the earliest retained checkpoint, whose changes are then its whole changelog
 (allowed only when it restores from no snapshot, so that its changelog holds every
 change before it). Pure Python, no pyspark.
@@ -55,7 +55,7 @@ EARLIEST = "earliest"
 
 
 class GroupSelection(Protocol):
-    """What pushed filters select (``spark_integration.pushdown.KeySelection``)."""
+    """What pushed filters select (``spark_integration.reader.pushdown.KeySelection``)."""
 
     def groups(self, max_parallelism: int, key_types: Sequence[str] | None
                ) -> frozenset[int] | None:

@@ -8,10 +8,10 @@ the Kafka broker jars (``~/.cache/kafka-changelog/spark-kafka-<version>/jars``, 
 ``KAFKA_CHANGELOG_SPARK_JARS_DIR``), keeping only the jars PySpark does not bring
 itself: for Spark 4.2.0 the connector, ``spark-token-provider-kafka-0-10``,
 ``kafka-clients`` and ``commons-pool2``. The session helpers
-(:mod:`spark_integration.session`) add them to ``spark.jars``; sessions built
+(:mod:`spark_integration.sessions.session`) add them to ``spark.jars``; sessions built
 otherwise can use ``spark.jars.packages`` with :func:`connector_coordinates`.
 
-``./scripts/setup.sh`` runs ``python -m spark_integration.connector`` once.
+``./scripts/setup.sh`` runs ``python -m spark_integration.sessions.connector`` once.
 """
 
 from __future__ import annotations

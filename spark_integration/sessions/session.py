@@ -5,7 +5,7 @@ which on most machines is not the interpreter that has this project and pyarrow
 installed: the workers then crash on a missing import. :func:`spark_session` points
 it at this interpreter (for a local session, and for the executors of a cluster on
 the same machine, through ``spark.pyspark.python``) unless the user set it, and adds
-the jars of Spark's Kafka connector (:mod:`spark_integration.connector`) to
+the jars of Spark's Kafka connector (:mod:`spark_integration.sessions.connector`) to
 ``spark.jars``, so ``format("kafka")`` works in every session it builds.
 """
 
@@ -70,8 +70,8 @@ def spark_session(
     everything else (a ``spark.jars`` in it is kept, the connector's are added).
 
     A Spark Connect URL (``sc://host:port``) as ``master`` gives a Connect client session
-    (:func:`spark_integration.connect.connect_session`): the server brings the connector
-    and the workers' Python (:mod:`spark_integration.connect_server`).
+    (:func:`spark_integration.sessions.connect.connect_session`): the server brings the connector
+    and the workers' Python (:mod:`spark_integration.sessions.connect_server`).
     """
     if master.startswith(CONNECT_SCHEME):
         return connect_session(master, app_name, parallelism, extra_config)

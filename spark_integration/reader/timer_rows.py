@@ -4,7 +4,7 @@ Timers are keyed state in a reserved map state (``__kc_timers``, see
 :mod:`kafka_changelog.state.time.timers`) whose map keys encode each timer's domain and time;
 mode ``state`` leaves that state out, and this mode shows it as one row per timer. The
 Arrow schema is exactly what Spark derives from the reader's Spark schema
-(``spark_integration.datasource``; a test compares the two). No pyspark import.
+(``spark_integration.reader.datasource``; a test compares the two). No pyspark import.
 """
 
 from __future__ import annotations

@@ -57,9 +57,7 @@ from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
 from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY
 
-#: Checkpoint properties the streaming layer records.
-QUERY_ID = "spark.query_id"
-BATCH_ID = "spark.batch_id"
+from ..checkpoint_properties import BATCH_ID, QUERY_ID
 
 
 class BatchOrderError(ChangelogError):

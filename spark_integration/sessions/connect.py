@@ -14,9 +14,9 @@ driver and the reader the Connect-safe ways to learn what they otherwise ask the
 - :func:`connect_query_running`: whether that query still runs (the driver's hold lets go
   of the application once it stopped);
 - :func:`connect_session`: a Connect client session set up like
-  :func:`spark_integration.session.spark_session`'s classic ones.
+  :func:`spark_integration.sessions.session.spark_session`'s classic ones.
 
-The server itself (its jars and Python) is :mod:`spark_integration.connect_server`.
+The server itself (its jars and Python) is :mod:`spark_integration.sessions.connect_server`.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def connect_session(url: str, app_name: str = "kafka-changelog", parallelism: in
     ``parallelism`` sets the session's ``spark.sql.shuffle.partitions`` (Connect servers
     default to 200); ``extra_config`` (session settings) wins. The server must run with
     this library and Spark's Kafka connector (see
-    :mod:`spark_integration.connect_server`): the client only sends plans and pickled
-    functions. Register the reader with :func:`spark_integration.datasource.register`, as
+    :mod:`spark_integration.sessions.connect_server`): the client only sends plans and pickled
+    functions. Register the reader with :func:`spark_integration.register`, as
     with classic sessions.
     """
     if not url.startswith(CONNECT_SCHEME):

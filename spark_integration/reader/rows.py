@@ -2,10 +2,10 @@
 
 Change rows here are the reference path, one change decoded at a time
 (:func:`change_batches`); reads use the column-wise one
-(:mod:`spark_integration.change_columns`), which falls back to this for what it leaves
+(:mod:`.change_columns`), which falls back to this for what it leaves
 aside. The Arrow schemas (``STATE_SCHEMA`` here, ``CHANGES_SCHEMA`` in
-:mod:`spark_integration.change_schema`) are exactly what Spark derives from the
-reader's Spark schema (``spark_integration.datasource``; a test compares the two),
+:mod:`.change_schema`) are exactly what Spark derives from the
+reader's Spark schema (``spark_integration.reader.datasource``; a test compares the two),
 because Spark refuses batches whose schema differs. No pyspark import.
 """
 

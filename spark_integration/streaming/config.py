@@ -27,7 +27,7 @@ from kafka_changelog.state.snapshots.chunk_sweep import (
     DEFAULT_SWEEP_INTERVAL_S,
 )
 
-from .kafka_options import java_kafka_options, reader_options
+from ..sessions.kafka_options import java_kafka_options, reader_options
 
 #: Characters Kafka allows in a topic name.
 _TOPIC_CHARACTERS = re.compile(r"[^a-zA-Z0-9._-]")
@@ -191,7 +191,7 @@ class StreamingStateConfig:
         """The options of Spark's Kafka connector (``format("kafka")``, reading the input
         or writing with Spark) for the same brokers with the same security as the
         state's clients: ``client_config``'s SASL and TLS settings as Java client
-        settings (see :mod:`spark_integration.kafka_options`); ``java_overrides`` win."""
+        settings (see :mod:`spark_integration.sessions.kafka_options`); ``java_overrides`` win."""
         return java_kafka_options(self.bootstrap_servers, self.client_config, java_overrides)
 
     def reader_options(self) -> dict[str, str]:

@@ -33,7 +33,7 @@ from typing import Any
 
 from kafka_changelog.murmur3 import spark_hash_int
 
-from .connect import is_connect
+from ..sessions.connect import is_connect
 
 SLOT_COLUMN = "__kc_slot"
 

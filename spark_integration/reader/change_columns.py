@@ -4,8 +4,8 @@ The records of an offset slice are decoded in groups of about a batch of changes
 For each record one Python loop finds where its changes start (:func:`change_starts`,
 skipping each payload); everything else is read for all changes of the group at once
 with NumPy (sequence numbers, key groups, the slice's filter, the ``StateOp`` fields:
-:mod:`spark_integration.op_columns`) and the Arrow columns are made from byte
-positions in the group's buffer (:mod:`spark_integration.change_arrow`). No Python
+:mod:`.op_columns`) and the Arrow columns are made from byte
+positions in the group's buffer (:mod:`.change_arrow`). No Python
 object is made per change, except for registrations (a handful per log).
 
 The rows are exactly those of the per-change path (:func:`~.rows.change_batches`

@@ -1,7 +1,7 @@
 """Which subtask each partition of a new placement runs: a subtask goes back to a host
 that holds a store of it.
 
-A placement (:mod:`spark_integration.subtask_partitioning`) is ``parallelism`` cached
+A placement (:mod:`spark_integration.streaming.subtask_partitioning`) is ``parallelism`` cached
 partitions, each on the host whose executor first computed it; Spark decides where. When
 the driver makes a placement anew (executors joined: a host came back, a worker was
 added), the subtasks need not run in the partitions of their own numbers: the driver
@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .connect import is_connect
-from .streaming_config import StreamingStateConfig
+from ..sessions.connect import is_connect
+from .config import StreamingStateConfig
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ A PySpark Python data source (Spark 4). Register it once per session with
           .load())
 
 Planning (which checkpoint, which input partitions) is in
-:mod:`spark_integration.planning` and :mod:`spark_integration.packing`, reading one
-input partition in :mod:`spark_integration.task_reading` (changes decoded column-wise
-by :mod:`spark_integration.change_columns`, state rows by :mod:`spark_integration.rows`,
-timer rows by :mod:`spark_integration.timer_rows`).
+:mod:`.planning` and :mod:`.packing`, reading one
+input partition in :mod:`.task_reading` (changes decoded column-wise
+by :mod:`.change_columns`, state rows by :mod:`.rows`,
+timer rows by :mod:`.timer_rows`).
 See ``docs/reading.md``.
 """
 
@@ -44,8 +44,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from ..sessions.connect import is_connect
 from .change_schema import CHANGES_SCHEMA
-from .connect import is_connect
 from .feed_planning import is_feed_read, parse_feed_options
 from .feed_schema import FEED_SCHEMA
 from .feed_source import ChangeFeedStreamReader, ChangesBetweenReader, check_schema
@@ -180,7 +180,7 @@ class KafkaChangelogBatchReader(DataSourceReader):
 
     def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         """With option ``pushdown``, keep what filters on ``key``, ``key_decoded`` and
-        ``key_group`` select (:mod:`spark_integration.pushdown`); every filter goes back to
+        ``key_group`` select (:mod:`.pushdown`); every filter goes back to
         Spark, which applies it to the rows read."""
         if self.pushdown:
             self.selection = select(filters)

@@ -2,7 +2,7 @@
 
 ``spark.readStream`` with option ``startingCheckpoint`` emits, per micro-batch, the
 changes of every checkpoint committed since the previous micro-batch (offsets are
-checkpoint ids, see :mod:`spark_integration.feed_planning`), so Spark's own
+checkpoint ids, see :mod:`.feed_planning`), so Spark's own
 ``checkpointLocation`` makes the feed exactly once and resumable: a restarted query
 plans the same range again and emits the same rows. With ``trigger(availableNow=True)``
 the stream reader fixes its end at the start of the run (PySpark's
@@ -10,7 +10,7 @@ the stream reader fixes its end at the start of the run (PySpark's
 started, in as many micro-batches as it takes (a micro-batch that failed in an earlier run
 first), and ends. ``spark.read`` with
 ``startingCheckpoint`` (and ``endingCheckpoint``) reads the same rows for a range of
-checkpoints at once, with key pushdown (:mod:`spark_integration.pushdown`).
+checkpoints at once, with key pushdown (:mod:`.pushdown`).
 
 Input partitions are listed in checkpoint order, then by operator, subtask and
 partition: a key's changes of one checkpoint are in one partition of the changelog

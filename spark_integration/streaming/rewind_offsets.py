@@ -21,7 +21,7 @@ from kafka_changelog.state.checkpoints.source_offsets import (
     starting_offsets_json,
 )
 
-from .streaming_config import StreamingStateConfig
+from .config import StreamingStateConfig
 
 
 def starting_offsets(config: StreamingStateConfig | str, application: str | None = None,

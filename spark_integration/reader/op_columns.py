@@ -4,7 +4,7 @@
 one byte buffer, each field of all payloads in one NumPy step
 (:mod:`kafka_changelog.avro_columns`), and gives where each byte field lies instead
 of copying it: the Arrow columns are built from that in one copy
-(:mod:`spark_integration.change_arrow`).
+(:mod:`.change_arrow`).
 
 It reads what :meth:`~kafka_changelog.state.schema.ops.StateOp.from_bytes` reads, with the
 same result, except two encodings it leaves to that decoder: array blocks that carry

@@ -7,12 +7,12 @@ classpath of every ``spark-submit``). What a stateful query needs of it:
   workers) run an interpreter with this library installed: ``spark.pyspark.python`` and
   ``PYSPARK_PYTHON``;
 - Spark's Kafka connector for ``format("kafka")``: its jars in ``--jars``
-  (:mod:`spark_integration.connector`);
+  (:mod:`spark_integration.sessions.connector`);
 - functions the client pickles by reference (e.g. ``examples.clickstream.update_user``)
   import on the server: their modules on its ``PYTHONPATH``.
 
 :func:`server_command` gives the command line and :func:`server_environment` the
-environment; ``python -m spark_integration.connect_server --port 15002`` runs a server in
+environment; ``python -m spark_integration.sessions.connect_server --port 15002`` runs a server in
 the foreground (local master, loopback address) until it is stopped.
 """
 
@@ -69,7 +69,7 @@ def spark_submit() -> Path:
 
 def server_command(config: ConnectServerConfig) -> list[str]:
     """The ``spark-submit`` command line of a Connect server (foreground; resolves the
-    Kafka connector's jars once, see :func:`spark_integration.connector.ensure_connector_jars`)."""
+    Kafka connector's jars once, see :func:`.connector.ensure_connector_jars`)."""
     jars = ",".join(str(path) for path in ensure_connector_jars())
     settings = {
         "spark.connect.grpc.binding.address": config.host,
@@ -108,7 +108,7 @@ def server_environment(config: ConnectServerConfig,
 def main(argv: list[str] | None = None) -> int:
     """Run a Connect server in the foreground (replaces this process)."""
     parser = argparse.ArgumentParser(
-        prog="python -m spark_integration.connect_server",
+        prog="python -m spark_integration.sessions.connect_server",
         description="a Spark Connect server with kafka-changelog's Python and Spark's "
                     "Kafka connector")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)

@@ -1,9 +1,9 @@
 """One input partition of ``format("kafka-changelog")`` read into Arrow record batches.
 
 What a Spark task of the reader runs (no pyspark import): mode ``changes`` decodes its
-offset slice column-wise (:mod:`spark_integration.change_columns`), modes ``state`` and
+offset slice column-wise (:mod:`.change_columns`), modes ``state`` and
 ``timers`` restore their key groups and turn the table into rows
-(:mod:`spark_integration.rows`, :mod:`spark_integration.timer_rows`).
+(:mod:`.rows`, :mod:`.timer_rows`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``readStream.format("kafka-changelog")`` and ``read`` with ``startingCheckpoint`` emit the
 changes each checkpoint committed; every row says which checkpoint that was, the Spark
 batch that committed it and when. No pyspark import (the Spark schema is derived from
-:data:`FEED_SCHEMA` by ``spark_integration.datasource.spark_schema``).
+:data:`FEED_SCHEMA` by ``spark_integration.reader.datasource.spark_schema``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .batch_identity import BATCH_ID
+from ..checkpoint_properties import BATCH_ID
 from .change_schema import CHANGES_SCHEMA
 
 #: The feed's columns: those of mode ``changes``, then ``checkpoint_id`` (the checkpoint
