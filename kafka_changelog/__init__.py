@@ -38,6 +38,7 @@ from .keygroups import (
     operator_index_for_key_group,
 )
 from .memory import InMemoryChangelogHandle, InMemoryChangelogStorage, InMemoryChangelogWriter
+from .moved_modules import install as _install_moved_modules
 from .registry import ChangelogRegistry
 from .sequence import (
     MAX_SEQUENCE_NUMBER,
@@ -94,3 +95,6 @@ __all__ = [
     "load_storage",
     "operator_index_for_key_group",
 ]
+
+# Module paths from before the packages were regrouped keep importing (moved_modules.py).
+_install_moved_modules()
