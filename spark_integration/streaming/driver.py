@@ -18,6 +18,10 @@ all: every output is written once. With a sink function the batch is computed ag
 from the same base (the state comes out the same and is not committed twice) and
 its outputs are given again (make the function idempotent per batch id, as with any
 ``foreachBatch`` sink).
+
+Over 600 lines: the batch's steps (plan, input check, placement, tasks, commit) read in
+order here; the next cut is the subtask placement (``_placement``, ``_spread_placement``)
+into ``subtask_hosts``.
 """
 
 from __future__ import annotations
