@@ -15,9 +15,10 @@ records (:class:`~kafka_changelog.state.checkpoints.input_progress.InputProgress
   input (a migration, a backfill, a second source): the state carries over.
 * **Files**, when the query is not the one that committed the base checkpoint (within a
   query, Spark's own file log is exact): a file the state holds (modified before the
-  newest file it holds, or at that time and by name) is refused, or, with
-  ``skip_applied_input``, its rows are dropped (by ``input_file_name()``). A directory
-  the state never recorded is new input.
+  newest file it holds, or at that time and by name) is refused. With
+  ``skip_applied_input``, in every batch, its rows are dropped (by ``input_file_name()``):
+  files must then arrive in modification-time order, as Spark's file source reads them.
+  A directory the state never recorded is new input.
 * **Other sources** (rate, table formats, sockets...), when the query is not the base's:
   a source of the same description as one the base's query read would start again from
   its beginning: refused unless ``allow_uncompared_sources``. Another source is new input.
@@ -125,7 +126,10 @@ def check_input(where: BatchWhere, recorded: InputProgress, batch: BatchInput,
     for source in batch.sources:
         if source.kind is SourceKind.KAFKA:
             _compare_kafka(source, recorded.offsets, overlaps, gaps)
-    held_files = [] if where.same_query else _held_files(batch, recorded)
+    # Within a query Spark's own file log is exact; but a query that started by reading
+    # again files the state held (skipping them) goes on reading them in its next batches.
+    held_files = (_held_files(batch, recorded)
+                  if not where.same_query or policy.skip_applied_input else [])
     restarted = [] if where.same_query else _restarted_sources(where, batch, recorded)
     if overlaps and not policy.skip_applied_input:
         raise InputOffsetsError(_overlap_message(where, overlaps, recorded))

@@ -112,6 +112,10 @@ def test_files_the_state_holds_are_refused_for_another_query_only() -> None:
     skipping = check_input(where(), state, batch, InputPolicy(skip_applied_input=True))
     assert skipping.skip_files == {"file:/in/a"}
     assert skipping.progress == checked.progress
+    # A query that skipped the held files goes on skipping them in its next batches.
+    going_on = check_input(where(same_query=True), state, batch,
+                           InputPolicy(skip_applied_input=True))
+    assert going_on.skip_files == {"file:/in/a"}
 
 
 def test_a_source_that_cannot_be_compared_is_refused_when_a_new_query_restarts_it() -> None:

@@ -413,7 +413,7 @@ def test_the_file_source_refuses_files_the_state_holds(
         reports, error = run_files(spark, config, output_topic, tmp_path / "in",
                                    tmp_path / "b")
         refused(error, "would apply files again that the state (checkpoint 2) already "
-                "holds:", "part-000.json", "skip_applied_input=True to drop the rows of the "
+                "holds:", "part-000.json", "skip_applied_input=True) to drop the rows of the "
                 "files the state holds, or give this query only the files that came after")
         assert not reports and checkpoint_ids(config) == [1, 2]
         # With skip_applied_input, a fresh location drops the files the state holds.
