@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -104,6 +105,10 @@ from .worker_release import release_workers
 from .worker_resources import WorkerResources
 
 logger = logging.getLogger(__name__)
+
+#: Seconds ``close()`` waits for a batch still running in the driver (its query was
+#: stopped while the batch's Python side went on) before it releases the application.
+IN_FLIGHT_WAIT_S = 60.0
 
 
 class StatefulProcessor:
@@ -208,6 +213,10 @@ class StatefulProcessor:
         self._subtask_hosts: SubtaskHosts | None = None
         #: Whether "the input cannot be read here" was logged (once per processor).
         self._input_unknown_logged = False
+        #: Batches running in this process now, and whether close() is under way.
+        self._calls = threading.Condition()
+        self._running_calls = 0
+        self._closing = False
 
     def _emit(self, event: BatchEvent, batch_id: int) -> None:
         if self.listener is not None:
@@ -230,9 +239,20 @@ class StatefulProcessor:
         constants of :meth:`WorkerResources.release` (about three minutes at worst,
         seconds when nothing runs in the background).
         """
-        self._drop_placement()
-        release_workers(self.config)
-        WorkerResources.release(self.config)
+        # A batch whose query was stopped may still run here (Spark stopped waiting for
+        # it): it would take the application again after the release.
+        with self._calls:
+            self._closing = True
+            if not self._calls.wait_for(lambda: self._running_calls == 0, IN_FLIGHT_WAIT_S):
+                logger.warning("application %s: a batch still runs in the driver after %.0f "
+                               "s; closing anyway", self.config.application, IN_FLIGHT_WAIT_S)
+        try:
+            self._drop_placement()
+            release_workers(self.config)
+            WorkerResources.release(self.config)
+        finally:
+            with self._calls:
+                self._closing = False
 
     def _drop_placement(self) -> None:
         kept, self._placement_of = self._placement_of, None
@@ -326,6 +346,18 @@ class StatefulProcessor:
             config.skip_applied_input, config.allow_input_gaps,
             config.allow_uncompared_sources))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark Connect pickles the foreachBatch function: a condition does not pickle.
+        state = dict(self.__dict__)
+        del state["_calls"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._calls = threading.Condition()
+        self._running_calls = 0
+        self._closing = False
+
     def __enter__(self) -> StatefulProcessor:
         return self
 
@@ -334,6 +366,19 @@ class StatefulProcessor:
 
     @stops_cleanly
     def __call__(self, batch_df: Any, batch_id: int) -> None:
+        with self._calls:
+            if self._closing:
+                raise ChangelogError(f"application {self.config.application!r}: batch "
+                                     f"{batch_id} started while its processor was closing")
+            self._running_calls += 1
+        try:
+            self._run_batch(batch_df, batch_id)
+        finally:
+            with self._calls:
+                self._running_calls -= 1
+                self._calls.notify_all()
+
+    def _run_batch(self, batch_df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         started = time.monotonic()

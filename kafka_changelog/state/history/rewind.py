@@ -160,7 +160,8 @@ def check_not_held(store: CheckpointStore, application: str,
     released, with a heartbeat younger than ``lease_s``, of a process not known dead);
     the message names ``action``, what cannot be done."""
     claim = store.driver_claim(application)
-    if claim is None:
+    # Released: quiet, also when asked from the process that held it (a notebook).
+    if claim is None or claim.released:
         return
     now = int(time.time() * 1000) if now_ms is None else now_ms
     if claim.takeover(DriverIdentity.of_this_process(), "", now, lease_s) is Takeover.FREE:
