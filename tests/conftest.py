@@ -38,25 +38,6 @@ LONGEST_FIRST = (
     "tests/spark/test_notebook_restart.py",  # 55
     "tests/spark/test_secured_streaming.py",  # 55
 )
-    "tests/spark/test_soak.py",  # 280
-    "tests/container/test_compose_demo.py",  # 250
-    "tests/spark/test_demo.py",  # 200
-    "tests/project/test_readme_examples.py",  # 160
-    "tests/spark/test_spark_connect.py",  # ~150 (estimate: 2 Connect server starts, 3 clients)
-    "tests/spark/test_timers_exactly_once.py",  # 130
-    "tests/spark/test_clean_stop.py",  # ~130 (estimate)
-    "tests/spark/test_streaming_keys.py",  # 120
-    "tests/spark/test_two_drivers.py",  # 105
-    "tests/spark/test_sink_function_crash.py",  # 105
-    "tests/spark/test_three_brokers.py",  # 100
-    "tests/spark/test_local_state.py",  # 95
-    "tests/spark/test_checkpoint_location.py",  # 85
-    "tests/spark/test_fork.py",  # 80 (measured 120 on a loaded machine)
-    "tests/spark/test_streaming_time.py",  # 75
-    "tests/spark/test_reader.py",  # 65
-    "tests/spark/test_notebook_restart.py",  # 55
-    "tests/spark/test_secured_streaming.py",  # 55
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
