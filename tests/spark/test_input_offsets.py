@@ -17,21 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from examples.clickstream import (
     EVENT_SCHEMA,
-    EVENTS,
     OUTPUT_SCHEMA,
-    SPENT,
     ensure_topic,
     expected_state,
     read_outputs,
     update_user,
 )
 from examples.events import events
-from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.state.checkpoints.input_progress import SOURCE_FILES_PROPERTY, SOURCES_PROPERTY
 from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.history.rewind import execute_rewind, plan_rewind
@@ -42,22 +38,9 @@ from spark_integration.streaming.worker_resources import WorkerResources
 
 from ..cli.cli_helpers import cli
 from .file_batches import write_batches
+from .kafka_queries import BATCH_ROWS, produce, run_kafka, run_to_end, state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
-
-BATCH_ROWS = 20
-
-
-def produce(settings: dict[str, Any], topic: str, rows: list[dict[str, Any]],
-            partitions: int = 2) -> None:
-    """``rows`` to ``topic``, spread evenly by ``seq`` over its partitions (so that each
-    micro-batch of ``BATCH_ROWS`` records takes as many from each)."""
-    producer = Producer(settings)
-    for row in rows:
-        producer.produce(topic, key=row["user"].encode(), value=json.dumps(row).encode(),
-                         partition=row["seq"] % partitions)
-    assert producer.flush(30) == 0
-
 
 def app_config(kafka_cluster: Any, prefix: str, **overrides: Any) -> StreamingStateConfig:
     return StreamingStateConfig(
@@ -68,26 +51,6 @@ def app_config(kafka_cluster: Any, prefix: str, **overrides: Any) -> StreamingSt
         materialization_interval_s=None, **overrides)
 
 
-def run_kafka(spark: Any, config: StreamingStateConfig, input_topic: str, output_topic: str,
-              location: Path, start: str = "earliest", kafka_columns: bool = False
-              ) -> tuple[list[BatchReport], Any]:
-    """Process ``input_topic`` from ``start`` in batches of ``BATCH_ROWS`` and stop; the
-    reports and the query's exception (None: it finished)."""
-    from pyspark.sql import functions as F
-
-    processor = stateful_foreach_batch(
-        config, update_user, "user", OUTPUT_SCHEMA,
-        sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
-    kept = ["topic", "partition", "offset"] if kafka_columns else []
-    rows = (spark.readStream.format("kafka").options(**config.spark_kafka_options())
-            .option("subscribe", input_topic).option("startingOffsets", start)
-            .option("maxOffsetsPerTrigger", BATCH_ROWS).load()
-            .select(*kept, F.from_json(F.col("value").cast("string"),
-                                       f"user string, {EVENT_SCHEMA}").alias("e"))
-            .select(*kept, "e.*"))
-    return _run(rows, processor, location)
-
-
 def run_files(spark: Any, config: StreamingStateConfig, output_topic: str, directory: Path,
               location: Path) -> tuple[list[BatchReport], Any]:
     """Process the files of ``directory`` (one per batch) and stop."""
@@ -96,37 +59,7 @@ def run_files(spark: Any, config: StreamingStateConfig, output_topic: str, direc
         sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
     rows = (spark.readStream.schema(f"user string, {EVENT_SCHEMA}")
             .option("maxFilesPerTrigger", 1).json(str(directory)))
-    return _run(rows, processor, location)
-
-
-def _run(rows: Any, processor: Any, location: Path) -> tuple[list[BatchReport], Any]:
-    query = (rows.writeStream.foreachBatch(processor)
-             .option("checkpointLocation", str(location))
-             .trigger(availableNow=True).start())
-    try:
-        try:
-            query.awaitTermination(300)
-        except Exception as exc:  # the query failed (raised again by awaitTermination)
-            return processor.reports, exc
-        return processor.reports, query.exception()
-    finally:
-        query.stop()
-        processor.close()
-
-
-def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, tuple[Any, Any]]:
-    """Every user's (events, spent) at the application's latest checkpoint."""
-    coordinator = WorkerResources.coordinator(config)
-    backend = coordinator.restore_keyed("user-sessions", key_group_range_for_operator(128, 1, 0),
-                                        coordinator.checkpoint(), config.changelog())
-    try:
-        found = {}
-        for user in users:
-            backend.set_current_key(user.encode())
-            found[user] = (backend.state(EVENTS).value(), backend.state(SPENT).get())
-        return found
-    finally:
-        backend.close()
+    return run_to_end(rows, processor, location)
 
 
 def checkpoint_ids(config: StreamingStateConfig) -> list[int]:
@@ -166,6 +99,18 @@ def app(spark: Any, kafka_cluster: Any) -> Any:
     config = app_config(kafka_cluster, prefix)
     ensure_topic(settings, f"{prefix}-in", partitions=2)
     ensure_topic(settings, f"{prefix}-out", partitions=2)
+    yield config, settings, f"{prefix}-in", f"{prefix}-out"
+    WorkerResources.release(config)
+
+
+@pytest.fixture
+def one_partition_app(spark: Any, kafka_cluster: Any) -> Any:
+    """Like ``app``, over one-partition input and output topics (offsets = event order)."""
+    prefix = f"in1-{uuid.uuid4().hex[:8]}"
+    settings = kafka_cluster.client_config()
+    config = app_config(kafka_cluster, prefix)
+    ensure_topic(settings, f"{prefix}-in", partitions=1)
+    ensure_topic(settings, f"{prefix}-out", partitions=1)
     yield config, settings, f"{prefix}-in", f"{prefix}-out"
     WorkerResources.release(config)
 
@@ -300,75 +245,59 @@ def test_a_location_copied_from_another_query_is_refused(
 
 
 def test_a_gap_is_refused_unless_allowed(
-    spark: Any, kafka_cluster: Any, tmp_path: Path
+    spark: Any, one_partition_app: Any, tmp_path: Path
 ) -> None:
-    prefix = f"gap-{uuid.uuid4().hex[:8]}"
-    settings = kafka_cluster.client_config()
-    config = app_config(kafka_cluster, prefix)
-    input_topic, output_topic = f"{prefix}-in", f"{prefix}-out"
-    ensure_topic(settings, input_topic, partitions=1)
-    ensure_topic(settings, output_topic, partitions=1)
+    config, settings, input_topic, output_topic = one_partition_app
     all_events = list(events(2 * BATCH_ROWS, 6))
-    try:
-        produce(settings, input_topic, all_events[:BATCH_ROWS], partitions=1)
-        _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "a")
-        assert error is None, error
-        produce(settings, input_topic, all_events[BATCH_ROWS:], partitions=1)
-        later = json.dumps({input_topic: {"0": BATCH_ROWS + 5}})
-        _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "b",
-                             start=later)
-        refused(error, "would skip input the state (checkpoint 1) never saw: source "
-                f"KafkaV2[Subscribe[{input_topic}]]: topic {input_topic} partition 0: the "
-                f"batch starts at {BATCH_ROWS + 5}, the state holds up to {BATCH_ROWS}",
-                "allow_input_gaps=True")
-        assert checkpoint_ids(config) == [1]
-        allowing = app_config_like(config, allow_input_gaps=True)
-        reports, error = run_kafka(spark, allowing, input_topic, output_topic,
-                                   tmp_path / "c", start=later)
-        assert error is None, error
-        assert [r.checkpoint_id for r in reports] == [2]
-        applied = all_events[:BATCH_ROWS] + all_events[BATCH_ROWS + 5:]
-        assert_exactly_once(config, settings, output_topic, applied)
-    finally:
-        WorkerResources.release(config)
+    produce(settings, input_topic, all_events[:BATCH_ROWS], partitions=1)
+    _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "a")
+    assert error is None, error
+    produce(settings, input_topic, all_events[BATCH_ROWS:], partitions=1)
+    later = json.dumps({input_topic: {"0": BATCH_ROWS + 5}})
+    _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "b",
+                         start=later)
+    refused(error, "would skip input the state (checkpoint 1) never saw: source "
+            f"KafkaV2[Subscribe[{input_topic}]]: topic {input_topic} partition 0: the "
+            f"batch starts at {BATCH_ROWS + 5}, the state holds up to {BATCH_ROWS}",
+            "allow_input_gaps=True")
+    assert checkpoint_ids(config) == [1]
+    allowing = app_config_like(config, allow_input_gaps=True)
+    reports, error = run_kafka(spark, allowing, input_topic, output_topic,
+                               tmp_path / "c", start=later)
+    assert error is None, error
+    assert [r.checkpoint_id for r in reports] == [2]
+    applied = all_events[:BATCH_ROWS] + all_events[BATCH_ROWS + 5:]
+    assert_exactly_once(config, settings, output_topic, applied)
 
 
 def test_a_topic_created_again_is_refused_until_its_offsets_are_forgotten(
-    spark: Any, kafka_cluster: Any, tmp_path: Path
+    spark: Any, one_partition_app: Any, kafka_cluster: Any, tmp_path: Path
 ) -> None:
-    prefix = f"again-{uuid.uuid4().hex[:8]}"
-    settings = kafka_cluster.client_config()
-    config = app_config(kafka_cluster, prefix)
-    input_topic, output_topic = f"{prefix}-in", f"{prefix}-out"
-    ensure_topic(settings, input_topic, partitions=1)
-    ensure_topic(settings, output_topic, partitions=1)
+    config, settings, input_topic, output_topic = one_partition_app
     all_events = list(events(2 * BATCH_ROWS, 6))
-    try:
-        produce(settings, input_topic, all_events[:BATCH_ROWS], partitions=1)
-        _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "a")
-        assert error is None, error
-        admin = AdminClient(settings)
-        admin.delete_topics([input_topic])[input_topic].result()
-        _recreate(settings, input_topic)
-        produce(settings, input_topic, all_events[BATCH_ROWS:], partitions=1)
-        _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "b")
-        refused(error, f"topic {input_topic} partition 0: the batch starts at 0, the state "
-                f"holds up to {BATCH_ROWS}", f"kafka-changelog input-offsets "
-                f"{config.application} --forget {input_topic} --yes")
-        topics = ["-b", kafka_cluster.bootstrap_servers,
-                  "--checkpoint-topic", config.checkpoint_topic]
-        shown = cli(*topics, "input-offsets", config.application)
-        assert shown.returncode == 0, shown.stderr
-        assert f'{{"{input_topic}":{{"0":{BATCH_ROWS}}}}}' in shown.stdout
-        forgotten = cli(*topics, "input-offsets", config.application, "--forget",
-                        input_topic, "--yes")
-        assert forgotten.returncode == 0, forgotten.stderr
-        reports, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "c")
-        assert error is None, error
-        assert [r.checkpoint_id for r in reports] == [4]
-        assert_exactly_once(config, settings, output_topic, all_events)
-    finally:
-        WorkerResources.release(config)
+    produce(settings, input_topic, all_events[:BATCH_ROWS], partitions=1)
+    _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "a")
+    assert error is None, error
+    admin = AdminClient(settings)
+    admin.delete_topics([input_topic])[input_topic].result()
+    _recreate(settings, input_topic)
+    produce(settings, input_topic, all_events[BATCH_ROWS:], partitions=1)
+    _, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "b")
+    refused(error, f"topic {input_topic} partition 0: the batch starts at 0, the state "
+            f"holds up to {BATCH_ROWS}", f"kafka-changelog input-offsets "
+            f"{config.application} --forget {input_topic} --yes")
+    topics = ["-b", kafka_cluster.bootstrap_servers,
+              "--checkpoint-topic", config.checkpoint_topic]
+    shown = cli(*topics, "input-offsets", config.application)
+    assert shown.returncode == 0, shown.stderr
+    assert f'{{"{input_topic}":{{"0":{BATCH_ROWS}}}}}' in shown.stdout
+    forgotten = cli(*topics, "input-offsets", config.application, "--forget",
+                    input_topic, "--yes")
+    assert forgotten.returncode == 0, forgotten.stderr
+    reports, error = run_kafka(spark, config, input_topic, output_topic, tmp_path / "c")
+    assert error is None, error
+    assert [r.checkpoint_id for r in reports] == [4]
+    assert_exactly_once(config, settings, output_topic, all_events)
 
 
 def _recreate(settings: dict[str, Any], topic: str) -> None:

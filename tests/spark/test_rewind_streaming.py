@@ -12,99 +12,37 @@ the rewind of ``fwd``, and the old checkpointLocation of ``fwd`` is refused.
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
 from examples.clickstream import (
-    EVENT_SCHEMA,
-    EVENTS,
-    OUTPUT_SCHEMA,
-    SPENT,
     ensure_topic,
     expected_state,
     read_outputs,
-    update_user,
 )
 from examples.events import events
-from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
 from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
 from spark_integration import starting_offsets
 from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
-from spark_integration.streaming import BatchReport, StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.batch_identity import (
     BatchKind,
     BatchOrderError,
     BatchPlan,
     plan_batch,
 )
-from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.worker_resources import WorkerResources
 
 from ..cli.cli_helpers import cli
+from .kafka_queries import BATCH_ROWS, produce, run_kafka, state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
-
-BATCH_ROWS = 20
-
-
-def produce(settings: dict[str, Any], topic: str, rows: list[dict[str, Any]]) -> None:
-    producer = Producer(settings)
-    for row in rows:
-        producer.produce(topic, key=row["user"].encode(), value=json.dumps(row).encode())
-    assert producer.flush(30) == 0
-
-
-def run(spark: Any, config: StreamingStateConfig, input_topic: str, output_topic: str,
-        location: Path, start: str = "earliest") -> tuple[list[BatchReport], Any]:
-    """Process the input from ``start`` in batches of ``BATCH_ROWS`` and stop; the
-    reports and the query's exception (None: it finished)."""
-    from pyspark.sql import functions as F
-
-    processor = stateful_foreach_batch(
-        config, update_user, "user", OUTPUT_SCHEMA,
-        sink=KafkaOutputSink(output_topic, key_column="user"), order_by=["seq"])
-    rows = (spark.readStream.format("kafka").options(**config.spark_kafka_options())
-            .option("subscribe", input_topic).option("startingOffsets", start)
-            .option("maxOffsetsPerTrigger", BATCH_ROWS).load()
-            .select(F.from_json(F.col("value").cast("string"),
-                                f"user string, {EVENT_SCHEMA}").alias("e"))
-            .select("e.*"))
-    query = (rows.writeStream.foreachBatch(processor)
-             .option("checkpointLocation", str(location))
-             .trigger(availableNow=True).start())
-    try:
-        try:
-            query.awaitTermination(300)
-        except Exception as exc:  # the query failed (raised again by awaitTermination)
-            return processor.reports, exc
-        return processor.reports, query.exception()
-    finally:
-        query.stop()
-        processor.close()
-
-
-def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, tuple[Any, Any]]:
-    """Every user's (events, spent) at the application's latest checkpoint."""
-    coordinator = WorkerResources.coordinator(config)
-    backend = coordinator.restore_keyed("user-sessions", key_group_range_for_operator(128, 1, 0),
-                                        coordinator.checkpoint(), config.changelog())
-    try:
-        found = {}
-        for user in users:
-            backend.set_current_key(user.encode())
-            found[user] = (backend.state(EVENTS).value(), backend.state(SPENT).get())
-        return found
-    finally:
-        backend.close()
-
 
 def by_batch(outputs: list[tuple[int, str, int, float]]) -> list[list[tuple[str, int, float]]]:
     """The outputs per checkpoint, in checkpoint order (each sorted)."""
@@ -135,16 +73,16 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
     users = sorted({e["user"] for e in all_events})
     input_a, input_b = all_events[:2 * BATCH_ROWS], all_events[2 * BATCH_ROWS:]
     try:
-        produce(settings, input_topic, input_a)
-        forward, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
+        produce(settings, input_topic, input_a, partitions=1)
+        forward, error = run_kafka(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
         assert error is None, error
         assert [(r.batch_id, r.checkpoint_id) for r in forward] == [(0, 1), (1, 2)]
         # Each checkpoint records the offsets its batch read up to.
         assert [starting_offsets(fwd, checkpoint_id=i) for i in (1, 2)] == [
             f'{{"{input_topic}":{{"0":{n * BATCH_ROWS}}}}}' for n in (1, 2)]
 
-        produce(settings, input_topic, input_b)
-        reference, error = run(spark, ref, input_topic, ref_out, tmp_path / "ref")
+        produce(settings, input_topic, input_b, partitions=1)
+        reference, error = run_kafka(spark, ref, input_topic, ref_out, tmp_path / "ref")
         assert error is None, error
         assert [r.checkpoint_id for r in reference] == [1, 2, 3]
         ref_state = state_of(ref, users)
@@ -166,14 +104,14 @@ def test_a_rewound_and_rerun_application_ends_as_one_that_never_went_forward(
         assert state_of(ref, users) == ref_state
 
         # The old checkpointLocation would skip the input the rewind took back: refused.
-        _, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
+        _, error = run_kafka(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-1")
         assert error is not None
         assert (f"application '{fwd.application}' was rewound to checkpoint 1 (now "
                 "checkpoint 4)") in str(error)
 
         start = starting_offsets(fwd)
         assert start == f'{{"{input_topic}":{{"0":{BATCH_ROWS}}}}}'
-        rerun, error = run(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-2", start)
+        rerun, error = run_kafka(spark, fwd, input_topic, fwd_out, tmp_path / "fwd-2", start)
         assert error is None, error
         assert [(r.batch_id, r.checkpoint_id, r.restored_from, r.kind) for r in rerun] == [
             (0, 5, 4, "new-query"), (1, 6, 5, "new")]
