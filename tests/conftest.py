@@ -10,7 +10,19 @@ project's CI machine: a stale entry only costs time.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+#: Every JVM the tests start (Spark drivers, masters, workers, executors, Connect servers;
+#: the local brokers pass the same flags themselves) compiles with C1 only and collects
+#: with the serial collector: a test's JVM lives for seconds to minutes, where C2's
+#: compilations cost more CPU than they return (measured: a Spark driver's start and first
+#: jobs take half the CPU time). On a two-core machine that CPU is the suite's time.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
+if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # xdist workers inherit it
+    os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
+        filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), TEST_JVM_OPTIONS]))
 
 #: Modules in descending order of their run time (seconds in a two-worker CI run).
 LONGEST_FIRST = (
