@@ -18,8 +18,10 @@ the driver; Spark runs the task again on another host, which reuses the commit. 
 end every user's state equals the state computed directly from all input events, and
 the output topic holds every batch's outputs exactly once, read both with librdkafka and
 with Spark's connector (``read_committed``): nothing lost, nothing counted or written
-twice. The vectorised function (``update_users``) over the RocksDB
-backend goes through driver kills across a rescale and task kills the same way (local).
+twice. Locally, the runs switch between the per-key function over the in-memory working
+copy and the vectorised function (``update_users``) over the RocksDB backend, as a redeploy
+may: the last run (vectorised, RocksDB) restores from Kafka and rolls back the store of the
+task killed in its transaction.
 """
 from __future__ import annotations
 
@@ -61,20 +63,23 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 EVENT_COUNT = 1600
 USERS = 40
-#: (parallelism, where the driver is killed) of the runs, in order; the last one finishes.
-RUNS = [(2, "after_commit:1"), (3, "batch_start:2"), (3, "before_commit:2"),
-        (2, "before_commit:3"), (1, None)]
+#: The two functions and working copies the local runs switch between (a redeploy may change
+#: the function or the backend: the state in Kafka is the same).
+PER_KEY = ()
+VECTORIZED = ("--vectorized", "--state-backend", "rocksdb")
+#: (parallelism, where the driver is killed, variant) of the local runs, in order; the last
+#: one finishes.
+RUNS = [(2, "after_commit:1", PER_KEY), (3, "batch_start:2", VECTORIZED),
+        (3, "before_commit:2", PER_KEY), (2, "after_commit:2", VECTORIZED),
+        (1, None, VECTORIZED)]
 #: Tasks the last local run kills (``TASK_EVENT:BATCH:SUBTASK``), once each; the run's
 #: ``local[n, 4]`` master lets Spark run a failed task again.
 TASK_KILLS = ("subtask_in_transaction:4:0", "subtask_committed:5:0")
 PER_BATCH = 300
 #: On the cluster (each run starts executors too): the kills that matter most, across
 #: rescaling; the last run loses a worker instead.
-CLUSTER_RUNS = [(2, "after_commit:1"), (3, "before_commit:2"), (2, "before_commit:3"),
-                (3, None)]
-#: The vectorised run (local): driver kills across a rescale, then task kills in the last.
-VECTORIZED_RUNS = [(2, "before_commit:1"), (3, "after_commit:2")]
-VECTORIZED_TASK_KILLS = ("subtask_in_transaction:4:1", "subtask_committed:5:0")
+CLUSTER_RUNS = [(2, "after_commit:1", PER_KEY), (3, "before_commit:2", PER_KEY),
+                (2, None, PER_KEY)]
 
 
 @pytest.fixture(params=["local", "cluster"])
@@ -155,60 +160,40 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
     apps_before = completed_apps(cluster) if cluster else 0
     job = Job(f"cs-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
               tmp_path / "spark-checkpoint", EVENT_COUNT, engine, per_batch=PER_BATCH)
+    # Locally the RocksDB stores of every run share one directory; on the cluster each
+    # host keeps them in its own.
+    local_state = () if cluster else ("--local-state-dir", str(tmp_path / "local-state"))
     settings = kafka_cluster.client_config()
     produce_events(settings, job.input_topic, EVENT_COUNT, USERS)
     runs = RUNS if cluster is None else CLUSTER_RUNS
-    for parallelism, crash_at in runs[:-1]:
-        done = job.run(parallelism, crash_at)
+    for parallelism, crash_at, variant in runs[:-1]:
+        done = replace(job, options=(*variant, *local_state)).run(parallelism, crash_at)
         assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
-    parallelism = runs[-1][0]
+    parallelism, _, variant = runs[-1]
+    last = replace(job, options=(*variant, *local_state))
     if cluster is None:
         faults = tmp_path / "faults"
         faults.mkdir()
-        done = job.run(parallelism, task_kills=TASK_KILLS, fault_dir=faults,
-                       master=f"local[{max(2, parallelism)},4]")
+        done = last.run(parallelism, task_kills=TASK_KILLS, fault_dir=faults,
+                        master=f"local[{max(2, parallelism)},4]")
         assert done.returncode == 0, done.stderr[-3000:]
         # Both tasks were killed (and ran again).
         assert sorted(p.name for p in faults.iterdir()) == sorted(
             "killed-" + point.replace(":", "-") for point in TASK_KILLS)
         output = done.stdout
     else:
-        output = run_on_a_joined_host_losing_a_worker(cluster, job, parallelism, tmp_path)
+        output = run_on_a_joined_host_losing_a_worker(cluster, last, parallelism, tmp_path)
     summary = json.loads(output.strip().splitlines()[-1])
-    # The last run restored its single subtask from Kafka (another parallelism wrote it).
+    # The last run restored its subtasks from Kafka (another parallelism wrote them).
     assert summary["restore_s"] is not None and summary["restore_s"] > 0, summary
-    if cluster is not None:
+    if cluster is None:
+        # Batch 3 restored the subtask; the task killed in batch 4's transaction had
+        # released its store at a checkpoint that never completed: its retry rolled the
+        # store back to the copy kept at its base.
+        assert summary["state_sources"]["4"]["0"] == "rolled-back", summary["state_sources"]
+    else:
         # Every run was an application of the cluster (its tasks ran in the executors).
         assert completed_apps(cluster) - apps_before == len(CLUSTER_RUNS)
-    assert_exactly_once(job, kafka_cluster, spark)
-
-
-def test_vectorized_state_is_exactly_once_across_kills_and_rescaling(
-        kafka_cluster: Any, spark: Any, tmp_path: Path) -> None:
-    """The vectorised function over the RocksDB backend: the driver killed after the
-    subtasks committed and after the checkpoint, across rescaling, then two tasks killed
-    in and after their transactions."""
-    job = Job(f"csv-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-              tmp_path / "spark-checkpoint", EVENT_COUNT, per_batch=PER_BATCH,
-              options=("--vectorized", "--state-backend", "rocksdb",
-                       "--local-state-dir", str(tmp_path / "local-state")))
-    produce_events(kafka_cluster.client_config(), job.input_topic, EVENT_COUNT, USERS)
-    for parallelism, crash_at in VECTORIZED_RUNS:
-        done = job.run(parallelism, crash_at)
-        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    done = job.run(2, task_kills=VECTORIZED_TASK_KILLS, fault_dir=faults, master="local[2,4]")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in faults.iterdir()) == sorted(
-        "killed-" + point.replace(":", "-") for point in VECTORIZED_TASK_KILLS)
-    summary = json.loads(done.stdout.strip().splitlines()[-1])
-    # The run's first batch restored from Kafka (another parallelism wrote the state);
-    # the task killed in its transaction had released its store at a checkpoint that never
-    # completed: its retry rolled the store back to the copy kept at its base.
-    assert summary["restore_s"] is not None and summary["restore_s"] > 0, summary
-    assert summary["state_sources"]["3"] == {"0": "restored", "1": "restored"}, summary
-    assert summary["state_sources"]["4"]["1"] == "rolled-back", summary
     assert_exactly_once(job, kafka_cluster, spark)
 
 
