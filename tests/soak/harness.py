@@ -300,13 +300,16 @@ class Soak:
             self.job.prefix)
         return max(ids) if ids else 0
 
-    def _produce(self) -> None:
-        """Keep ``lead`` batches of input ahead of the latest checkpoint."""
+    def _produce(self, wait: bool = True) -> None:
+        """Keep ``lead`` batches of input ahead of the latest checkpoint; ``wait``: until
+        every event produced so far is acknowledged."""
         target = (self._latest() + self.settings.lead) * self.settings.per_batch
         for event in self.model.next_events(target):
             self.producer.produce(self.job.input_topic, key=event["user"].encode(),
                                   value=json.dumps(event).encode())
-        if self.producer.flush(60) != 0:
+        if not wait:
+            self.producer.poll(0)
+        elif self.producer.flush(60) != 0:
             raise SoakFailure("input events were not all acknowledged")
 
     def _measure(self, batch: int) -> Figures:
@@ -374,15 +377,19 @@ class Soak:
             self.kafka.pause_node(node)
             undo, how = self.kafka.resume_node, "paused"
         try:
-            self._keep_producing(fault.seconds)
+            # Without waiting for acks: a produce request in flight to a paused broker is
+            # answered only after SIGCONT (or librdkafka's socket timeout, 60 s), and
+            # waiting for it here would hold back the SIGCONT.
+            self._keep_producing(fault.seconds, wait=False)
         finally:
             undo(node)
+        self._produce()
         injected.detail = f"node {node} {how} {fault.seconds} s"
 
-    def _keep_producing(self, seconds: float) -> None:
+    def _keep_producing(self, seconds: float, wait: bool = True) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            self._produce()
+            self._produce(wait)
             time.sleep(0.5)
 
     # -- checks --------------------------------------------------------------------
