@@ -50,6 +50,7 @@ from .error_text import describe
 from .live_clients import new_producer
 from .task_commit import TRANSACTION_TIMEOUT_MS
 from .transaction_calls import (
+    TRANSACTIONAL_PRODUCER_DEFAULTS,
     TransactionFencedError,
     commit_transaction_retrying,
     init_transactions_retrying,
@@ -298,7 +299,8 @@ class DriverLease:
     def _start_producer(self) -> None:
         config = self.store.config
         producer = new_producer({
-            **config.producer(), "message.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            **TRANSACTIONAL_PRODUCER_DEFAULTS, **config.producer(),
+            "message.timeout.ms": TRANSACTION_TIMEOUT_MS,
             "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **self._producer_config,
             "transactional.id": self.transactional_id, "enable.idempotence": True,
             "acks": "all"}, f"driver lease of application {self.application}")

@@ -47,6 +47,7 @@ from .consume import consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .live_clients import new_admin, new_consumer, new_producer
 from .transaction_calls import (
+    TRANSACTIONAL_PRODUCER_DEFAULTS,
     TransactionAbortedError,
     TransactionFencedError,
     commit_transaction_retrying,
@@ -326,6 +327,7 @@ class SubtaskCommitter:
 def _transactional_settings(config: CheckpointStoreConfig, transactional_id: str,
                             producer_config: Mapping[str, Any] | None) -> dict[str, Any]:
     return {
+        **TRANSACTIONAL_PRODUCER_DEFAULTS,
         **config.common(),
         "linger.ms": 5,
         "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,

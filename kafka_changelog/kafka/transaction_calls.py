@@ -27,6 +27,16 @@ from .live_clients import close_producer
 #: first attempt (the connection's ``retry_bound_s`` overrides it).
 DEFAULT_RETRY_BOUND_S = 120.0
 
+#: Defaults of every transactional producer (its client and producer settings override them).
+#: With sparse connections (librdkafka's default) a new producer drops its bootstrap
+#: connection once it learns the brokers and connects to one only on demand:
+#: ``init_transactions`` then often finds no broker up to ask for its coordinator and
+#: waits for librdkafka's fixed 500 ms retry timer. Connected to every broker at once, it
+#: asks as soon as one is up (~10 ms instead of 60 to 550 ms, on every driver start and
+#: in every task's first batch). A transactional producer writes to the checkpoint topic
+#: and the outputs' partitions, so it needs most brokers anyway.
+TRANSACTIONAL_PRODUCER_DEFAULTS: dict[str, Any] = {"enable.sparse.connections": False}
+
 
 class TransactionAbortedError(CheckpointStoreError):
     """The transaction was aborted: neither the checkpoint nor its outputs are visible."""

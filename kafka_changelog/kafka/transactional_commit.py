@@ -28,6 +28,7 @@ from .checkpoint_store import KafkaCheckpointStore
 from .error_text import describe, is_access_error
 from .live_clients import new_producer
 from .transaction_calls import (
+    TRANSACTIONAL_PRODUCER_DEFAULTS,
     TransactionAbortedError,
     commit_transaction_retrying,
     init_transactions_retrying,
@@ -75,6 +76,7 @@ class TransactionalCommitter:
         self._fenced: KafkaError | None = None
         self.timeout_s = timeout_s if timeout_s is not None else store.config.request_timeout_s
         self._producer = new_producer({
+            **TRANSACTIONAL_PRODUCER_DEFAULTS,
             **store.config.common(),
             "transactional.id": transactional_id,
             "enable.idempotence": True,
