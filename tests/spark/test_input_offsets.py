@@ -92,27 +92,27 @@ def refused(error: Any, *parts: str) -> None:
         assert part in text, f"{part!r} not in {text}"
 
 
-@pytest.fixture
-def app(spark: Any, kafka_cluster: Any) -> Any:
-    prefix = f"in-{uuid.uuid4().hex[:8]}"
+def an_application(kafka_cluster: Any, name: str, partitions: int) -> Any:
+    """A new application's config, client settings, input and output topics (``partitions``
+    each); released when the test ends."""
+    prefix = f"{name}-{uuid.uuid4().hex[:8]}"
     settings = kafka_cluster.client_config()
     config = app_config(kafka_cluster, prefix)
-    ensure_topic(settings, f"{prefix}-in", partitions=2)
-    ensure_topic(settings, f"{prefix}-out", partitions=2)
+    ensure_topic(settings, f"{prefix}-in", partitions=partitions)
+    ensure_topic(settings, f"{prefix}-out", partitions=partitions)
     yield config, settings, f"{prefix}-in", f"{prefix}-out"
     WorkerResources.release(config)
+
+
+@pytest.fixture
+def app(spark: Any, kafka_cluster: Any) -> Any:
+    yield from an_application(kafka_cluster, "in", partitions=2)
 
 
 @pytest.fixture
 def one_partition_app(spark: Any, kafka_cluster: Any) -> Any:
     """Like ``app``, over one-partition input and output topics (offsets = event order)."""
-    prefix = f"in1-{uuid.uuid4().hex[:8]}"
-    settings = kafka_cluster.client_config()
-    config = app_config(kafka_cluster, prefix)
-    ensure_topic(settings, f"{prefix}-in", partitions=1)
-    ensure_topic(settings, f"{prefix}-out", partitions=1)
-    yield config, settings, f"{prefix}-in", f"{prefix}-out"
-    WorkerResources.release(config)
+    yield from an_application(kafka_cluster, "in1", partitions=1)
 
 
 def test_a_second_deployment_is_refused_and_continues_from_the_states_offsets(
