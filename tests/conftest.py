@@ -14,6 +14,8 @@ import os
 
 import pytest
 
+from tests.jvm_class_archive import QUIET, spark_class_archive
+
 #: Every JVM the tests start (Spark drivers, masters, workers, executors, Connect servers;
 #: the local brokers pass the same flags themselves) compiles with C1 only and collects
 #: with the serial collector: a test's JVM lives for seconds to minutes, where C2's
@@ -21,8 +23,10 @@ import pytest
 #: jobs take half the CPU time). On a two-core machine that CPU is the suite's time.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
 if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # xdist workers inherit it
-    os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
-        filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"), TEST_JVM_OPTIONS]))
+    _archive = spark_class_archive(TEST_JVM_OPTIONS)
+    os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [
+        os.environ.get("JAVA_TOOL_OPTIONS"), TEST_JVM_OPTIONS,
+        f"-XX:SharedArchiveFile={_archive} {QUIET}" if _archive else ""]))
 
 #: Modules in descending order of their run time (seconds in a two-worker run on a quiet
 #: machine, summed over the module's tests).
