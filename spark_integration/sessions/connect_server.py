@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .connector import ensure_connector_jars
+from .worker_daemon import WORKER_DAEMON
 
 #: The server's main class (in PySpark's ``spark-connect`` jar).
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -76,6 +77,7 @@ def server_command(config: ConnectServerConfig) -> list[str]:
         "spark.connect.grpc.binding.port": str(config.port),
         "spark.ui.enabled": "false",
         "spark.pyspark.python": config.python,
+        "spark.python.daemon.module": WORKER_DAEMON,
         "spark.driver.host": config.host if config.master.startswith("local") else "",
         **config.spark_config,
     }

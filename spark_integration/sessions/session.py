@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from .connect import CONNECT_SCHEME, connect_session
 from .connector import ensure_connector_jars
 from .connector import spark_version as spark_version
+from .worker_daemon import WORKER_DAEMON
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -91,6 +92,8 @@ def spark_session(
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         # Executors of a cluster on this machine run this interpreter (this project's).
         "spark.pyspark.python": python,
+        # Workers fork with pandas, Arrow and the library already imported.
+        "spark.python.daemon.module": WORKER_DAEMON,
         **address,
     }
     extra = dict(extra_config or {})
