@@ -52,11 +52,13 @@ def new_cluster_id() -> str:
             return text
 
 
-def _base(java: str, jars_dir: Path, log_config: Path, log_dir: Path, heap: str) -> list[str]:
+def _base(java: str, jars_dir: Path, log_config: Path, log_dir: Path, heap: str,
+          jvm_options: Sequence[str]) -> list[str]:
     return [
         java,
         f"-Xmx{heap}",
         *FAST_START_FLAGS,
+        *jvm_options,
         f"-Dlog4j2.configurationFile={log_config}",
         f"-Dkafka.logs.dir={log_dir}",
         "-cp",
@@ -72,9 +74,11 @@ def server_command(
     log_config: Path,
     log_dir: Path,
     heap: str = "512m",
+    jvm_options: Sequence[str] = (),
 ) -> list[str]:
     """``java ... kafka.Kafka server.properties`` for one combined broker+controller node."""
-    return [*_base(java, jars_dir, log_config, log_dir, heap), SERVER_MAIN, str(properties)]
+    return [*_base(java, jars_dir, log_config, log_dir, heap, jvm_options), SERVER_MAIN,
+            str(properties)]
 
 
 def format_command(
@@ -87,6 +91,7 @@ def format_command(
     scram_credentials: Sequence[str] = (),
     log_config: Path,
     log_dir: Path,
+    jvm_options: Sequence[str] = (),
 ) -> list[str]:
     """``StorageTool format`` for one node.
 
@@ -95,7 +100,7 @@ def format_command(
     same ``cluster_id``. ``scram_credentials`` are ``--add-scram`` arguments.
     """
     argv = [
-        *_base(java, jars_dir, log_config, log_dir, "256m"),
+        *_base(java, jars_dir, log_config, log_dir, "256m", jvm_options),
         STORAGE_TOOL_MAIN,
         "format",
         "--cluster-id",
