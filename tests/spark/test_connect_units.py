@@ -25,6 +25,7 @@ from spark_integration.sessions.connect_server import (
     server_environment,
 )
 from spark_integration.sessions.connector import ensure_connector_jars
+from spark_integration.sessions.worker_daemon import WORKER_DAEMON
 from spark_integration.streaming.subtask_partitioning import executor_count
 
 
@@ -104,6 +105,7 @@ def test_the_server_runs_with_the_connector_and_this_python() -> None:
     assert settings == {"spark.connect.grpc.binding.address": "127.0.0.1",
                         "spark.connect.grpc.binding.port": "15123",
                         "spark.ui.enabled": "false", "spark.pyspark.python": sys.executable,
+                        "spark.python.daemon.module": WORKER_DAEMON,
                         "spark.driver.host": "127.0.0.1", "spark.sql.shuffle.partitions": "3"}
     assert command[command.index("--driver-java-options") + 1] == "-Dtag=x"
     assert command[-1] == "spark-internal"
