@@ -27,9 +27,11 @@ before=$(brokers)
 spark_before=$(spark_processes)
 # Two test workers (pytest-xdist; TEST_WORKERS=0 runs them in this process, one by one):
 # every worker starts its own brokers and Spark, so the tests share nothing between them.
-# Each worker takes the next test when it is free (--maxschedchunk 1) from a queue that
-# starts with the longest modules (tests/conftest.py): no worker is left idle at the end.
-.venv/bin/pytest -q -n "${TEST_WORKERS:-2}" --maxschedchunk 1 "${markers[@]}" "$@"
+# Each worker takes whole modules (--dist loadscope), so a module's fixtures (a three-node
+# cluster, a Connect server, a streaming run several tests read) are made once, not once per
+# worker; the queue starts with the longest modules (tests/conftest.py, not xdist's order by
+# test count), so no worker is left with a long module at the end.
+.venv/bin/pytest -q -n "${TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder "${markers[@]}" "$@"
 # Every broker the tests started must be gone (allow a few seconds for the last kill). A
 # broker the tests left behind has lost its parent (pytest has exited); brokers of other
 # programs running on the machine still have theirs and are not counted.

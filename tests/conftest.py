@@ -1,11 +1,10 @@
 """Suite-wide collection order: the longest modules first.
 
-``scripts/test.sh`` runs the suite in two pytest-xdist workers that take the next test
-one at a time (``--maxschedchunk 1``). Started last, a test of several minutes would
-leave one worker idle while the other finishes it; started first, the short tests fill
-in around it. Whole modules move (their tests stay together and in order), so module
-fixtures are set up as before. The list is a scheduling hint, measured on this
-project's CI machine: a stale entry only costs time.
+``scripts/test.sh`` runs the suite in two pytest-xdist workers that take whole modules
+(``--dist loadscope``) in this order (``--no-loadscope-reorder``). Started last, a module
+of several minutes would leave one worker idle while the other finishes it; started
+first, the short modules fill in around it. The list is a scheduling hint, measured on
+this machine: a stale entry only costs time.
 """
 
 from __future__ import annotations
@@ -29,37 +28,38 @@ if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # xdist wor
         f"-XX:SharedArchiveFile={_archive} {QUIET}" if _archive else ""]))
 
 #: Modules in descending order of their run time (seconds in a two-worker run on a quiet
-#: machine, summed over the module's tests).
+#: machine, summed over the module's tests; 2026-11-28).
 LONGEST_FIRST = (
-    "tests/spark/test_streaming_exactly_once.py",  # ~600 (2026-11-28: 840 before the cuts)
-    "tests/project/test_readme_examples.py",  # 490 (README and five guides)
-    "tests/spark/test_demo.py",  # 240
-    "tests/spark/test_timers_exactly_once.py",  # ~195
-    "tests/spark/test_subtask_placement.py",  # 205
-    "tests/spark/test_soak.py",  # ~180 (the short seed)
-    "tests/spark/test_streaming_keys.py",  # 175
-    "tests/spark/test_spark_connect.py",  # 175 (two Connect server starts)
-    "tests/spark/test_two_drivers.py",  # 160
-    "tests/spark/test_input_offsets.py",  # 150
-    "tests/spark/test_three_brokers.py",  # 125
-    "tests/container/test_compose_demo.py",  # ~110 (one job in the demo image)
-    "tests/spark/test_sink_function_crash.py",  # 95
-    "tests/spark/test_streaming_time.py",  # 90
-    "tests/spark/test_container_broker_kill.py",  # 85
-    "tests/spark/test_reader.py",  # 85
-    "tests/cli/test_cli_applications.py",  # 80
-    "tests/spark/test_local_state.py",  # 75
-    "tests/spark/test_secured_streaming.py",  # 75
-    "tests/testing/test_harness.py",  # 65
-    "tests/kafka/test_kafka_tls.py",  # 55
-    "tests/spark/test_checkpoint_location.py",  # 50
-    "tests/state/test_rocksdb_table.py",  # 50
-    "tests/kafka/test_topic_creation.py",  # 50
-    "tests/cli/test_cli_reset.py",  # 50
-    "tests/kafka/test_stores_leader_failure.py",  # 50
-    "tests/spark/test_clean_stop.py",  # 45
-    "tests/spark/test_notebook_restart.py",  # 45
-    "tests/spark/test_fork.py",  # 45
+    "tests/spark/test_streaming_exactly_once.py",  # 476
+    "tests/project/test_readme_examples.py",  # 297
+    "tests/spark/test_soak.py",  # 196
+    "tests/spark/test_timers_exactly_once.py",  # 141
+    "tests/spark/test_spark_connect.py",  # 127
+    "tests/spark/test_subtask_placement.py",  # 126
+    "tests/spark/test_two_drivers.py",  # 121
+    "tests/spark/test_streaming_keys.py",  # 120
+    "tests/spark/test_demo.py",  # 112
+    "tests/spark/test_input_offsets.py",  # 99
+    "tests/spark/test_three_brokers.py",  # 98
+    "tests/spark/test_reader.py",  # 76
+    "tests/spark/test_sink_function_crash.py",  # 75
+    "tests/spark/test_streaming_time.py",  # 74
+    "tests/spark/test_container_broker_kill.py",  # 72
+    "tests/spark/test_secured_streaming.py",  # 70
+    "tests/cli/test_cli_applications.py",  # 69
+    "tests/container/test_compose_demo.py",  # 68
+    "tests/testing/test_harness.py",  # 58
+    "tests/kafka/test_stores_leader_failure.py",  # 57
+    "tests/cli/test_cli_reset.py",  # 55
+    "tests/spark/test_local_state.py",  # 50
+    "tests/state/test_rocksdb_table.py",  # 45
+    "tests/kafka/test_kafka_tls.py",  # 42
+    "tests/kafka/test_topic_creation.py",  # 41
+    "tests/cli/test_cli_broker.py",  # 40
+    "tests/spark/test_notebook_restart.py",  # 39
+    "tests/spark/test_fork.py",  # 38
+    "tests/cli/test_cli_rewind.py",  # 36
+    "tests/spark/test_change_feed.py",  # 34
 )
 
 
