@@ -5,9 +5,8 @@ changes for a key-group range, ``persist`` makes them durable and returns a
 handle, and ``confirm``/``reset``/``truncate`` manage what checkpoints still need.
 """
 
-from .buffering_writer import BufferingChangelogWriter
-from .change import META_KEY_GROUP, StateChange
-from .change_set import ChangeSet
+from typing import TYPE_CHECKING
+
 from .errors import (
     BackpressureTimeoutError,
     BrokerHostnameMismatchError,
@@ -30,24 +29,30 @@ from .errors import (
     UntrustedBrokerCertificateError,
     WriterClosedError,
 )
-from .handle import ChangelogHandle
-from .keygroups import (
-    KeyGroupRange,
-    key_group_for_key,
-    key_group_range_for_operator,
-    operator_index_for_key_group,
-)
-from .memory import InMemoryChangelogHandle, InMemoryChangelogStorage, InMemoryChangelogWriter
+from .lazy_exports import install as _install_lazy_exports
 from .moved_modules import install as _install_moved_modules
-from .registry import ChangelogRegistry
-from .sequence import (
-    MAX_SEQUENCE_NUMBER,
-    SequenceNumber,
-    SequenceNumberOutOfRangeError,
-    SequenceNumberOverflowError,
-)
-from .storage import StateChangelogStorage, available_storages, load_storage
-from .writer import SnapshotResult, StateChangelogWriter
+
+if TYPE_CHECKING:  # imported when first read (lazy_exports.py)
+    from .buffering_writer import BufferingChangelogWriter
+    from .change import META_KEY_GROUP, StateChange
+    from .change_set import ChangeSet
+    from .handle import ChangelogHandle
+    from .keygroups import (
+        KeyGroupRange,
+        key_group_for_key,
+        key_group_range_for_operator,
+        operator_index_for_key_group,
+    )
+    from .memory import InMemoryChangelogHandle, InMemoryChangelogStorage, InMemoryChangelogWriter
+    from .registry import ChangelogRegistry
+    from .sequence import (
+        MAX_SEQUENCE_NUMBER,
+        SequenceNumber,
+        SequenceNumberOutOfRangeError,
+        SequenceNumberOverflowError,
+    )
+    from .storage import StateChangelogStorage, available_storages, load_storage
+    from .writer import SnapshotResult, StateChangelogWriter
 
 __version__ = "0.2.0"
 
@@ -98,3 +103,5 @@ __all__ = [
 
 # Module paths from before the packages were regrouped keep importing (moved_modules.py).
 _install_moved_modules()
+
+_install_lazy_exports(globals())

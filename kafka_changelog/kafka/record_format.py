@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import fastavro
@@ -90,7 +91,11 @@ class ChangeColumns:
 #: instead of two, which matters more than a Python step per change).
 ARROW_LAYOUT_BELOW_BYTES = 1024
 
-_NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
+@cache
+def _no_separator() -> pa.Scalar:
+    # Made on first use: pyarrow's scalar() imports pandas, which a process that only
+    # reads records (the CLI, a materialization job) does not need.
+    return pa.scalar(b"", pa.large_binary())
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def _values_by_arrow(layout: _Layout, payloads: Sequence[bytes]) -> list[bytes |
     joined = pc.binary_join_element_wise(
         pa.Array.from_buffers(pa.large_binary(), count,
                               [None, pa.py_buffer(framed_offsets), pa.py_buffer(framed_data)]),
-        pa.array(payloads, pa.large_binary()), _NO_SEPARATOR)
+        pa.array(payloads, pa.large_binary()), _no_separator())
     offsets = np.frombuffer(joined.buffers()[1], np.int64, count + 1, joined.offset * 8)
     data = joined.buffers()[2]
     # From just after the 0 byte closing the record before to just after the 0 byte the

@@ -5,20 +5,9 @@ checkpoint stores live in :mod:`kafka_changelog.kafka`. The names an application
 needs are importable from this package.
 """
 
-from .backend.bulk_state import BulkState
-from .backend.config import BackendKind, StateBackendConfig
-from .backend.keyed_backend import ChangelogKeyedStateBackend
-from .backend.local_recovery import LocalRecoveryStore
-from .backend.operator_state import OperatorStateBackend
-from .backend.restore import load_keyed_state, restore_backend
-from .checkpoints.checkpoint import (
-    CompletedCheckpoint,
-    KeyedStateHandle,
-    OperatorStateHandle,
-    SubtaskState,
-)
-from .checkpoints.checkpoint_store import CheckpointStore, InMemoryCheckpointStore
-from .checkpoints.driver_claim import ApplicationHeldError, DriverFencedError
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import install as _install_lazy_exports
 from .errors import (
     CheckpointFormatError,
     CheckpointNotFoundError,
@@ -33,24 +22,40 @@ from .errors import (
     SnapshotWriteError,
     StateMismatchError,
 )
-from .history.coordinator import CheckpointCoordinator, GarbageReport
-from .history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
-from .rocksdb.options import RocksDBOptions
-from .schema.descriptors import (
-    StateDescriptor,
-    StateKind,
-    aggregating_state,
-    list_state,
-    map_state,
-    reducing_state,
-    value_state,
-)
-from .schema.serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
-from .schema.ttl import StateTtl
-from .snapshots.materialization import MaterializationStats
-from .snapshots.materializer import MaterializationConfig
-from .snapshots.snapshot_store import InMemorySnapshotStore, SnapshotStore
-from .time.timers import TimeDomain
+
+if TYPE_CHECKING:  # imported when first read (lazy_exports.py)
+    from .backend.bulk_state import BulkState
+    from .backend.config import BackendKind, StateBackendConfig
+    from .backend.keyed_backend import ChangelogKeyedStateBackend
+    from .backend.local_recovery import LocalRecoveryStore
+    from .backend.operator_state import OperatorStateBackend
+    from .backend.restore import load_keyed_state, restore_backend
+    from .checkpoints.checkpoint import (
+        CompletedCheckpoint,
+        KeyedStateHandle,
+        OperatorStateHandle,
+        SubtaskState,
+    )
+    from .checkpoints.checkpoint_store import CheckpointStore, InMemoryCheckpointStore
+    from .checkpoints.driver_claim import ApplicationHeldError, DriverFencedError
+    from .history.coordinator import CheckpointCoordinator, GarbageReport
+    from .history.rewind import REWOUND_FROM_PROPERTY, execute_rewind, plan_rewind
+    from .rocksdb.options import RocksDBOptions
+    from .schema.descriptors import (
+        StateDescriptor,
+        StateKind,
+        aggregating_state,
+        list_state,
+        map_state,
+        reducing_state,
+        value_state,
+    )
+    from .schema.serializers import BYTES, FLOAT64, INT64, JSON, UTF8, AvroSerializer, Serializer
+    from .schema.ttl import StateTtl
+    from .snapshots.materialization import MaterializationStats
+    from .snapshots.materializer import MaterializationConfig
+    from .snapshots.snapshot_store import InMemorySnapshotStore, SnapshotStore
+    from .time.timers import TimeDomain
 
 __all__ = [
     "BYTES",
@@ -108,3 +113,5 @@ __all__ = [
     "restore_backend",
     "value_state",
 ]
+
+_install_lazy_exports(globals())
