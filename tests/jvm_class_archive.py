@@ -62,6 +62,18 @@ def _key(jvm_options: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: Archives kept per machine: each clone's virtualenv (its own PySpark path) needs its own,
+#: and each is ~160 MB.
+KEPT_ARCHIVES = 3
+
+
+def _keep_newest(directory: Path, count: int) -> None:
+    archives = sorted(directory.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+    for stale in archives[count:]:
+        stale.unlink(missing_ok=True)
+
+
 def spark_class_archive(jvm_options: str) -> Path | None:
     """The archive for JVMs run with ``jvm_options``, made first if missing; None when it
     cannot be made (the tests then run without it, only slower)."""
@@ -80,6 +92,7 @@ def spark_class_archive(jvm_options: str) -> Path | None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
         if partial.exists():
             os.replace(partial, archive)
+            _keep_newest(directory, KEPT_ARCHIVES)
     except (subprocess.SubprocessError, OSError):
         return None
     finally:
