@@ -74,6 +74,8 @@ def ensure_archive(archive: Path, run_exercised_node: Callable[[list[str]], None
     with _only_one_maker(archive.with_suffix(".lock")) as maker:
         if not maker or archive.exists():
             return archive.exists()
+        logger.info("making %s: a one-time class archive for faster local Kafka nodes "
+                    "(about 15 s)", archive)
         workdir = Path(tempfile.mkdtemp(prefix="classes-", dir=archive.parent))
         partial = workdir / archive.name
         try:
