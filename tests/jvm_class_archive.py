@@ -57,7 +57,10 @@ def _key(jvm_options: str) -> str:
     java = shutil.which("java") or "java"
     version = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     jars = Path(pyspark.__file__).parent / "jars"
-    listing = sorted(p.name for p in jars.iterdir()) if jars.is_dir() else []
+    # A JVM checks each jar's size and time against the archive's record: a new virtualenv
+    # at the same path (a fresh clone in the same place) needs a new archive.
+    listing = sorted(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}"
+                     for p in jars.iterdir()) if jars.is_dir() else []
     text = "\n".join([os.path.realpath(java), version, str(jars), *listing, jvm_options])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

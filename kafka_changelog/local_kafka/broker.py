@@ -228,7 +228,8 @@ class LocalKafkaCluster:
         if not self.class_archive:
             return []
         archive = class_archive.archive_path(self._java, self._jars, FAST_START_FLAGS)
-        if class_archive.ensure_archive(archive, self._run_node_for_class_archive):
+        if class_archive.ensure_archive(archive, self._java,
+                                        self._run_node_for_class_archive):
             return class_archive.use_options(archive)
         return []
 

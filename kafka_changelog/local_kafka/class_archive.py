@@ -33,7 +33,11 @@ def archive_path(java: str, jars_dir: Path, flags: Sequence[str]) -> Path:
     """Where the archive of ``jars_dir``'s classes for this ``java`` and JVM ``flags`` is."""
     real = os.path.realpath(java)
     stat = os.stat(real)
-    key = "\n".join([real, str(stat.st_mtime_ns), str(stat.st_size), *flags])
+    # A JVM checks each jar's size and time against the archive's record: jars fetched
+    # again need a new archive.
+    jars = sorted(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}"
+                  for p in jars_dir.glob("*.jar"))
+    key = "\n".join([real, str(stat.st_mtime_ns), str(stat.st_size), *flags, *jars])
     return jars_dir.parent / f"classes-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 
@@ -42,9 +46,18 @@ def use_options(archive: Path) -> list[str]:
     return [f"-XX:SharedArchiveFile={archive}", *QUIET_OPTIONS]
 
 
-def dump_options(partial: Path) -> list[str]:
-    """The JVM options of the node whose exit writes the archive to ``partial``."""
-    return [f"-XX:ArchiveClassesAtExit={partial}", *QUIET_OPTIONS]
+def base_archive(java: str) -> Path:
+    """The Java's own archive of its classes, which the archive made here extends."""
+    return Path(os.path.realpath(java)).parent.parent / "lib" / "server" / "classes.jsa"
+
+
+def dump_options(partial: Path, java: str) -> list[str]:
+    """The JVM options of the node whose exit writes the archive to ``partial``: named
+    on top of the Java's own archive (an archive named in ``JAVA_TOOL_OPTIONS``, as the
+    tests name Spark's, would otherwise be taken for the base, and the node would not
+    start)."""
+    return [f"-XX:SharedArchiveFile={base_archive(java)}",
+            f"-XX:ArchiveClassesAtExit={partial}", *QUIET_OPTIONS]
 
 
 @contextlib.contextmanager
@@ -63,7 +76,18 @@ def _only_one_maker(lock: Path) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def ensure_archive(archive: Path, run_exercised_node: Callable[[list[str]], None]) -> bool:
+def _drop_stale(archive: Path, kept: int = 2) -> None:
+    """Keep the ``kept`` newest archives of the release (another Java or jars fetched
+    again made the others; each is ~50 MB)."""
+    archives = sorted(archive.parent.glob("classes-*.jsa"), key=lambda p: p.stat().st_mtime,
+                      reverse=True)
+    for stale in archives[kept:]:
+        stale.unlink(missing_ok=True)
+        stale.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def ensure_archive(archive: Path, java: str,
+                   run_exercised_node: Callable[[list[str]], None]) -> bool:
     """Make ``archive`` if it is missing; True if it exists afterwards.
 
     ``run_exercised_node(jvm_options)`` starts one node with those options, serves some
@@ -71,6 +95,8 @@ def ensure_archive(archive: Path, run_exercised_node: Callable[[list[str]], None
     """
     if archive.exists():
         return True
+    if not base_archive(java).exists():  # a Java without its own archive extends none
+        return False
     with _only_one_maker(archive.with_suffix(".lock")) as maker:
         if not maker or archive.exists():
             return archive.exists()
@@ -79,9 +105,10 @@ def ensure_archive(archive: Path, run_exercised_node: Callable[[list[str]], None
         workdir = Path(tempfile.mkdtemp(prefix="classes-", dir=archive.parent))
         partial = workdir / archive.name
         try:
-            run_exercised_node(dump_options(partial))
+            run_exercised_node(dump_options(partial, java))
             if partial.exists() and partial.stat().st_size > 0:
                 os.replace(partial, archive)
+                _drop_stale(archive)
         except Exception as exc:  # the nodes start without it: slower, not wrong
             logger.info("no class archive for the local Kafka nodes: %s", exc)
         finally:

@@ -62,11 +62,18 @@ def checkpoint_without_keys(backend: ChangelogKeyedStateBackend, checkpoint_id: 
 def assert_materialized_and_bounded(
     handles: list[KeyedStateHandle], reader: StateChangelogReader[Any], before: int
 ) -> None:
-    """The first keyless checkpoint still has the tail; from the second on it is gone."""
-    assert data_changes(handles[0], reader) > 0
-    materialized = handles[1].materialization_id
+    """Keyless checkpoints keep the changelog tail until a materialization absorbs it (one
+    comes, however soon: on a loaded machine before the first of them); from then on each
+    names that snapshot and only the states' meta records, and nothing is materialized
+    again."""
+    absorbed = next((i for i, h in enumerate(handles) if h.materialization_id != before), None)
+    assert absorbed is not None, f"no materialization in {len(handles)} keyless checkpoints"
+    assert absorbed < len(handles) - 1, "materialized only at the last keyless checkpoint"
+    for handle in handles[:absorbed]:
+        assert data_changes(handle, reader) > 0
+    materialized = handles[absorbed].materialization_id
     assert materialized > before and materialized > 0
-    for handle in handles[1:]:
+    for handle in handles[absorbed:]:
         assert handle.snapshot is not None
         assert handle.materialization_id == materialized  # nothing changed: not redone
         assert len(handle.changelog) == 1

@@ -49,16 +49,17 @@ def test_an_archive_is_renamed_into_place_only_when_its_node_wrote_it(tmp_path: 
     def fails(options: list[str]) -> None:
         raise RuntimeError("the node did not start")
 
-    assert class_archive.ensure_archive(archive, fails) is False
+    assert class_archive.ensure_archive(archive, find_java(), fails) is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["classes-x.lock"]
 
     def writes(options: list[str]) -> None:
-        assert options[1:] == list(class_archive.QUIET_OPTIONS)
-        Path(options[0].split("=", 1)[1]).write_bytes(b"archive")
+        assert options[0] == f"-XX:SharedArchiveFile={class_archive.base_archive(find_java())}"
+        assert options[2:] == list(class_archive.QUIET_OPTIONS)
+        Path(options[1].split("=", 1)[1]).write_bytes(b"archive")
 
-    assert class_archive.ensure_archive(archive, writes) is True
+    assert class_archive.ensure_archive(archive, find_java(), writes) is True
     assert archive.read_bytes() == b"archive"
-    assert class_archive.ensure_archive(archive, fails) is True  # made once
+    assert class_archive.ensure_archive(archive, find_java(), fails) is True  # made once
 
 
 def test_while_one_process_makes_it_the_others_go_on_without(tmp_path: Path) -> None:
@@ -67,5 +68,5 @@ def test_while_one_process_makes_it_the_others_go_on_without(tmp_path: Path) -> 
     with class_archive._only_one_maker(archive.with_suffix(".lock")) as first:
         assert first
         # Another process (a lock on another open file of the same path).
-        assert class_archive.ensure_archive(archive, called.append) is False
+        assert class_archive.ensure_archive(archive, find_java(), called.append) is False
     assert called == []
