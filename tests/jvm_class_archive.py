@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kafka_changelog.local_kafka.class_archive import QUIET_OPTIONS, jar_fingerprints, keep_newest
 from kafka_changelog.local_kafka.maven import cache_root
 
 #: Runs one small batch job, an Arrow round trip through a Python UDF and one streaming
@@ -48,7 +49,7 @@ jvm.wait(240)
 
 #: Unified-logging tags the archive's users would print on (to stdout) when it does not
 #: fit their class path.
-QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+QUIET = " ".join(QUIET_OPTIONS)
 
 
 def _key(jvm_options: str) -> str:
@@ -57,10 +58,7 @@ def _key(jvm_options: str) -> str:
     java = shutil.which("java") or "java"
     version = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     jars = Path(pyspark.__file__).parent / "jars"
-    # A JVM checks each jar's size and time against the archive's record: a new virtualenv
-    # at the same path (a fresh clone in the same place) needs a new archive.
-    listing = sorted(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}"
-                     for p in jars.iterdir()) if jars.is_dir() else []
+    listing = jar_fingerprints(jars) if jars.is_dir() else []
     text = "\n".join([os.path.realpath(java), version, str(jars), *listing, jvm_options])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -68,13 +66,6 @@ def _key(jvm_options: str) -> str:
 #: Archives kept per machine: each clone's virtualenv (its own PySpark path) needs its own,
 #: and each is ~160 MB.
 KEPT_ARCHIVES = 3
-
-
-def _keep_newest(directory: Path, count: int) -> None:
-    archives = sorted(directory.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime,
-                      reverse=True)
-    for stale in archives[count:]:
-        stale.unlink(missing_ok=True)
 
 
 def spark_class_archive(jvm_options: str) -> Path | None:
@@ -95,7 +86,7 @@ def spark_class_archive(jvm_options: str) -> Path | None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
         if partial.exists():
             os.replace(partial, archive)
-            _keep_newest(directory, KEPT_ARCHIVES)
+            keep_newest(directory, "spark-*.jsa", KEPT_ARCHIVES)
     except (subprocess.SubprocessError, OSError):
         return None
     finally:

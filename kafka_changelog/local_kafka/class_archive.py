@@ -29,15 +29,27 @@ logger = logging.getLogger(__name__)
 QUIET_OPTIONS = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
+def jar_fingerprints(jars_dir: Path) -> list[str]:
+    """Name, size and time of each jar: a JVM checks the last two against the archive's
+    record, so jars fetched again (or a new virtualenv at the same path) need a new one."""
+    return sorted(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}"
+                  for p in jars_dir.glob("*.jar"))
+
+
+def keep_newest(directory: Path, pattern: str, kept: int) -> None:
+    """Delete all but the ``kept`` newest archives matching ``pattern`` (and their locks)."""
+    archives = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in archives[kept:]:
+        stale.unlink(missing_ok=True)
+        stale.with_suffix(".lock").unlink(missing_ok=True)
+
+
 def archive_path(java: str, jars_dir: Path, flags: Sequence[str]) -> Path:
     """Where the archive of ``jars_dir``'s classes for this ``java`` and JVM ``flags`` is."""
     real = os.path.realpath(java)
     stat = os.stat(real)
-    # A JVM checks each jar's size and time against the archive's record: jars fetched
-    # again need a new archive.
-    jars = sorted(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}"
-                  for p in jars_dir.glob("*.jar"))
-    key = "\n".join([real, str(stat.st_mtime_ns), str(stat.st_size), *flags, *jars])
+    key = "\n".join([real, str(stat.st_mtime_ns), str(stat.st_size), *flags,
+                     *jar_fingerprints(jars_dir)])
     return jars_dir.parent / f"classes-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
 
 
@@ -76,16 +88,6 @@ def _only_one_maker(lock: Path) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _drop_stale(archive: Path, kept: int = 2) -> None:
-    """Keep the ``kept`` newest archives of the release (another Java or jars fetched
-    again made the others; each is ~50 MB)."""
-    archives = sorted(archive.parent.glob("classes-*.jsa"), key=lambda p: p.stat().st_mtime,
-                      reverse=True)
-    for stale in archives[kept:]:
-        stale.unlink(missing_ok=True)
-        stale.with_suffix(".lock").unlink(missing_ok=True)
-
-
 def ensure_archive(archive: Path, java: str,
                    run_exercised_node: Callable[[list[str]], None]) -> bool:
     """Make ``archive`` if it is missing; True if it exists afterwards.
@@ -108,7 +110,8 @@ def ensure_archive(archive: Path, java: str,
             run_exercised_node(dump_options(partial, java))
             if partial.exists() and partial.stat().st_size > 0:
                 os.replace(partial, archive)
-                _drop_stale(archive)
+                # Another Java or jars fetched again made the others (~50 MB each).
+                keep_newest(archive.parent, "classes-*.jsa", 2)
         except Exception as exc:  # the nodes start without it: slower, not wrong
             logger.info("no class archive for the local Kafka nodes: %s", exc)
         finally:
