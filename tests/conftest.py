@@ -1,4 +1,4 @@
-"""Suite-wide collection order: the longest modules first.
+"""Suite-wide scheduling: the longest modules first, the cluster modules on one worker.
 
 ``scripts/test.sh`` runs the suite in two pytest-xdist workers that take whole modules
 (``--dist loadscope``) in this order (``--no-loadscope-reorder``). Started last, a module
@@ -10,9 +10,12 @@ this machine: a stale entry only costs time.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from tests.jvm_class_archive import QUIET, spark_class_archive
 
 #: Every JVM the tests start (Spark drivers, masters, workers, executors, Connect servers;
@@ -74,3 +77,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return rank.get(path, len(rank))
 
     items.sort(key=order)
+
+
+#: The modules of the three-node Kafka cluster (``kafka_cluster_3``) and of the Spark
+#: standalone cluster (``spark_cluster``). One xdist worker runs them all, one after the
+#: other (one work unit of ``--dist loadscope``), so that each cluster starts once in a run
+#: rather than once per module and per worker (three Kafka nodes cost ~15 CPU-seconds to
+#: start). ``tests/test_suite_schedule.py`` keeps the list equal to the modules that use them.
+CLUSTER_MODULES = frozenset({
+    "tests/kafka/test_gc_leader_change.py",
+    "tests/kafka/test_kafka_leader_failure.py",
+    "tests/kafka/test_stores_leader_failure.py",
+    "tests/kafka/test_topic_creation.py",
+    "tests/spark/test_reader.py",
+    "tests/spark/test_soak.py",
+    "tests/spark/test_streaming_exactly_once.py",
+    "tests/spark/test_subtask_placement.py",
+    "tests/spark/test_three_brokers.py",
+    "tests/testing/test_harness.py",
+})
+#: The fixtures that make a module one of :data:`CLUSTER_MODULES`.
+CLUSTER_FIXTURES = frozenset({"kafka_cluster_3", "spark_cluster"})
+CLUSTER_UNIT = "tests/(the three-node Kafka and standalone Spark cluster modules)"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` whose work unit is the module, except :data:`CLUSTER_MODULES`,
+    which make one unit together (other modes: xdist's own scheduler)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterModulesTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in CLUSTER_MODULES:
+                return CLUSTER_UNIT
+            return str(super()._split_scope(nodeid))
+
+    return ClusterModulesTogether(config, log)
+
+
+@pytest.fixture(scope="session")
+def shared_kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
+    """The suite's three local Kafka nodes, started once per worker that needs them."""
+    with LocalKafkaCluster(nodes=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster_3(shared_kafka_cluster_3: LocalKafkaCluster) -> Iterator[LocalKafkaCluster]:
+    """The plugin's three-node cluster, shared by the suite's modules (it is the plugin's
+    per module otherwise): each module gets every node running and answering, whatever
+    the module before it killed or paused."""
+    cluster = shared_kafka_cluster_3
+    yield cluster
+    for index in range(cluster.node_count):
+        if not cluster.is_running(index):
+            cluster.restart_node(index, timeout=120)
+        else:
+            cluster.resume_node(index)
