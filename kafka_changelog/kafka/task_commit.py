@@ -58,6 +58,7 @@ from .transaction_calls import (
     transaction_error,
 )
 from .transactional_commit import OutputRecord
+from .transactional_owner import TransactionalIdOwner
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ def fence(config: CheckpointStoreConfig, transactional_ids: list[str],
             raise transaction_error(f"fencing transactional id {tid!r}", exc.args[0], tid) from exc
         finally:
             let_go(producer)
+        # Committers of this machine that kept a producer of the id know it at once.
+        TransactionalIdOwner(config.bootstrap_servers, tid).claim()
 
 
 class OutputTopicMissingError(CheckpointStoreError):
@@ -134,11 +137,15 @@ class SubtaskCommitter:
         self._ends = new_consumer({**config.consumer(), "isolation.level": "read_uncommitted"},
                                   f"subtask commits of {transactional_id} (uncommitted)")
         self._producer: Producer | None = None
+        self._owner = TransactionalIdOwner(config.bootstrap_servers, transactional_id)
         self.commits = 0
         self.fenced = 0
 
     def start(self) -> None:
-        """Make this committer's producer current, fencing earlier ones (no-op if it is)."""
+        """Make this committer's producer current, fencing earlier ones (no-op if it is;
+        a producer another process of this machine took the id from is replaced)."""
+        if self._producer is not None and self._owner.taken_over():
+            self._drop_producer()
         if self._producer is not None:
             return
         producer = new_producer(_transactional_settings(self.config, self.transactional_id,
@@ -155,6 +162,7 @@ class SubtaskCommitter:
             let_go(producer)
             raise
         self._producer = producer
+        self._owner.claim()
 
     def find(self, key: str, since: int, matches: Callable[[SubtaskCommit], bool],
              holder: DriverHolder | None = None) -> SubtaskCommit | None:
@@ -255,6 +263,12 @@ class SubtaskCommitter:
 
     def _transaction(self, outputs: list[OutputRecord], commit: SubtaskCommit,
                      in_transaction: Callable[[], None] | None) -> None:
+        if self._producer is not None and self._owner.taken_over():
+            # Fenced by a producer of this machine: what the broker would answer, without
+            # asking (the caller takes the id back and looks again before it commits).
+            raise TransactionFencedError(
+                f"transactional id {self.transactional_id!r} was taken over by another "
+                "producer of this machine")
         self.start()
         producer = self._producer
         assert producer is not None
