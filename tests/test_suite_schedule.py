@@ -16,4 +16,4 @@ def test_the_cluster_modules_are_exactly_those_using_the_shared_clusters() -> No
     # without using them would only lengthen the cluster unit.
     using = {path.relative_to(ROOT).as_posix() for path in (ROOT / "tests").rglob("test_*.py")
              if USES_A_CLUSTER.search(path.read_text(encoding="utf-8"))}
-    assert using - {"tests/test_suite_schedule.py"} == CLUSTER_MODULES
+    assert using == CLUSTER_MODULES
