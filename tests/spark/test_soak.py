@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from tests.soak import checks
@@ -62,12 +63,33 @@ ELSEWHERE = {
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: ``BROKER_OVERRIDES`` that a running cluster takes as dynamic cluster-wide defaults (the
+#: retention check's interval is static: five minutes, longer than this short soak).
+DYNAMIC_OVERRIDES = {key: value for key, value in BROKER_OVERRIDES.items()
+                     if key != "log.retention.check.interval.ms"}
+
+
+def _cluster_defaults(cluster: LocalKafkaCluster, operation: AlterConfigOpType) -> None:
+    # Per broker (librdkafka names no cluster-wide resource); Kafka takes these there too.
+    admin = AdminClient(cluster.client_config())
+    brokers = admin.list_topics(timeout=60).brokers
+    resources = [ConfigResource(ConfigResource.Type.BROKER, str(broker), incremental_configs=[
+        ConfigEntry(key, value, incremental_operation=operation)
+        for key, value in DYNAMIC_OVERRIDES.items()]) for broker in sorted(brokers)]
+    assert len(resources) == cluster.node_count, brokers
+    for resource in resources:  # one broker resource per request
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(timeout=60)
+
+
 @pytest.fixture(scope="module")
-def soak_kafka() -> Iterator[LocalKafkaCluster]:
-    """Three local nodes whose segments roll small and soon (see ``BROKER_OVERRIDES``)."""
-    # Not ``kafka_cluster_3``: its segments of 1 GiB would never free disk in a soak.
-    with LocalKafkaCluster(nodes=3, broker_overrides=BROKER_OVERRIDES) as cluster:
-        yield cluster
+def soak_kafka(kafka_cluster_3: LocalKafkaCluster) -> Iterator[LocalKafkaCluster]:
+    """The suite's three nodes, whose segments roll small and soon (see
+    ``BROKER_OVERRIDES``) while the soak runs: the 1-GiB segments of their static
+    configuration would never free disk in a soak."""
+    _cluster_defaults(kafka_cluster_3, AlterConfigOpType.SET)
+    yield kafka_cluster_3
+    _cluster_defaults(kafka_cluster_3, AlterConfigOpType.DELETE)
 
 
 def test_the_seeds_cover_the_faults_no_other_test_injects_and_every_variant() -> None:
