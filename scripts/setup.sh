@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Installs everything the project needs on a fresh Debian machine; safe to run again.
-#   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing; as root also
-#     docker.io, debootstrap and docker-compose (the container tests)
-#   - a virtualenv in .venv with the project and its extras (spark, connect, test, dev)
+# scripts/setup.sh [demo|test]: installs what the main job (demo) or the test suite (test,
+# the default) needs on a fresh Debian machine; safe to run again.
+#   - Debian packages: kcat (real Kafka tooling), a JDK and Maven if missing; for the tests,
+#     as root, also docker.io, debootstrap and docker-compose (the container tests)
+#   - a virtualenv in .venv with the project and the role's extras (demo: spark; test:
+#     spark, connect, test, dev)
 #   - the Apache Kafka broker jars and Spark's Kafka connector (format("kafka")) from Maven
 #     Central, in ~/.cache/kafka-changelog
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+role=${1:-test}
+case "$role" in
+  demo) extras=spark ;;
+  test) extras=spark,connect,test,dev ;;
+  *) echo "usage: scripts/setup.sh [demo|test] (got '$role')" >&2; exit 2 ;;
+esac
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -22,7 +31,7 @@ command -v mvn >/dev/null || missing+=(maven)
 # The container tests (tests/container, pytest -m container): Debian's Docker engine,
 # debootstrap (the images are built here from Debian packages) and its compose client.
 # Only as root (or with sudo); without them scripts/test.sh runs the other tests and says so.
-if [ "$(id -u)" = 0 ] || command -v sudo >/dev/null; then
+if [ "$role" = test ] && { [ "$(id -u)" = 0 ] || command -v sudo >/dev/null; }; then
   command -v dockerd >/dev/null || missing+=(docker.io)
   [ -x /usr/sbin/debootstrap ] || missing+=(debootstrap)
   command -v docker-compose >/dev/null || missing+=(docker-compose)
@@ -39,13 +48,15 @@ if [ ! -x .venv/bin/python ]; then
   log "creating virtualenv .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-stamp=.venv/.kafka-changelog-installed
+# One stamp per role: the test role's extras include the demo's, so its install stamps both.
+stamp=.venv/.kafka-changelog-installed-$role
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  log "installing the project and its extras into .venv"
+  log "installing the project and its extras ($extras) into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[spark,connect,test,dev]"
+  .venv/bin/python -m pip install -q -e ".[$extras]"
   echo "$want" > "$stamp"
+  [ "$role" = test ] && echo "$want" > .venv/.kafka-changelog-installed-demo
 fi
 
 log "resolving the Kafka broker jars (Maven Central, cached)"

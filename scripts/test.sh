@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Sets everything up (scripts/setup.sh), then runs lint, type checks and the whole test suite
-# against real Kafka brokers that the tests start and stop themselves.
+# Installs what the tests need (scripts/setup.sh test), then runs lint, type checks and the
+# whole test suite against real Kafka brokers that the tests start and stop themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh test
 echo "[test] ruff"
 .venv/bin/ruff check .
 echo "[test] mypy"
