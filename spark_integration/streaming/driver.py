@@ -159,7 +159,9 @@ class StatefulProcessor:
 
     :attr:`reports` keeps the :class:`BatchReport` of the last ``reports_kept`` batches
     of this driver (oldest first; a query that runs for months keeps a bounded window);
-    :attr:`batches_run` counts them all.
+    :attr:`batches_run` counts them all. ``on_report(report)`` is called with each report
+    as the batch ends (e.g. :meth:`~.prometheus.PrometheusStateMetrics.recorder`); an
+    exception it raises is logged, never fails the batch (which has committed).
     """
 
     def __init__(
@@ -179,6 +181,7 @@ class StatefulProcessor:
         reports_kept: int = 1000,
         states: Sequence[StateDescriptor] = (),
         dropped_states: Sequence[str] = (),
+        on_report: Callable[[BatchReport], None] | None = None,
     ) -> None:
         if reports_kept < 1:
             raise ValueError(f"reports_kept must be at least 1, got {reports_kept}")
@@ -199,6 +202,7 @@ class StatefulProcessor:
         self.order_by = tuple(order_by)
         self.listener = listener
         self.task_listener = task_listener
+        self.on_report = on_report
         #: The reports of the last ``reports_kept`` batches, oldest first.
         self.reports: deque[BatchReport] = deque(maxlen=reports_kept)
         #: Batches this processor ran (its reports beyond the window included).
@@ -545,6 +549,12 @@ class StatefulProcessor:
         self.reports.append(report)
         self.batches_run += 1
         log_batch(report)
+        if self.on_report is not None:
+            try:
+                self.on_report(report)
+            except Exception:
+                logger.exception("on_report failed for batch %d (checkpoint %d); the batch "
+                                 "is committed", report.batch_id, report.checkpoint_id)
 
     def _output_struct(self, batch_df: Any) -> Any:
         """``output_schema`` as a Spark ``StructType`` (parsed once, by Spark's DDL parser:
@@ -692,6 +702,7 @@ def stateful_foreach_batch(
     reports_kept: int = 1000,
     states: Sequence[StateDescriptor] = (),
     dropped_states: Sequence[str] = (),
+    on_report: Callable[[BatchReport], None] | None = None,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
@@ -703,7 +714,7 @@ def stateful_foreach_batch(
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
                              task_listener, vectorized, on_timer, event_time, clock,
-                             reports_kept, states, dropped_states)
+                             reports_kept, states, dropped_states, on_report)
 
 
 __all__ = ["StatefulProcessor", "stateful_foreach_batch"]
