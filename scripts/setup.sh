@@ -60,7 +60,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 
 log "resolving the Kafka broker jars (Maven Central, cached)"
-.venv/bin/python -m kafka_changelog.local_kafka.jars
+if [ "$role" = test ]; then
+  # Every tested release: the suite and scripts/compat.sh run them all.
+  .venv/bin/python -m kafka_changelog.local_kafka.jars --tested
+else
+  .venv/bin/python -m kafka_changelog.local_kafka.jars
+fi
 log "resolving Spark's Kafka connector jars (Maven Central, cached)"
 .venv/bin/python -m spark_integration.sessions.connector >/dev/null
 # Bytecode of the project's own modules (an editable install: pip compiled only the

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
+from kafka_changelog.testing.pytest_plugin import local_kafka_version
 from tests.jvm_class_archive import QUIET, spark_class_archive
 
 #: Every JVM the tests start (Spark drivers, masters, workers, executors, Connect servers;
@@ -118,9 +119,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def shared_kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
+def shared_kafka_cluster_3(request: pytest.FixtureRequest) -> Iterator[LocalKafkaCluster]:
     """The suite's three local Kafka nodes, started once per worker that needs them."""
-    with LocalKafkaCluster(nodes=3) as cluster:
+    with LocalKafkaCluster(nodes=3, kafka_version=local_kafka_version(request.config)) as cluster:
         yield cluster
 
 

@@ -22,10 +22,13 @@ from kafka_changelog.local_kafka.maven import MARKER_NAME, cache_root, ensure_ja
 KAFKA_VERSION = "4.1.1"
 """The Kafka release the local cluster runs (the default ``kafka.version`` of the pom)."""
 
+TESTED_RELEASES = ("3.9.1", KAFKA_VERSION, "4.4.0")
+"""The broker releases the library is tested against (README, "Supported versions")."""
+
 JARS_DIR_ENV = "KAFKA_CHANGELOG_JARS_DIR"
 """Environment variable naming the jar directory, replacing the default cache."""
 
-__all__ = ["JARS_DIR_ENV", "KAFKA_VERSION", "MARKER_NAME", "default_jars_dir",
+__all__ = ["JARS_DIR_ENV", "KAFKA_VERSION", "MARKER_NAME", "TESTED_RELEASES", "default_jars_dir",
            "ensure_kafka_jars", "is_complete"]
 
 
@@ -80,11 +83,13 @@ def ensure_kafka_jars(version: str = KAFKA_VERSION) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry: download the jars if needed and print their directory."""
+    """Command-line entry: download the jars of the release named (default: the local
+    cluster's; ``--tested``: every tested release) if needed and print their directories."""
     args = sys.argv[1:] if argv is None else argv
-    version = args[0] if args else KAFKA_VERSION
+    versions = TESTED_RELEASES if args == ["--tested"] else (args[0] if args else KAFKA_VERSION,)
     try:
-        print(ensure_kafka_jars(version))
+        for version in versions:
+            print(ensure_kafka_jars(version))
     except (JarsUnavailableError, ToolMissingError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -37,6 +37,10 @@ request:
     cluster=None, prefix=None) -> str`` creating topics (on ``kafka_cluster``
     unless ``cluster`` is given) that are deleted after the test.
 
+The local clusters run the Kafka release ``--kafka-version`` names (default
+``$KAFKA_CHANGELOG_KAFKA_VERSION`` or the library's; the jars of any release come from Maven
+Central): ``scripts/compat.sh`` runs the compatibility tests this way per broker version.
+
 Tests using these fixtures get the ``broker`` marker, and ``three_nodes`` /
 ``security`` / ``container`` for the clusters of those names, so ``-m "not three_nodes"``
 works.
@@ -45,6 +49,7 @@ A cluster that cannot start makes its tests *error*; nothing is skipped.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -70,6 +75,8 @@ _BROKER_FIXTURES = frozenset(
 )
 _CONTAINER_FIXTURES = frozenset({"docker_engine", "kafka_image", "container_kafka_cluster"})
 LOCAL_IMAGE = "local"
+#: Environment variable: the local clusters' Kafka release (``--kafka-version`` wins).
+KAFKA_VERSION_ENV = "KAFKA_CHANGELOG_KAFKA_VERSION"
 """``--kafka-image`` value that builds the image here (no registry needed)."""
 _MARKERS = {
     "broker": "needs a real Kafka broker (started by the fixtures)",
@@ -96,6 +103,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"apache/kafka:<version>; '{LOCAL_IMAGE}' builds a stand-in here from Debian packages "
         "and the Kafka jars (no registry needed).",
     )
+
+
+    group.addoption(
+        "--kafka-version",
+        default=None,
+        help="the Apache Kafka release of the local clusters (kafka_cluster, kafka_cluster_3, "
+        "secure_kafka_cluster): default $KAFKA_CHANGELOG_KAFKA_VERSION or the library's "
+        "(kafka_changelog.local_kafka.jars.KAFKA_VERSION); its jars come from Maven Central.",
+    )
+
+
+def local_kafka_version(config: pytest.Config) -> str:
+    """The Kafka release the local clusters of this test run start (``--kafka-version``)."""
+    from kafka_changelog.local_kafka.jars import KAFKA_VERSION
+
+    chosen = config.getoption("--kafka-version") or os.environ.get(KAFKA_VERSION_ENV)
+    return str(chosen or KAFKA_VERSION)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -133,7 +157,7 @@ def _session_cluster(request: pytest.FixtureRequest) -> KafkaCluster:
                                      engine=request.getfixturevalue("docker_engine"))
     from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
-    return LocalKafkaCluster(nodes=1)
+    return LocalKafkaCluster(nodes=1, kafka_version=local_kafka_version(request.config))
 
 
 @pytest.fixture(scope="session")
@@ -184,16 +208,16 @@ def kafka_cluster(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
 
 
 @pytest.fixture(scope="module")
-def kafka_cluster_3() -> Iterator[LocalKafkaCluster]:
+def kafka_cluster_3(request: pytest.FixtureRequest) -> Iterator[LocalKafkaCluster]:
     """A started local three-node cluster shared by the test module (always local JVMs)."""
     from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
-    with LocalKafkaCluster(nodes=3) as cluster:
+    with LocalKafkaCluster(nodes=3, kafka_version=local_kafka_version(request.config)) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def secure_kafka_cluster() -> Iterator[LocalKafkaCluster]:
+def secure_kafka_cluster(request: pytest.FixtureRequest) -> Iterator[LocalKafkaCluster]:
     """A started local single node speaking SASL_SSL (SCRAM-SHA-256 over TLS, the brokers'
     certificate signed by the cluster's own authority: ``cluster.tls``) with ACLs (users:
     SECURE_USERS): what managed Kafka services speak."""
@@ -202,7 +226,8 @@ def secure_kafka_cluster() -> Iterator[LocalKafkaCluster]:
 
     security = SecurityConfig(mechanism="SCRAM-SHA-256", users=dict(SECURE_USERS), admin="admin",
                               protocol=SecurityProtocol.SASL_SSL)
-    with LocalKafkaCluster(nodes=1, security=security) as cluster:
+    with LocalKafkaCluster(nodes=1, security=security,
+                           kafka_version=local_kafka_version(request.config)) as cluster:
         yield cluster
 
 
