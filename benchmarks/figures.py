@@ -339,6 +339,16 @@ def vectorized_figures(data: Json) -> list[Figure]:
         "≥ 5x, same state and outputs", data["result"] if same else "WRONG")]
 
 
+def bulk_timers_figures(data: Json) -> list[Figure]:
+    """``bench_bulk_timers``: timers of a batch's keys in bulk against key by key."""
+    return [Figure(
+        "bench_bulk_timers",
+        f"{case['keys']:,} keys' timers moved (delete + register), {case['table']} table: "
+        "key by key / bulk", f"{ratio(case['ratio'])} ({case['per_key_s'] * 1000:.0f} against "
+        f"{case['bulk_s'] * 1000:.0f} ms)", f"≥ {data['target_ratio']:g}x", case["verdict"])
+        for case in data["cases"]]
+
+
 def incremental_figures(data: Json) -> list[Figure]:
     """``bench_incremental_materialization``: delta layers against whole key groups."""
     rows = []
@@ -400,6 +410,7 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
     ("host_loss.json", host_loss_figures),
     ("catch_up.json", catch_up_figures),
     ("vectorized.json", vectorized_figures),
+    ("bulk_timers.json", bulk_timers_figures),
     ("spark_stateful_perkey_10k_cached.json", spark_stateful("ours_rocksdb")),
     ("spark_stateful_200k_keyrows.json",
      spark_stateful("ours_rocksdb", ("median <= 0.3x", "first batch"))),

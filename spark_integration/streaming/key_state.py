@@ -16,7 +16,7 @@ from kafka_changelog.enums import StrEnum
 from kafka_changelog.errors import ChangelogError
 from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.schema.descriptors import StateDescriptor
-from kafka_changelog.state.time.timers import TimeDomain
+from kafka_changelog.state.time.timers import TimeDomain, TimerService
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -135,41 +135,45 @@ class KeyTimers:
         self._event_time = event_time
         self._in_call = in_call
 
-    def _service(self, action: str) -> Any:
+    def service(self, action: str) -> TimerService:
+        """The backend's timer service, for ``action`` ("registered", ...) now: raises
+        :class:`TimerOutsideCallError` outside a call."""
         if not self._in_call():
             raise TimerOutsideCallError(
                 f"a timer can be {action} only during a call of the stateful function or "
                 "of on_timer, for the key of that call")
         return self._backend.timers
 
-    def _event_service(self, action: str) -> Any:
+    def event_service(self, action: str) -> TimerService:
+        """:meth:`service` for event-time timers: raises
+        :class:`EventTimeNotDeclaredError` without an event-time column."""
         if self._event_time is None:
             raise EventTimeNotDeclaredError(
                 f"an event-time timer was {action}, but no event-time column is declared: "
                 "pass event_time=EventTime.of(column, delay) to stateful_foreach_batch")
-        return self._service(action)
+        return self.service(action)
 
     def register_processing_time(self, when: Any) -> None:
         """Fire ``on_timer`` for this key in the first batch whose processing time is at
         or after ``when``."""
-        self._service("registered").register(TimeDomain.PROCESSING_TIME, to_ms(when))
+        self.service("registered").register(TimeDomain.PROCESSING_TIME, to_ms(when))
 
     def register_event_time(self, when: Any) -> None:
         """Fire ``on_timer`` for this key in the first batch whose watermark is at or
         after ``when``."""
-        self._event_service("registered").register(TimeDomain.EVENT_TIME, to_ms(when))
+        self.event_service("registered").register(TimeDomain.EVENT_TIME, to_ms(when))
 
     def delete_processing_time(self, when: Any) -> None:
         """Delete this key's processing-time timer at ``when`` (no-op if none)."""
-        self._service("deleted").delete(TimeDomain.PROCESSING_TIME, to_ms(when))
+        self.service("deleted").delete(TimeDomain.PROCESSING_TIME, to_ms(when))
 
     def delete_event_time(self, when: Any) -> None:
         """Delete this key's event-time timer at ``when`` (no-op if none)."""
-        self._event_service("deleted").delete(TimeDomain.EVENT_TIME, to_ms(when))
+        self.event_service("deleted").delete(TimeDomain.EVENT_TIME, to_ms(when))
 
     def list(self) -> list[TimerInfo]:
         """This key's timers, processing time first, each by time."""
-        return [TimerInfo(t.time_ms, t.domain) for t in self._service("listed").of_current_key()
+        return [TimerInfo(t.time_ms, t.domain) for t in self.service("listed").of_current_key()
                 if t.domain is not TimeDomain.EXPIRY]
 
 

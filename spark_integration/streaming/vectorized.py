@@ -29,10 +29,10 @@ import pandas as pd
 
 from kafka_changelog.state.backend.bulk_state import BulkState
 from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.time.timers import Timer
+from kafka_changelog.state.time.timers import TimeDomain, Timer
 
 from .key_runs import keys_at, run_starts
-from .key_state import BatchContext, KeyState, KeyTimers, TimerInfo
+from .key_state import BatchContext, KeyState, KeyTimers, TimerInfo, to_ms
 from .output_rows import output_records
 
 
@@ -43,6 +43,19 @@ class BulkTimers:
     def __init__(self, view: BulkState, timers: KeyTimers) -> None:
         self._view = view
         self._timers = timers
+
+    def _columns(self, keys: Iterable[Any], times: Iterable[Any]
+                 ) -> tuple[list[int], list[bytes], list[int]]:
+        """Key groups, key bytes and times in ms of ``keys`` and ``times``."""
+        groups, key_bytes, _ = self._view.resolve(keys)
+        # Integer arrays and Series convert at once (datetimes go one by one, as to_ms
+        # reads them).
+        dtype = getattr(times, "dtype", None)
+        listed = (times.tolist() if dtype is not None and dtype.kind in "iu"  # type: ignore[attr-defined]
+                  else list(times))
+        if len(listed) != len(key_bytes):
+            raise ValueError(f"timers: {len(key_bytes)} keys but {len(listed)} times")
+        return groups, key_bytes, [to_ms(when) for when in listed]
 
     def _each(self, keys: Iterable[Any], times: Iterable[Any]) -> Iterator[tuple[KeyTimers,
                                                                                Any]]:
@@ -56,24 +69,26 @@ class BulkTimers:
             yield self._timers, when
 
     def register_processing_time(self, keys: Iterable[Any], times: Iterable[Any]) -> None:
-        """A processing-time timer per key (see ``KeyTimers.register_processing_time``)."""
-        for timers, when in self._each(keys, times):
-            timers.register_processing_time(when)
+        """A processing-time timer per key (see ``KeyTimers.register_processing_time``),
+        written for all the keys at once."""
+        service = self._timers.service("registered")
+        service.register_many(TimeDomain.PROCESSING_TIME, *self._columns(keys, times))
 
     def register_event_time(self, keys: Iterable[Any], times: Iterable[Any]) -> None:
-        """An event-time timer per key (see ``KeyTimers.register_event_time``)."""
-        for timers, when in self._each(keys, times):
-            timers.register_event_time(when)
+        """An event-time timer per key (see ``KeyTimers.register_event_time``), written for
+        all the keys at once."""
+        service = self._timers.event_service("registered")
+        service.register_many(TimeDomain.EVENT_TIME, *self._columns(keys, times))
 
     def delete_processing_time(self, keys: Iterable[Any], times: Iterable[Any]) -> None:
         """Delete each key's processing-time timer at its time (no-op where none)."""
-        for timers, when in self._each(keys, times):
-            timers.delete_processing_time(when)
+        service = self._timers.service("deleted")
+        service.delete_many(TimeDomain.PROCESSING_TIME, *self._columns(keys, times))
 
     def delete_event_time(self, keys: Iterable[Any], times: Iterable[Any]) -> None:
         """Delete each key's event-time timer at its time (no-op where none)."""
-        for timers, when in self._each(keys, times):
-            timers.delete_event_time(when)
+        service = self._timers.event_service("deleted")
+        service.delete_many(TimeDomain.EVENT_TIME, *self._columns(keys, times))
 
     def list(self, keys: Iterable[Any]) -> list[list[TimerInfo]]:
         """Each key's timers."""

@@ -302,3 +302,73 @@ def test_expired_state_leaves_the_store_and_the_snapshots_under_churn(tmp_path: 
     assert stored == 3_000
     backend.close()
     backends.storage.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "rocksdb"])
+def test_timers_written_in_bulk_are_the_timers_per_key_calls_write(kind: str,
+                                                                   tmp_path: Path) -> None:
+    """``register_many``/``delete_many`` (the vectorised function's bulk timers) leave the
+    same timers state, restore to the same timers and fire the same timers in the same
+    order as ``register``/``delete`` key by key, repeats and absent timers included."""
+    users = ["c", "a", "b", "d", "a", "e"]  # "a" twice: its second timer is a repeat
+    times = [T0 + 1_000 * (i % 2) for i in range(len(users))]
+    times[4] = times[1]
+    # "b" has no timer at T0 + 7 and "x" none at all: nothing is logged for them.
+    gone = ["d", "b", "x"]
+    gone_times = [times[3], T0 + 7, T0]
+    handles, fired = [], []
+    for variant in ("per-key", "bulk"):
+        backends = Backends(kind, tmp_path / variant)
+        backend = backends.new()
+        if variant == "per-key":
+            for user, when in zip(users, times, strict=True):
+                backend.set_current_key(user.encode())
+                backend.timers.register(TimeDomain.PROCESSING_TIME, when)
+                backend.timers.register(TimeDomain.EVENT_TIME, when + 5)
+            for user, when in zip(gone, gone_times, strict=True):
+                backend.set_current_key(user.encode())
+                backend.timers.delete(TimeDomain.PROCESSING_TIME, when)
+        else:
+            keys = [user.encode() for user in users]
+            groups = [key_group_for_key(key, MAX_P) for key in keys]
+            backend.timers.register_many(TimeDomain.PROCESSING_TIME, groups, keys, times)
+            backend.timers.register_many(TimeDomain.EVENT_TIME, groups, keys,
+                                         [t + 5 for t in times])
+            keys = [user.encode() for user in gone]
+            backend.timers.delete_many(TimeDomain.PROCESSING_TIME,
+                                       [key_group_for_key(k, MAX_P) for k in keys], keys,
+                                       gone_times)
+        handles.append(sorted(
+            (k, bytes(m)) for kg in backend.table.key_groups()
+            for n, k, entry in backend.table.entries(kg) if n == TIMERS_STATE
+            for m in entry))
+        restored = backends.restore(backend, 1)
+        fired.append([(t.key, t.time_ms, t.domain) for domain in TimeDomain
+                      if domain is not TimeDomain.EXPIRY
+                      for t in restored.due_timers(domain, T0 + 2_000)])
+        restored.close()
+        backend.close()
+    assert handles[0] == handles[1] and len(handles[0]) == 2 * 5 - 1  # d's deleted
+    assert fired[0] == fired[1]
+    processing = [(k, t - T0) for k, t, d in fired[0] if d is TimeDomain.PROCESSING_TIME]
+    assert sorted(processing) == [(b"a", 1_000), (b"b", 0), (b"c", 0), (b"e", 1_000)]
+    assert [t for _, t in processing] == [0, 0, 1_000, 1_000]  # by time first
+
+
+def test_bulk_timers_refuse_columns_of_different_lengths() -> None:
+    backend = Backends("memory", Path("/nonexistent")).new()
+    with pytest.raises(ValueError, match="timers: 2 keys, 1 key groups and 2 times"):
+        backend.timers.register_many(TimeDomain.EVENT_TIME, [0], [b"a", b"b"], [T0, T0])
+    backend.close()
+
+
+def test_bulk_timers_delete_on_a_restored_backend(backends: Backends) -> None:
+    backend = backends.new()
+    backend.set_current_key(b"a")
+    backend.timers.register(TimeDomain.EVENT_TIME, T0)
+    restored = backends.restore(backend, 1)
+    group = key_group_for_key(b"a", MAX_P)
+    restored.timers.delete_many(TimeDomain.EVENT_TIME, [group], [b"a"], [T0])
+    assert restored.due_timers(TimeDomain.EVENT_TIME, T0) == []
+    restored.close()
+    backend.close()

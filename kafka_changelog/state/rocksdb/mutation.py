@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from ..schema.ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind
-from .keys import encode_items, map_start
+from .keys import encode_items, map_start, prefix_end
 
 #: How a state's entries are stored (:mod:`kafka_changelog.state.rocksdb.keys`).
 KIND_VALUE, KIND_LIST, KIND_MAP = 0, 1, 2
@@ -173,8 +173,18 @@ def mutate(io: StoreWrites, kind: int, op: OpKind, prefix: bytes, key: bytes,
 
 def any_under(db: Any, start: bytes, besides: bytes | None = None) -> bool:
     """Whether ``db`` holds a key starting with ``start`` other than ``besides`` (one
-    seek)."""
-    iterator = db.iter()
+    seek, bounded above by the prefix's end: without the bound, a seek past deleted keys
+    reads every tombstone up to the next live key, maybe other keys' many deleted
+    entries, e.g. after thousands of timers were deleted in one write)."""
+    end = prefix_end(start)
+    if end is None:
+        iterator = db.iter()
+    else:
+        from rocksdict import ReadOptions
+
+        bounded = ReadOptions()
+        bounded.set_iterate_upper_bound(end)
+        iterator = db.iter(bounded)
     iterator.seek(start)
     if besides is not None and iterator.valid() and iterator.key() == besides:
         iterator.next()

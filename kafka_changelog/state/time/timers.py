@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,6 +96,10 @@ class TimerHost(Protocol):
     def write(self, state: str, op: OpKind, map_key: bytes | None = None,
               value: bytes | None = None, values: tuple[bytes, ...] | None = None) -> None: ...
 
+    def mutate_columns(self, state: str, op: OpKind, key_groups: Sequence[int],
+                       keys: Sequence[bytes], map_keys: Sequence[bytes | None] | None = None,
+                       values: Sequence[bytes | None] | None = None) -> None: ...
+
     def ensure_timers_state(self) -> None: ...
 
     def key_groups(self) -> Iterator[int]: ...
@@ -144,6 +148,73 @@ class TimerService:
         map_key = timer_map_key(domain, time_ms, tag)
         if self._host.read_map_value(TIMERS_STATE, map_key) is not None:
             self._host.write(TIMERS_STATE, MAP_REMOVE, map_key)
+
+    def register_many(self, domain: TimeDomain, key_groups: Sequence[int],
+                      keys: Sequence[bytes], times_ms: Sequence[int]) -> None:
+        """A timer of each ``keys[i]`` (in ``key_groups[i]``) at ``times_ms[i]``: the
+        changes :meth:`register` logs key by key, in one write of the timers state (the
+        keys in the order given; a timer the key has, or that an earlier entry of the
+        same call gave it, is not written again)."""
+        host = self._host
+        host.ensure_timers_state()
+        index = self._index()  # built before the writes, which are added to it below
+        table = host.table  # the current key's buffered changes applied first
+        groups, fresh_keys, map_keys, times = self._select(
+            table, domain, key_groups, keys, times_ms, present=False)
+        if not fresh_keys:
+            return
+        host.mutate_columns(TIMERS_STATE, MAP_PUT, groups, fresh_keys, map_keys,
+                            [b""] * len(fresh_keys))
+        timers = index[domain]
+        added = [Timer(t, domain, kg, key) for kg, key, t in
+                 zip(groups, fresh_keys, times, strict=True)]
+        if len(added) > len(timers):
+            timers.extend(added)
+            heapq.heapify(timers)
+        else:
+            for timer in added:
+                heapq.heappush(timers, timer)
+
+    def delete_many(self, domain: TimeDomain, key_groups: Sequence[int],
+                    keys: Sequence[bytes], times_ms: Sequence[int]) -> None:
+        """Delete each ``keys[i]``'s timer at ``times_ms[i]`` (none: nothing logged for
+        it): the changes :meth:`delete` logs key by key, in one write."""
+        host = self._host
+        if TIMERS_STATE not in host.table.metas:
+            return  # no key has a timer
+        host.ensure_timers_state()  # e.g. restored: in the table, not yet registered here
+        groups, present_keys, map_keys, _ = self._select(
+            host.table, domain, key_groups, keys, times_ms, present=True)
+        if present_keys:
+            host.mutate_columns(TIMERS_STATE, MAP_REMOVE, groups, present_keys, map_keys)
+
+    @staticmethod
+    def _select(table: KeyedStateTable, domain: TimeDomain, key_groups: Sequence[int],
+                keys: Sequence[bytes], times_ms: Sequence[int], present: bool
+                ) -> tuple[list[int], list[bytes], list[bytes], list[int]]:
+        """The timers among ``keys``/``times_ms`` that the state has (``present``) or has
+        not, each once, in the order given."""
+        if not len(key_groups) == len(keys) == len(times_ms):
+            raise ValueError(f"timers: {len(keys)} keys, {len(key_groups)} key groups and "
+                             f"{len(times_ms)} times")
+        get = table.get_map_value
+        seen: set[tuple[int, bytes, bytes]] = set()
+        groups: list[int] = []
+        chosen: list[bytes] = []
+        map_keys: list[bytes] = []
+        times: list[int] = []
+        for key_group, key, time_ms in zip(key_groups, keys, times_ms, strict=True):
+            map_key = timer_map_key(domain, time_ms)
+            timer = (key_group, key, map_key)
+            if timer in seen:
+                continue
+            seen.add(timer)
+            if (get(key_group, TIMERS_STATE, key, map_key) is not None) == present:
+                groups.append(key_group)
+                chosen.append(key)
+                map_keys.append(map_key)
+                times.append(time_ms)
+        return groups, chosen, map_keys, times
 
     def of_current_key(self) -> list[Timer]:
         """The current key's timers (users' and expiry), ordered by domain then time."""
