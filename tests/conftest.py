@@ -118,22 +118,79 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ClusterModulesTogether(config, log)
 
 
-@pytest.fixture(scope="session")
-def shared_kafka_cluster_3(request: pytest.FixtureRequest) -> Iterator[LocalKafkaCluster]:
-    """The suite's three local Kafka nodes, started once per worker that needs them."""
-    with LocalKafkaCluster(nodes=3, kafka_version=local_kafka_version(request.config)) as cluster:
-        yield cluster
+class SharedClusters:
+    """The three-node Kafka cluster and the standalone Spark cluster of the cluster
+    modules: started by the first module that asks, stopped as soon as the worker leaves
+    the cluster modules (:func:`pytest_runtest_teardown`), not at the end of its session:
+    idle, three nodes and three Spark JVMs cost a tenth of a core for the rest of a run."""
+
+    def __init__(self) -> None:
+        self._kafka: LocalKafkaCluster | None = None
+        self._spark: Any = None
+
+    def kafka(self, config: pytest.Config) -> LocalKafkaCluster:
+        if self._kafka is None:
+            cluster = LocalKafkaCluster(nodes=3, kafka_version=local_kafka_version(config))
+            self._kafka = cluster.start()
+        return self._kafka
+
+    def spark(self) -> Any:
+        if self._spark is None:
+            from tests.spark.standalone import LocalSparkCluster
+
+            cluster = LocalSparkCluster(workers=2, cores_per_worker=1, hosts=True)
+            cluster.start()
+            self._spark = cluster
+        return self._spark
+
+    def close(self) -> None:
+        kafka, spark, self._kafka, self._spark = self._kafka, self._spark, None, None
+        try:
+            if spark is not None:
+                spark.stop()
+        finally:
+            if kafka is not None:
+                kafka.stop()
+
+
+SHARED = SharedClusters()
+
+
+def _in_cluster_modules(item: pytest.Item | None) -> bool:
+    return item is not None and item.nodeid.split("::", 1)[0] in CLUSTER_MODULES
+
+
+@pytest.hookimpl(trylast=True)  # after the items' fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop the shared clusters when the next test is no cluster module's (xdist runs an
+    item only once it knows the next one, so ``nextitem`` is the real next test)."""
+    if _in_cluster_modules(item) and not _in_cluster_modules(nextitem):
+        SHARED.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the shared clusters if a run ended inside the cluster modules."""
+    SHARED.close()
 
 
 @pytest.fixture(scope="module")
-def kafka_cluster_3(shared_kafka_cluster_3: LocalKafkaCluster) -> Iterator[LocalKafkaCluster]:
+def kafka_cluster_3(request: pytest.FixtureRequest) -> Iterator[LocalKafkaCluster]:
     """The plugin's three-node cluster, shared by the suite's modules (it is the plugin's
     per module otherwise): each module gets every node running and answering, whatever
     the module before it killed or paused."""
-    cluster = shared_kafka_cluster_3
+    cluster = SHARED.kafka(request.config)
     yield cluster
     for index in range(cluster.node_count):
         if not cluster.is_running(index):
             cluster.restart_node(index, timeout=120)
         else:
             cluster.resume_node(index)
+
+
+@pytest.fixture(scope="module")
+def spark_cluster() -> Any:
+    """A Spark standalone cluster (master + 2 workers of 1 core each, local JVMs, each
+    worker a host of its own: own loopback address and host-local state directory)
+    shared by the cluster modules; tests that kill a worker restart it before they end,
+    tests that add one remove it."""
+    return SHARED.spark()

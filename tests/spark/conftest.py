@@ -1,4 +1,5 @@
-"""A local Spark session shared by the Spark tests (``local[2]``, loopback only)."""
+"""A local Spark session shared by the Spark tests (``local[2]``, loopback only); the
+standalone cluster (``spark_cluster``) is the cluster modules', in ``tests/conftest.py``."""
 
 from __future__ import annotations
 
@@ -27,15 +28,3 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
-
-
-@pytest.fixture(scope="session")
-def spark_cluster() -> Iterator[Any]:
-    """A Spark standalone cluster (master + 2 workers of 1 core each, local JVMs, each
-    worker a host of its own: own loopback address and host-local state directory)
-    shared by the whole session; tests that kill a worker restart it before they end,
-    tests that add one remove it."""
-    from tests.spark.standalone import LocalSparkCluster
-
-    with LocalSparkCluster(workers=2, cores_per_worker=1, hosts=True) as cluster:
-        yield cluster
