@@ -278,7 +278,11 @@ class Soak:
             elif not pending and latest >= settings.batches:
                 break
             time.sleep(0.3)
-        # Measured while the job is busy (PySpark ends Python workers idle for a minute).
+        # Measured while the job is busy (PySpark ends Python workers idle for a minute),
+        # once the driver's status names a batch it ran: a driver restarted by the last
+        # fault may have committed the latest checkpoint before its status (rewritten every
+        # half second) says so.
+        self._await_reported_batch()
         self.result.last = self._measure(latest)
         self._catch_up()
         self.result.batches = self._latest()
@@ -290,6 +294,20 @@ class Soak:
                                         self.rng.sample(sorted(expected), 3))
         if problems:
             raise SoakFailure("at the end: " + "; ".join(problems))
+
+    def _await_reported_batch(self, limit_s: float = 30.0) -> None:
+        """Wait (at most ``limit_s``) until the running driver's status file counts a
+        batch (a killed driver's file may still be there)."""
+        assert self.driver is not None
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            try:
+                status = json.loads(self.status.read_text())
+                if status["pid"] == self.driver.pid and status["batches"] > 0:
+                    return
+            except (OSError, ValueError, KeyError):
+                pass  # not written yet, or being rewritten
+            time.sleep(0.2)
 
     def _start(self) -> Driver:
         self.runs += 1
