@@ -21,7 +21,7 @@ key: ``rows.groupby(state.key_index)`` groups rows per key in the order of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -57,17 +57,6 @@ class BulkTimers:
             raise ValueError(f"timers: {len(key_bytes)} keys but {len(listed)} times")
         return groups, key_bytes, [to_ms(when) for when in listed]
 
-    def _each(self, keys: Iterable[Any], times: Iterable[Any]) -> Iterator[tuple[KeyTimers,
-                                                                               Any]]:
-        groups, key_bytes, _ = self._view.resolve(keys)
-        listed = list(times)
-        if len(listed) != len(key_bytes):
-            raise ValueError(f"timers: {len(key_bytes)} keys but {len(listed)} times")
-        set_current_key = self._view.backend.set_current_key
-        for key_group, key, when in zip(groups, key_bytes, listed, strict=True):
-            set_current_key(key, key_group)
-            yield self._timers, when
-
     def register_processing_time(self, keys: Iterable[Any], times: Iterable[Any]) -> None:
         """A processing-time timer per key (see ``KeyTimers.register_processing_time``),
         written for all the keys at once."""
@@ -92,8 +81,13 @@ class BulkTimers:
 
     def list(self, keys: Iterable[Any]) -> list[list[TimerInfo]]:
         """Each key's timers."""
-        keys = list(keys)
-        return [timers.list() for timers, _ in self._each(keys, keys)]
+        groups, key_bytes, _ = self._view.resolve(keys)
+        set_current_key = self._view.backend.set_current_key
+        found = []
+        for key_group, key in zip(groups, key_bytes, strict=True):
+            set_current_key(key, key_group)
+            found.append(self._timers.list())
+        return found
 
 
 class BatchState(BulkState):
