@@ -12,6 +12,7 @@ a cluster (``--master spark://host:port``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -70,17 +71,21 @@ def ensure_topic(settings: dict[str, Any], topic: str, partitions: int = 4) -> N
 
 
 def produce_events(settings: dict[str, Any], topic: str, count: int, users: int,
-                   partitions: int = 4, seed: int = 7) -> int:
-    """Create ``topic`` if needed and write the clickstream to it (acks=all)."""
+                   partitions: int = 4, seed: int = 7, start: int = 0,
+                   end: int | None = None) -> int:
+    """Create ``topic`` if needed and write the clickstream of ``count`` events to it
+    (acks=all), or its events ``start`` to ``end`` (a part written now, the rest later);
+    returns how many were written."""
     ensure_topic(settings, topic, partitions)
     producer = Producer({**settings, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 10})
-    for event in events(count, users, seed):
+    part = list(itertools.islice(events(count, users, seed), start, end))
+    for event in part:
         producer.produce(topic, key=event["user"].encode(), value=json.dumps(event).encode())
         producer.poll(0)
     if producer.flush(60) != 0:
         raise RuntimeError(f"events to {topic} were not all acknowledged")
-    return count
+    return len(part)
 
 
 def update_user(key: str, rows: pd.DataFrame, state: KeyState) -> list[dict[str, Any]]:

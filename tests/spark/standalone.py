@@ -342,6 +342,16 @@ class LocalSparkCluster:
         self._wait(lambda status: worker.address in self._alive_ports(status),
                    f"worker {index} is ALIVE again", deadline)
 
+    def wait_for_executor(self, index: int, timeout: float | None = None) -> None:
+        """Return once worker ``index`` runs an executor (the master counts its cores in
+        use): an application that wants more cores got one there."""
+        worker = self._worker(index)
+        deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
+        self._wait(lambda status: any(
+            (str(w["host"]), int(w["port"])) == worker.address and int(w.get("coresused", 0))
+            for w in status.get("workers", []) if w.get("state") == "ALIVE"),
+            f"an executor on worker {index}", deadline)
+
     def add_worker(self, timeout: float | None = None) -> int:
         """Start one more worker (another host when ``hosts``); return its index once
         the master lists it ALIVE. Running applications get an executor on it when they

@@ -284,7 +284,7 @@ changes = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 70_000),
                    max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(changes, min_size=1, max_size=4), st.integers(1, 30),
        st.sampled_from([None, ("string",), ("bigint",)]), st.booleans())
 def test_any_records_give_the_reference_rows_or_error(
@@ -300,7 +300,7 @@ def test_any_records_give_the_reference_rows_or_error(
     assert found == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 3)), max_size=20))
 def test_column_longs_read_what_read_long_reads(values: list[tuple[int, int]]) -> None:
     # At most 10 bytes each: longer varints are refused (next test).

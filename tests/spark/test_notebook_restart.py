@@ -34,7 +34,7 @@ from .jobs import state_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
-EVENT_COUNT = 3000
+EVENT_COUNT = 1800
 USERS = 40
 
 

@@ -196,16 +196,16 @@ def test_state_is_exactly_once_across_kills_and_rescaling(
     assert_exactly_once(job, kafka_cluster, spark)
 
 
-@pytest.mark.spark_cluster
-def test_two_applications_at_once_on_one_cluster_sharing_topics_and_hosts(
-    kafka_cluster: Any, spark: Any, spark_cluster: Any, tmp_path: Path
+def test_two_applications_at_once_on_one_host_sharing_topics_and_its_state_directory(
+    kafka_cluster: Any, spark: Any, tmp_path: Path
 ) -> None:
-    """Two applications run at the same time on the cluster (one core each), with the
-    RocksDB backend under one host-local state directory and one set of state topics,
+    """Two applications run at the same time on one host (two ``local[2]`` drivers), with
+    the RocksDB backend under one host-local state directory and one set of state topics,
     over the same user names (so the same key groups and changelog partitions): each
-    ends with exactly its own state and outputs."""
-    base = cluster_engine(spark_cluster)
-    engine = Engine(base.name, base.master, {**base.spark_config, "spark.cores.max": "1"})
+    ends with exactly its own state and outputs. (On a cluster every application's
+    stores are in its executors' host directories the same way; the cluster tests above
+    and ``tests/spark/test_subtask_placement.py`` run one application at a time.)"""
+    engine = LOCAL
     shared = f"two-{uuid.uuid4().hex[:8]}"
     local_state = tmp_path / "local-state"
     jobs = [Job(f"{shared}-{name}", kafka_cluster.bootstrap_servers,

@@ -27,7 +27,12 @@ from .test_streaming_exactly_once import assert_exactly_once
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.spark_cluster]
 
-EVENTS = 3000
+#: The input written at first (10 batches: the loss after the third, three on one host,
+#: the rest while the lost host comes back) and once the host runs an executor again (6
+#: batches, the first ones while the executor registers with the driver): the query
+#: waits for it without a batch, however long the host takes to come back.
+FIRST_EVENTS = 1000
+LATER_EVENTS = 600
 USERS = 30
 
 
@@ -45,8 +50,10 @@ def test_a_host_lost_and_back_gets_its_subtask_back_which_catches_up(
     # No materialization while the subtask is away: its store's changelog is the start of
     # the checkpoint it comes back to.
     job = Job(f"back-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-              tmp_path / "checkpoint", EVENTS, engine, per_batch=100, materialization_s=3600)
-    produce_events(kafka_cluster.client_config(), job.input_topic, EVENTS, USERS)
+              tmp_path / "checkpoint", FIRST_EVENTS + LATER_EVENTS, engine, per_batch=100,
+              materialization_s=3600)
+    produce_events(kafka_cluster.client_config(), job.input_topic,
+                   FIRST_EVENTS + LATER_EVENTS, USERS, end=FIRST_EVENTS)
     checkpoints = WorkerResources.coordinator(job.config()).checkpoints
     log = tmp_path / "job.log"
     proc = job.start(2, None, log)
@@ -64,6 +71,9 @@ def test_a_host_lost_and_back_gets_its_subtask_back_which_catches_up(
         wait_for("3 checkpoints on one host", checkpointed(latest() + 3), proc, log)
         spark_cluster.restart_worker(1)
         lost = False
+        spark_cluster.wait_for_executor(1)
+        produce_events(kafka_cluster.client_config(), job.input_topic,
+                       FIRST_EVENTS + LATER_EVENTS, USERS, start=FIRST_EVENTS)
         assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
     finally:
         if proc.poll() is None:

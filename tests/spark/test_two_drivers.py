@@ -71,7 +71,7 @@ def check_exactly_once(job: Job, settings: dict[str, Any]) -> None:
 def a_job(kafka_cluster: Any, name: str, checkpoint_dir: Path, *options: str) -> Job:
     """A clickstream application named after ``name``, its input written."""
     job = Job(f"{name}-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-              checkpoint_dir, EVENT_COUNT, per_batch=100, options=options)
+              checkpoint_dir, EVENT_COUNT, per_batch=200, options=options)
     produce_events(kafka_cluster.client_config(), job.input_topic, EVENT_COUNT, USERS)
     return job
 

@@ -81,7 +81,7 @@ def assert_same(rocks: KeyedStateTable, memory: KeyedStateTable, metas: bool = T
         assert rocks.serialize_group(key_group) == memory.serialize_group(key_group)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(op_strategy(), max_size=60), st.lists(st.booleans(), min_size=60,
                                                       max_size=60))
 def test_every_op_gives_what_the_in_memory_table_gives(
@@ -268,7 +268,7 @@ def _apply_one_by_one(table: KeyedStateTable, ops: list[tuple[int, StateOp]]) ->
     return ""
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.one_of(op_strategy(), op_strategy(), op_strategy(), st.tuples(
     st.sampled_from(KEY_GROUPS), st.sampled_from([
         StateOp("count", OpKind.LIST_ADD, b"a", values=(b"x",)),
@@ -329,7 +329,7 @@ _MAP_OPS = st.tuples(st.just(3), st.one_of(
     st.just(StateOp("count", OpKind.SET, b"a", value=b"9"))))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(_MAP_OPS, max_size=12), st.lists(_MAP_OPS, max_size=40))
 def test_map_ops_in_a_batch_give_what_one_by_one_gives(
         before: list[tuple[int, StateOp]], ops: list[tuple[int, StateOp]]) -> None:
@@ -365,7 +365,7 @@ def _apply_as_columns(table: RocksDBStateTable, ops: list[tuple[int, StateOp]]) 
         start = end
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(op_strategy(), max_size=25), st.lists(op_strategy(), max_size=80),
        st.sampled_from([1, 3, 80]), st.booleans())
 def test_single_batched_and_columnar_paths_give_the_same_store(
