@@ -32,38 +32,38 @@ if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # xdist wor
         f"-XX:SharedArchiveFile={_archive} {QUIET}" if _archive else ""]))
 
 #: Modules in descending order of their run time (seconds in a two-worker run on a quiet
-#: machine, summed over the module's tests; 2026-11-28).
+#: machine, summed over the module's tests; 2026-11-29).
 LONGEST_FIRST = (
-    "tests/spark/test_streaming_exactly_once.py",  # 476
-    "tests/project/test_readme_examples.py",  # 297
-    "tests/spark/test_soak.py",  # 196
-    "tests/spark/test_timers_exactly_once.py",  # 141
-    "tests/spark/test_spark_connect.py",  # 127
-    "tests/spark/test_subtask_placement.py",  # 126
-    "tests/spark/test_two_drivers.py",  # 121
-    "tests/spark/test_streaming_keys.py",  # 120
-    "tests/spark/test_demo.py",  # 112
-    "tests/spark/test_input_offsets.py",  # 99
-    "tests/spark/test_three_brokers.py",  # 98
-    "tests/spark/test_reader.py",  # 76
-    "tests/spark/test_sink_function_crash.py",  # 75
-    "tests/spark/test_streaming_time.py",  # 74
-    "tests/spark/test_container_broker_kill.py",  # 72
-    "tests/spark/test_secured_streaming.py",  # 70
-    "tests/cli/test_cli_applications.py",  # 69
-    "tests/container/test_compose_demo.py",  # 68
-    "tests/testing/test_harness.py",  # 58
-    "tests/kafka/test_stores_leader_failure.py",  # 57
-    "tests/cli/test_cli_reset.py",  # 55
-    "tests/spark/test_local_state.py",  # 50
-    "tests/state/test_rocksdb_table.py",  # 45
-    "tests/kafka/test_kafka_tls.py",  # 42
-    "tests/kafka/test_topic_creation.py",  # 41
-    "tests/cli/test_cli_broker.py",  # 40
-    "tests/spark/test_notebook_restart.py",  # 39
-    "tests/spark/test_fork.py",  # 38
-    "tests/cli/test_cli_rewind.py",  # 36
-    "tests/spark/test_change_feed.py",  # 34
+    "tests/spark/test_streaming_exactly_once.py",  # 330
+    "tests/project/test_readme_examples.py",  # 250
+    "tests/spark/test_spark_connect.py",  # 225
+    "tests/spark/test_soak.py",  # 218
+    "tests/spark/test_timers_exactly_once.py",  # 176
+    "tests/spark/test_demo.py",  # 116
+    "tests/spark/test_streaming_keys.py",  # 111
+    "tests/spark/test_subtask_placement.py",  # 110
+    "tests/spark/test_input_offsets.py",  # 102
+    "tests/spark/test_container_broker_kill.py",  # 102
+    "tests/spark/test_reader.py",  # 98
+    "tests/container/test_compose_demo.py",  # 91
+    "tests/spark/test_two_drivers.py",  # 90
+    "tests/spark/test_sink_function_crash.py",  # 86
+    "tests/spark/test_three_brokers.py",  # 85
+    "tests/spark/test_secured_streaming.py",  # 85
+    "tests/spark/test_streaming_time.py",  # 75
+    "tests/spark/test_local_state.py",  # 74
+    "tests/cli/test_cli_applications.py",  # 66
+    "tests/cli/test_cli_reset.py",  # 62
+    "tests/kafka/test_broker_versions.py",  # 60
+    "tests/spark/test_change_feed.py",  # 57
+    "tests/kafka/test_shared_topics_gc.py",  # 44
+    "tests/kafka/test_kafka_tls.py",  # 44
+    "tests/cli/test_cli_broker.py",  # 43
+    "tests/spark/test_fork.py",  # 41
+    "tests/spark/test_checkpoint_location.py",  # 38
+    "tests/testing/test_harness.py",  # 36
+    "tests/cli/test_cli_rewind.py",  # 35
+    "tests/state/test_rocksdb_table.py",  # 35
 )
 
 
