@@ -347,9 +347,8 @@ class LocalSparkCluster:
         use): an application that wants more cores got one there."""
         worker = self._worker(index)
         deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
-        self._wait(lambda status: any(
-            (str(w["host"]), int(w["port"])) == worker.address and int(w.get("coresused", 0))
-            for w in status.get("workers", []) if w.get("state") == "ALIVE"),
+        self._wait(lambda status: int(
+            self._alive(status).get(worker.address, {}).get("coresused", 0)) > 0,
             f"an executor on worker {index}", deadline)
 
     def add_worker(self, timeout: float | None = None) -> int:
@@ -478,10 +477,15 @@ class LocalSparkCluster:
                                         f"code {code}", log_tail=self.log_tail())
 
     @staticmethod
-    def _alive_ports(status: dict[str, Any]) -> set[tuple[str, int]]:
-        """(host, port) of every ALIVE worker."""
-        return {(str(w["host"]), int(w["port"])) for w in status.get("workers", [])
+    def _alive(status: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+        """Every ALIVE worker's entry of the master's status, by (host, port)."""
+        return {(str(w["host"]), int(w["port"])): w for w in status.get("workers", [])
                 if w.get("state") == "ALIVE"}
+
+    @classmethod
+    def _alive_ports(cls, status: dict[str, Any]) -> set[tuple[str, int]]:
+        """(host, port) of every ALIVE worker."""
+        return set(cls._alive(status))
 
     def _wait(self, ready: Any, what: str, deadline: float) -> None:
         last = "no answer yet"

@@ -20,7 +20,6 @@ exactly what a classic session returns for the same checkpoint.
 
 from __future__ import annotations
 
-import itertools
 import json
 import pickle
 import subprocess
@@ -33,9 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
-from examples.clickstream import ensure_topic, expected_state
+from examples.clickstream import expected_state, produce_events
 from examples.events import events
 from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming.worker_resources import WorkerResources
@@ -80,17 +78,6 @@ def start_client(job: Job, log: Path, stall: Path | None = None) -> subprocess.P
                                 preexec_fn=die_with_parent())
 
 
-def produce_part(settings: dict[str, Any], topic: str, start: int, stop: int) -> None:
-    """Events ``start`` to ``stop`` (excluded) of the clickstream's ``EVENT_COUNT``
-    (``produce_events``'s, in its order) to ``topic``."""
-    ensure_topic(settings, topic)
-    producer = Producer({**settings, "acks": "all", "enable.idempotence": True})
-    for event in itertools.islice(events(EVENT_COUNT, USERS), start, stop):
-        producer.produce(topic, key=event["user"].encode(), value=json.dumps(event).encode())
-        producer.poll(0)
-    assert producer.flush(60) == 0, f"events to {topic} were not all acknowledged"
-
-
 def committed_input(job: Job) -> int:
     """Input records the query's batches committed in Spark's ``checkpointLocation``
     read (the input topic starts at offset 0): the offsets of its last committed batch."""
@@ -125,7 +112,7 @@ def connect_run(kafka_cluster: Any, connect_server: LocalConnectServer,
     settings = kafka_cluster.client_config()
     # Half of the input first: the second half only once the second client's query runs,
     # so that its driver has a batch to stall in however fast the first run went.
-    produce_part(settings, job.input_topic, 0, EVENT_COUNT // 2)
+    produce_events(settings, job.input_topic, EVENT_COUNT, USERS, end=EVENT_COUNT // 2)
     checkpoints = WorkerResources.coordinator(job.config()).checkpoints
 
     def ids() -> list[int]:
@@ -154,7 +141,8 @@ def connect_run(kafka_cluster: Any, connect_server: LocalConnectServer,
         # the first run (same checkpointLocation).
         wait_for("the second client's query", lambda: "[job]" in log.read_text() or None,
                  second, log)
-        produce_part(settings, job.input_topic, EVENT_COUNT // 2, EVENT_COUNT)
+        produce_events(settings, job.input_topic, EVENT_COUNT, USERS,
+                       start=EVENT_COUNT // 2)
         wait_for("a driver stalled before its checkpoint commit",
                  lambda: (stall / "stalled").exists() or None, second, log)
         connect_server.kill()
