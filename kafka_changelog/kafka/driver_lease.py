@@ -34,6 +34,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from ..errors import KafkaAccessError
 from ..serialization import HEADER_SCHEMA
 from ..state.checkpoints.driver_claim import (
     DRIVER_CLAIM_SCHEMA_HEADER,
@@ -44,6 +45,7 @@ from ..state.checkpoints.driver_claim import (
     Takeover,
     driver_claim_key,
 )
+from ..state.errors import CheckpointStoreError
 from ..state.records import OutRecord
 from .checkpoint_store import WRITER_HEADER, KafkaCheckpointStore
 from .error_text import describe
@@ -51,6 +53,7 @@ from .live_clients import new_producer
 from .task_commit import TRANSACTION_TIMEOUT_MS
 from .transaction_calls import (
     TRANSACTIONAL_PRODUCER_DEFAULTS,
+    TransactionCallTimeoutError,
     TransactionFencedError,
     commit_transaction_retrying,
     init_transactions_retrying,
@@ -66,6 +69,12 @@ logger = logging.getLogger(__name__)
 
 #: Writes fenced while this driver still holds the claim (see :meth:`DriverLease.write`).
 _WRITE_ATTEMPTS = 3
+
+#: Claims in a row whose transaction failed with a broker error before :meth:`acquire`
+#: gives up. Two drivers claiming at once fence each other's producer, and the broker may
+#: answer the fenced one's commit with an unspecific error (UNKNOWN_SERVER_ERROR) instead of
+#: PRODUCER_FENCED: that driver looks again; a broker that keeps failing is reported.
+_CLAIM_ATTEMPTS = 4
 
 
 def driver_transactional_id(application: str) -> str:
@@ -146,6 +155,7 @@ class DriverLease:
             self.claim = None
             deadline = time.monotonic() + (wait_s if wait_s is not None else 2 * self.lease_s)
             told = False
+            failed: list[CheckpointStoreError] = []
             while True:
                 found = self._current()
                 decision = (Takeover.FREE if found is None else
@@ -166,7 +176,18 @@ class DriverLease:
                         told = True
                     time.sleep(min(1.0, self.lease_s / 4))
                     continue
-                claim = self._claim_after(found, query_id)
+                try:
+                    claim = self._claim_after(found, query_id)
+                except (KafkaAccessError, TransactionCallTimeoutError):
+                    raise
+                except CheckpointStoreError as exc:
+                    failed.append(exc)
+                    if len(failed) >= _CLAIM_ATTEMPTS:
+                        raise
+                    logger.warning("application %s: claiming failed (%s); looking again",
+                                   self.application, exc)
+                    self._drop_producer()
+                    claim = None
                 if claim is not None:
                     if found is not None and decision is not Takeover.OWN:
                         logger.warning("application %s: took over from %s (epoch %d now)",
@@ -229,28 +250,31 @@ class DriverLease:
         claim; blocks until committed. :class:`DriverFencedError` when another driver
         took over: nothing of it is visible then."""
         with self._lock:
-            for _ in range(_WRITE_ATTEMPTS):
-                claim = self.claim
-                if claim is None:
-                    raise self._fenced(f"write {what}", self.store.driver_claim(self.application))
-                try:
-                    self._transaction(records, dataclasses.replace(
-                        claim, heartbeat_ms=_now_ms()), what)
-                    return
-                except TransactionFencedError:
-                    # A driver that meant to take over (and then saw this claim, or lost a
-                    # race) may have fenced the producer without claiming: still the holder,
-                    # this one fences in turn and writes again.
-                    self._drop_producer()
+            self._write_as_holder(records, what, released=False)
+
+    def _write_as_holder(self, records: list[OutRecord], what: str, released: bool) -> None:
+        for _ in range(_WRITE_ATTEMPTS):
+            claim = self.claim
+            if claim is None:
+                raise self._fenced(f"write {what}", self.store.driver_claim(self.application))
+            try:
+                self._transaction(records, dataclasses.replace(
+                    claim, heartbeat_ms=_now_ms(), released=released), what)
+                return
+            except TransactionFencedError:
+                # A driver that meant to take over (and then saw this claim, or lost a
+                # race) may have fenced the producer without claiming: still the holder,
+                # this one fences in turn and writes again.
+                self._drop_producer()
+                if self._current_is_mine():
+                    self._start_producer()
                     if self._current_is_mine():
-                        self._start_producer()
-                        if self._current_is_mine():
-                            continue
-                    self._lose()
-                    raise self._fenced(f"write {what}",
-                                       self.store.driver_claim(self.application)) from None
-            self._lose()
-            raise self._fenced(f"write {what}", self.store.driver_claim(self.application))
+                        continue
+                self._lose()
+                raise self._fenced(f"write {what}",
+                                   self.store.driver_claim(self.application)) from None
+        self._lose()
+        raise self._fenced(f"write {what}", self.store.driver_claim(self.application))
 
     def _current_is_mine(self) -> bool:
         found = self._current()
@@ -275,15 +299,14 @@ class DriverLease:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         with self._lock:
-            claim, self.claim = self.claim, None
-            if claim is not None and self._producer is not None:
+            if self.claim is not None and self._producer is not None:
                 try:
-                    self._transaction([], dataclasses.replace(
-                        claim, heartbeat_ms=_now_ms(), released=True),
-                        f"the release of application {self.application!r}")
+                    self._write_as_holder(
+                        [], f"the release of application {self.application!r}", released=True)
                 except Exception as exc:  # the next driver waits out the lease instead
                     logger.warning("application %s: releasing the driver claim failed: %s",
                                    self.application, exc)
+            self.claim = None
             self._drop_producer()
 
     def _fenced(self, doing: str, found: DriverClaim | None) -> DriverFencedError:

@@ -10,6 +10,7 @@ application stalls neither the hold nor the tasks' look for earlier commits.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoints.checkpoint_store import checkpoint_key
 from kafka_changelog.state.checkpoints.driver_claim import (
     ApplicationHeldError,
+    DriverClaim,
     DriverFencedError,
     DriverIdentity,
 )
@@ -101,6 +103,50 @@ def test_a_driver_of_another_query_waits_for_the_lease_then_is_refused_naming_th
     holder.heartbeat()
     holder.release()
     assert second.acquire("query-2", wait_s=2.0).epoch == 2
+
+
+def test_of_two_drivers_claiming_at_once_one_holds_and_the_other_is_refused(
+        stores: list[KafkaCheckpointStore]) -> None:
+    """Two drivers of different queries race for fresh applications: whatever the broker
+    answers the one whose producer the other fenced, exactly one holds each application,
+    the other is refused with ApplicationHeldError (never another error), and the holder's
+    clean stop releases the claim."""
+    identities = [DriverIdentity("a" * 32, "host-a", 1, "1"),
+                  DriverIdentity("b" * 32, "host-b", 2, "1")]
+    for round_ in range(3):
+        application = f"race-{round_}"
+        leases = [DriverLease(store, application, 60.0, identity)
+                  for store, identity in zip(stores, identities, strict=True)]
+        for store, held in zip(stores, leases, strict=True):
+            store.leases[application] = held
+        outcomes: list[object] = [None, None]
+
+        def claim(i: int, leases: list[DriverLease] = leases,
+                  outcomes: list[object] = outcomes) -> None:
+            try:
+                outcomes[i] = leases[i].acquire(f"query-{i}", wait_s=3.0)
+            except Exception as exc:  # the assertion below names it
+                outcomes[i] = exc
+
+        threads = [threading.Thread(target=claim, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        claims = [o for o in outcomes if isinstance(o, DriverClaim)]
+        refusals = [o for o in outcomes if isinstance(o, ApplicationHeldError)]
+        assert len(claims) == 1 and len(refusals) == 1, outcomes
+        assert claims[0].epoch == 1
+        assert f"held by driver {claims[0].driver.driver_id[:8]}" in str(refusals[0])
+        assert stores[0].driver_claim(application) == claims[0]
+        # The loser fenced the holder's producer on its way; the holder still frees the
+        # application at once when it stops.
+        winner = outcomes.index(claims[0])
+        leases[winner].release()
+        other = stores[1 - winner]
+        other.catch_up(30.0, only_for=application)
+        released = other.driver_claim(application)
+        assert released is not None and released.released and released.epoch == 1
 
 
 def test_a_driver_of_the_same_query_takes_over_and_the_zombie_commits_nothing(

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from examples.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
 from kafka_changelog import key_group_range_for_operator
+from kafka_changelog.kafka.offsets import watermarks as partition_watermarks
 from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources
@@ -180,12 +181,12 @@ def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[s
 
 
 def watermarks(client_config: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:
-    """(log start, log end) of every partition of ``topic``."""
+    """(log start, log end) of every partition of ``topic`` (leader changes waited out:
+    a fault a test injected may still be moving leaders)."""
     consumer = Consumer({**client_config, "group.id": "watermarks"})
     try:
         partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-                for p in partitions}
+        return {p: partition_watermarks(consumer, topic, p, 60.0) for p in partitions}
     finally:
         consumer.close()
 
