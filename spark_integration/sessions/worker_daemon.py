@@ -6,6 +6,15 @@ The library's tasks need pandas, pyarrow and the library itself: about 1.4 CPU-s
 worker, paid again by every new worker of every executor and after every restart. Imported
 once in the daemon, the forked workers share them (copy-on-write) and start at once.
 
+Spark puts its own copies of PySpark and Py4J first on the workers' path, as zip files
+(``$SPARK_HOME/python/lib``). Python cannot cache compiled code for a zip, so a daemon
+compiled PySpark's modules from source at every start (~0.8 CPU-s), and every forked worker
+re-read the zip's directory of ~1,400 entries when Spark invalidates the import caches
+(~90 ms). When those zips are the ones inside the installed ``pyspark`` package (a
+``pip install pyspark``, Spark's home), the installed package holds the same files: the
+daemon drops the zips from the path and imports the compiled modules. A separate Spark
+distribution's zips (a ``SPARK_HOME`` of its own) stay first, as Spark put them.
+
 Invariants: nothing imported here starts a thread (a fork keeps only the forking thread;
 ``tests/spark/test_worker_daemon.py`` checks it), and nothing is printed on standard output
 (where the daemon tells Spark its port).
@@ -14,6 +23,8 @@ Invariants: nothing imported here starts a thread (a fork keeps only the forking
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 #: The ``spark.python.daemon.module`` that the library's sessions and Connect servers set.
 WORKER_DAEMON = "spark_integration.sessions.worker_daemon"
@@ -31,6 +42,37 @@ PRELOADED = (
 )
 
 
+def installed_copies(path: list[str]) -> list[str]:
+    """The entries of ``path`` that are zips inside an installed ``pyspark`` package
+    (``<dir>/pyspark/python/lib/*.zip``) whose ``<dir>`` is on ``path`` too, with the
+    package the zip holds (``pyspark``, ``py4j``) installed there: the same files as the
+    installed packages."""
+    entries = {str(Path(entry).resolve()) for entry in path if entry}
+    copies = []
+    for entry in path:
+        zip_path = Path(entry)
+        if zip_path.suffix != ".zip" or zip_path.parent.parts[-3:] != ("pyspark", "python",
+                                                                       "lib"):
+            continue
+        installed = zip_path.parents[3]
+        package = "pyspark" if zip_path.name == "pyspark.zip" else "py4j"
+        if (str(installed.resolve()) in entries
+                and (installed / package / "__init__.py").is_file()):
+            copies.append(entry)
+    return copies
+
+
+def prefer_installed_pyspark() -> list[str]:
+    """Drop :func:`installed_copies` from ``sys.path`` (and their importers from the
+    path importer cache); returns the entries dropped. Call before anything imports
+    ``pyspark``."""
+    dropped = installed_copies(sys.path)
+    for entry in dropped:
+        sys.path.remove(entry)
+        sys.path_importer_cache.pop(entry, None)
+    return dropped
+
+
 def preload() -> list[str]:
     """Import :data:`PRELOADED`; returns the names that could not be imported (a worker
     imports them itself, as without this daemon)."""
@@ -44,6 +86,7 @@ def preload() -> list[str]:
 
 
 if __name__ == "__main__":
+    prefer_installed_pyspark()
     preload()
     from pyspark.daemon import manager
 

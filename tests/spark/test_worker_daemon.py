@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from spark_integration.sessions.worker_daemon import PRELOADED, WORKER_DAEMON
+from spark_integration.sessions.worker_daemon import PRELOADED, WORKER_DAEMON, installed_copies
 
 pytestmark = pytest.mark.spark
 
@@ -42,3 +42,34 @@ def test_workers_of_the_librarys_sessions_start_with_it_imported(spark: Any) -> 
             .mapInPandas(_imported_before_the_task, "module string").collect())
     # Every worker (one per partition) found every preloaded module imported.
     assert sorted(row.module for row in rows) == sorted(PRELOADED * 2)
+
+
+def _where_pyspark_comes_from(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    import pyspark
+    for _ in batches:
+        pass
+    zips = [entry for entry in sys.path if entry.endswith(".zip") and "pyspark" in entry]
+    yield pd.DataFrame({"module": [pyspark.__file__], "zips": [",".join(zips)]})
+
+
+def test_workers_import_the_installed_pyspark_not_sparks_zip_copy(spark: Any) -> None:
+    import pyspark
+    rows = (spark.range(2, numPartitions=2)
+            .mapInPandas(_where_pyspark_comes_from, "module string, zips string").collect())
+    # Compiled once and cached, not compiled from the zip at every daemon start.
+    assert [(row.module, row.zips) for row in rows] == [(pyspark.__file__, "")] * 2
+
+
+def test_only_the_zips_inside_the_installed_package_are_dropped(tmp_path: Any) -> None:
+    site = tmp_path / "site-packages"
+    for package in ("pyspark", "py4j"):
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").touch()
+    inside = site / "pyspark" / "python" / "lib"
+    other_home = tmp_path / "spark-4.2.0" / "python" / "lib"
+    path = [str(inside / "pyspark.zip"), str(inside / "py4j-0.10.9.9-src.zip"),
+            str(other_home / "pyspark.zip"), str(other_home / "py4j-0.10.9.9-src.zip"),
+            str(site)]
+    assert installed_copies(path) == path[:2]
+    # Without the installed package on the path, Spark's copies are all there is.
+    assert installed_copies(path[:4]) == []
