@@ -112,10 +112,21 @@ class ChangelogHandle(ABC):
         return handle_type._from_record(record, version)
 
 
+#: The modules of the library's own handle kinds: imported by name when such a handle is
+#: read first, without a scan of every installed distribution's entry points (~0.3 s).
+_OWN_KINDS = {"kafka": "kafka_changelog.kafka.handle", "memory": "kafka_changelog.memory.handle"}
+
+
 def _load_kind(kind: str) -> type[ChangelogHandle] | None:
-    """Import the installed storages (entry points), whose modules register their
-    handle kinds, and look ``kind`` up again."""
+    """Import the module registering ``kind`` (the library's own, else the installed
+    storages' entry points) and look ``kind`` up again."""
+    import importlib
     from importlib.metadata import entry_points
+
+    own = _OWN_KINDS.get(kind)
+    if own is not None:
+        importlib.import_module(own)
+        return _HANDLE_KINDS.get(kind)
 
     for entry_point in entry_points(group="kafka_changelog.storages"):
         try:

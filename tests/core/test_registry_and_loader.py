@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from kafka_changelog import (
@@ -12,7 +15,12 @@ from kafka_changelog import (
     available_storages,
     load_storage,
 )
+from kafka_changelog.errors import HandleFormatError
+from kafka_changelog.handle import ChangelogHandle
+from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
+from kafka_changelog.memory.handle import InMemoryChangelogHandle
 from kafka_changelog.registry import WRITER_HOLD, ChangelogRegistry, RegistryEntry
+from kafka_changelog.serialization import encode
 
 
 def test_loader_finds_memory_and_names_the_alternatives() -> None:
@@ -69,3 +77,36 @@ def test_preemptive_persistence_during_a_bulk_append() -> None:
         result = writer.persist(writer.initial_sequence_number(), 1).result()
         assert result.job_owned is not None
         assert [c.payload for c in storage.reader().read(result.job_owned)] == payloads
+
+
+
+def test_a_fresh_process_reads_the_librarys_handles_without_scanning_distributions() -> None:
+    """Nothing of the storages imported beforehand (a materialization process, the CLI):
+    the library's own handle kinds are found by module, with no scan of every installed
+    distribution's entry points."""
+    script = (
+        "import sys, importlib.metadata\n"
+        "from kafka_changelog.handle import ChangelogHandle\n"
+        "assert 'kafka_changelog.kafka.handle' not in sys.modules\n"
+        "importlib.metadata.entry_points = None  # a scan would fail\n"
+        "for data in sys.argv[1:]:\n"
+        "    handle = ChangelogHandle.from_bytes(bytes.fromhex(data))\n"
+        "    print(type(handle).__name__, handle.log_id)\n")
+    kafka_handle = KafkaChangelogHandle(
+        "log-1", "orders-changelog", KeyGroupRange(0, 7),
+        [PartitionRange(2, 10, 25, KeyGroupRange(0, 7), 1500)], 3, 9)
+    memory_handle = InMemoryChangelogHandle("log-2", KeyGroupRange(0, 3), [])
+    done = subprocess.run(
+        [sys.executable, "-c", script, kafka_handle.to_bytes().hex(),
+         memory_handle.to_bytes().hex()], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["KafkaChangelogHandle log-1",
+                                        "InMemoryChangelogHandle log-2"]
+
+
+def test_a_handle_of_an_unknown_kind_names_the_known_ones() -> None:
+    data = encode("handle_envelope", {"magic": "kafka-changelog-handle", "format_version": 1,
+                                      "kind": "s3", "body": b""})
+    with pytest.raises(HandleFormatError) as caught:
+        ChangelogHandle.from_bytes(data)
+    assert "unknown handle kind 's3'" in str(caught.value)
+    assert "'kafka'" in str(caught.value) and "'memory'" in str(caught.value)
