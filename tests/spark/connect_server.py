@@ -32,7 +32,7 @@ from spark_integration.sessions.connect_server import (
     server_environment,
 )
 
-from .jobs import REPO
+from .jobs import NO_CODEGEN, REPO
 from .standalone import LOG_TAIL_LINES, TAG_PROPERTY, SparkClusterError, _tail, descendants
 
 #: The line the server logs once its gRPC service listens.
@@ -80,7 +80,7 @@ class LocalConnectServer:
             port=free_ports(1)[0], host=LOOPBACK, master="local[2]",
             spark_config={"spark.local.dir": str(self._root / "local"),
                           "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-                          "spark.driver.memory": "1g"},
+                          "spark.driver.memory": "1g", **NO_CODEGEN},
             java_options=f"-D{TAG_PROPERTY}={self._root} {SERVER_JAVA_OPTS}",
             python_path=(str(REPO),))
         self._config = config
