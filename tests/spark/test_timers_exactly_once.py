@@ -29,6 +29,7 @@ from spark_integration.checkpoint_properties import BATCH_ID
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources
 from tests.spark.crashing_sessions import SINCE_REMINDER
+from tests.spark.jobs import NO_CODEGEN
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -57,7 +58,9 @@ def run(servers: str, prefix: str, checkpoint_dir: Path, parallelism: int, expec
                "--topic-prefix", prefix, "--checkpoint-dir", str(checkpoint_dir),
                "--parallelism", str(parallelism), "--expected-events", str(expected),
                "--max-per-batch", str(PER_BATCH), "--lateness-minutes", str(lateness_minutes),
-               *(["--master", master] if master else [])]
+               *(["--master", master] if master else []),
+               *[arg for key, value in NO_CODEGEN.items()
+                 for arg in ("--spark-conf", f"{key}={value}")]]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
                           preexec_fn=die_with_parent())
     if kill_at:
