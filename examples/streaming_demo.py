@@ -33,6 +33,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,6 +202,9 @@ def run(count: int, users: int, per_batch: int, spark: Spark | None = None,
         finally:
             for store in stores.values():
                 store.close()
+            # Spark's checkpointLocations of this run: the state is in Kafka.
+            for directory in directories.values():
+                shutil.rmtree(directory, ignore_errors=True)
         say("reading the state back with spark.read.format('kafka-changelog') ...")
         read_started = time.monotonic()
         rows = read_states(settings, {job.application(run_id): checkpoint.checkpoint_id

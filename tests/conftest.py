@@ -10,6 +10,8 @@ this machine: a stale entry only costs time.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,10 +27,18 @@ from tests.jvm_class_archive import QUIET, spark_class_archive
 #: compilations cost more CPU than they return (measured: a Spark driver's start and first
 #: jobs take half the CPU time). On a two-core machine that CPU is the suite's time.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData"
+#: The JVMs' temporary directory for this run (``java.io.tmpdir``; removed at its end):
+#: what a JVM killed -9 leaves there (lz4-java's native library, Spark's ``spark-*``,
+#: ``blockmgr-*`` and ``artifacts-*`` directories) does not pile up in /tmp run after run.
+JVM_TEMP_ENV = "KAFKA_CHANGELOG_TEST_JVM_TMP"
+_jvm_temp_made_here: str | None = None
 if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # xdist workers inherit it
     _archive = spark_class_archive(TEST_JVM_OPTIONS)
+    _jvm_temp_made_here = os.environ[JVM_TEMP_ENV] = tempfile.mkdtemp(
+        prefix="kafka-changelog-tests-jvm-")
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [
         os.environ.get("JAVA_TOOL_OPTIONS"), TEST_JVM_OPTIONS,
+        f"-Djava.io.tmpdir={os.environ[JVM_TEMP_ENV]}",
         f"-XX:SharedArchiveFile={_archive} {QUIET}" if _archive else ""]))
 
 #: Modules in descending order of their run time (seconds in a two-worker run on a quiet
@@ -171,6 +181,13 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the shared clusters if a run ended inside the cluster modules."""
     SHARED.close()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The process that made the JVMs' temporary directory (the xdist controller, not a
+    worker or a pytest run of a test) removes it once every test and its JVMs are done."""
+    if _jvm_temp_made_here is not None:
+        shutil.rmtree(_jvm_temp_made_here, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

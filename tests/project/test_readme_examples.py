@@ -78,7 +78,8 @@ def test_the_examples_run_against_kafka_changelog_broker(broker: str, document: 
     blocks = BLOCK.findall((ROOT / document).read_text(encoding="utf-8"))
     assert blocks, document
     script = "\n\n".join(blocks).replace("localhost:9092", broker)
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    # The examples' temporary directories (checkpointLocations) go with the test's.
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{document}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
