@@ -20,7 +20,7 @@ docs/operations.md lists them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .metrics import BatchReport
@@ -33,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - depends on the install
                       "pip install 'kafka-changelog[metrics]'") from exc
 
 if TYPE_CHECKING:
+    from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
+
     from .config import StreamingStateConfig
 
 #: The phases of ``kafka_changelog_batch_duration_seconds``: the whole batch, the subtask
@@ -151,6 +153,33 @@ class PrometheusStateMetrics:
             self.record(report, application, operator)
 
         return on_report
+
+    def track_input_lag(self, config: StreamingStateConfig,
+                        input_kafka: Mapping[str, Any] | None = None,
+                        timeout_s: float = 10.0) -> None:
+        """Show ``kafka_changelog_input_lag_records`` of ``config``'s application: per
+        Kafka input topic-partition, the records after the offsets its state's latest
+        checkpoint holds, measured at every scrape (:mod:`.input_lag`). ``input_kafka``:
+        librdkafka settings of the input's cluster (default: the state's brokers and
+        security); each scrape lists the partitions' latest offsets there, waiting up to
+        ``timeout_s``."""
+        from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
+
+        from .input_lag import InputLagCollector
+        from .worker_resources import WorkerResources
+
+        def latest_checkpoint() -> CompletedCheckpoint | None:
+            # The driver's coordinator of the application (opened again once a stopped
+            # query's processor released it).
+            coordinator = WorkerResources.coordinator(config)
+            store = coordinator.checkpoints
+            if isinstance(store, KafkaCheckpointStore):  # another process may have rewound it
+                store.catch_up(timeout_s, only_for=config.application)
+            return coordinator.checkpoint()
+
+        settings = dict(input_kafka) if input_kafka is not None else config.connection().admin()
+        self.registry.register(InputLagCollector(config.application, config.operator_id,
+                                                 latest_checkpoint, settings, timeout_s))
 
     def serve(self, port: int = 0, address: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` over HTTP on ``address``:``port`` from a daemon thread (0: a

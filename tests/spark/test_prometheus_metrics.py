@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from examples.clickstream import ensure_topic
+from examples.events import events
 from kafka_changelog.state.host.subtask_backend import StateSource
 from spark_integration.streaming import (
     BatchReport,
@@ -23,10 +25,13 @@ from spark_integration.streaming import (
     stateful_foreach_batch,
 )
 from spark_integration.streaming.batch_identity import BatchKind
+from spark_integration.streaming.input_lag import InputLagCollector
 from spark_integration.streaming.metrics import SubtaskMetrics
 from spark_integration.streaming.prometheus import PHASES, PrometheusStateMetrics
+from spark_integration.streaming.worker_resources import WorkerResources
 
 from .file_batches import write_batches
+from .kafka_queries import BATCH_ROWS, produce, run_kafka
 from .test_state_metrics import config_for, per_user
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -183,6 +188,7 @@ def test_the_dashboard_and_the_docs_name_exactly_the_exported_metrics() -> None:
                 if family.type == "counter"}
     # prometheus-client names a counter's family without "_total"; its sample has it.
     names = {f"{name}_total" if name in counters else name for name in exported}
+    names.add(InputLagCollector.NAME)  # registered by track_input_lag
     dashboard = (root / "docs" / "grafana-dashboard.json").read_text()
     json.loads(dashboard)
     used = {re.sub(r"_(bucket|count|sum)$", "", name)
@@ -191,3 +197,52 @@ def test_the_dashboard_and_the_docs_name_exactly_the_exported_metrics() -> None:
     documented = set(re.findall(r"`(kafka_changelog_[a-z_]+)`",
                                 (root / "docs" / "operations.md").read_text()))
     assert documented == names, (documented ^ names)
+
+
+@pytest.mark.broker
+@pytest.mark.spark
+def test_the_input_lag_is_the_records_after_the_states_offsets_measured_at_each_scrape(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    prefix = f"lag-{uuid.uuid4().hex[:8]}"
+    config = config_for(kafka_cluster, prefix)
+    settings = kafka_cluster.client_config()
+    input_topic = f"{prefix}-in"
+    ensure_topic(settings, input_topic, partitions=2)
+    ensure_topic(settings, f"{prefix}-out", partitions=2)
+    all_events = list(events(2 * BATCH_ROWS + 14, 6))
+    metrics = PrometheusStateMetrics()
+    metrics.track_input_lag(config)
+    port = metrics.serve(0)
+    try:
+        # No checkpoint yet: nothing to measure.
+        assert lag_samples(scrape(port), prefix) == {}
+        produce(settings, input_topic, all_events[:2 * BATCH_ROWS])
+        _, error = run_kafka(spark, config, input_topic, f"{prefix}-out", tmp_path / "chk")
+        assert error is None, error
+        # The state holds all the input: 20 records of each partition.
+        assert lag_samples(scrape(port), prefix) == {(input_topic, "0"): 0,
+                                                     (input_topic, "1"): 0}
+        # Input the stopped query has not applied (seq % 2 picks the partition).
+        produce(settings, input_topic, all_events[2 * BATCH_ROWS:])
+        assert lag_samples(scrape(port), prefix) == {(input_topic, "0"): 7,
+                                                     (input_topic, "1"): 7}
+        # An input cluster that cannot be reached: the scrape answers without the lag.
+        unreachable = PrometheusStateMetrics()
+        unreachable.track_input_lag(config, {"bootstrap.servers": "127.0.0.1:1"},
+                                    timeout_s=2.0)
+        other_port = unreachable.serve(0)
+        try:
+            assert lag_samples(scrape(other_port), prefix) == {}
+        finally:
+            unreachable.close()
+    finally:
+        metrics.close()
+        WorkerResources.release(config)
+
+
+def lag_samples(samples: Samples, application: str) -> dict[tuple[str, str], float]:
+    return {(labels["topic"], labels["partition"]): value
+            for (name, label_items), value in samples.items()
+            if name == "kafka_changelog_input_lag_records"
+            for labels in [dict(label_items)] if labels["application"] == application}
