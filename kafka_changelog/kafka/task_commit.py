@@ -140,6 +140,9 @@ class SubtaskCommitter:
         self._owner = TransactionalIdOwner(config.bootstrap_servers, transactional_id)
         self.commits = 0
         self.fenced = 0
+        #: Transactional steps done again: a call retried after a retriable error
+        #: (starting transactions, a commit), a transaction aborted or fenced and redone.
+        self.retries = 0
 
     def start(self) -> None:
         """Make this committer's producer current, fencing earlier ones (no-op if it is;
@@ -152,8 +155,9 @@ class SubtaskCommitter:
                                                         self.producer_config),
                                 f"subtask commits of {self.transactional_id}")
         try:
-            init_transactions_retrying(producer, self.transactional_id,
-                                       self.config.request_timeout_s, self.config.retry_bound_s)
+            self.retries += init_transactions_retrying(
+                producer, self.transactional_id, self.config.request_timeout_s,
+                self.config.retry_bound_s)
         except KafkaException as exc:
             let_go(producer)
             raise transaction_error("starting transactions", exc.args[0],
@@ -254,7 +258,9 @@ class SubtaskCommitter:
                                 "first; its outputs stand", commit.subtask_index,
                                 commit.checkpoint_id)
                     return found, False
+                self.retries += 1
             except TransactionAbortedError as exc:
+                self.retries += 1
                 logger.warning("retrying the transaction of subtask %d (attempt %d): %s",
                                commit.subtask_index, attempt + 1, exc)
         raise CheckpointStoreError(
@@ -310,8 +316,9 @@ class SubtaskCommitter:
 
     def _commit_transaction(self) -> None:
         assert self._producer is not None
-        commit_transaction_retrying(self._producer, self.config.request_timeout_s,
-                                    self.transactional_id, self.config.retry_bound_s)
+        self.retries += commit_transaction_retrying(
+            self._producer, self.config.request_timeout_s, self.transactional_id,
+            self.config.retry_bound_s)
 
     def _abort(self) -> None:
         if self._producer is None:

@@ -67,11 +67,12 @@ def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: by
 
 
 def retry_transaction_call(call: str, attempt: Callable[[float], None],
-                           transactional_id: str, timeout_s: float, bound_s: float) -> None:
+                           transactional_id: str, timeout_s: float, bound_s: float) -> int:
     """Run ``attempt(timeout)`` (a producer's ``call``, e.g. ``init_transactions``) until it
-    returns. A retriable :class:`KafkaException` (the outcome is still pending, and calling
-    again is how librdkafka resumes it) is retried, each attempt waiting up to
-    ``timeout_s`` and none starting once ``bound_s`` has passed since the first; then
+    returns; the number of retries it took (0: the first attempt returned). A retriable
+    :class:`KafkaException` (the outcome is still pending, and calling again is how
+    librdkafka resumes it) is retried, each attempt waiting up to ``timeout_s`` and none
+    starting once ``bound_s`` has passed since the first; then
     :class:`TransactionCallTimeoutError`. Other errors are raised as they are."""
     started = time.monotonic()
     attempts = 0
@@ -80,7 +81,7 @@ def retry_transaction_call(call: str, attempt: Callable[[float], None],
         remaining = bound_s - (time.monotonic() - started)
         try:
             attempt(max(1.0, min(timeout_s, remaining)))
-            return
+            return attempts - 1
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if not error.retriable():
@@ -95,18 +96,19 @@ def retry_transaction_call(call: str, attempt: Callable[[float], None],
 
 
 def init_transactions_retrying(producer: Producer, transactional_id: str, timeout_s: float,
-                               bound_s: float = DEFAULT_RETRY_BOUND_S) -> None:
+                               bound_s: float = DEFAULT_RETRY_BOUND_S) -> int:
     """``init_transactions`` retried as :func:`retry_transaction_call` says (it fences
-    earlier producers of the id and aborts their open transaction)."""
-    retry_transaction_call("init_transactions", producer.init_transactions, transactional_id,
+    earlier producers of the id and aborts their open transaction); the retries."""
+    return retry_transaction_call("init_transactions", producer.init_transactions, transactional_id,
                            timeout_s, bound_s)
 
 
 def commit_transaction_retrying(producer: Producer, timeout_s: float,
                                 transactional_id: str = "-",
-                                bound_s: float = DEFAULT_RETRY_BOUND_S) -> None:
-    """Commit the open transaction, retried as :func:`retry_transaction_call` says."""
-    retry_transaction_call("commit_transaction", producer.commit_transaction,
+                                bound_s: float = DEFAULT_RETRY_BOUND_S) -> int:
+    """Commit the open transaction, retried as :func:`retry_transaction_call` says; the
+    retries."""
+    return retry_transaction_call("commit_transaction", producer.commit_transaction,
                            transactional_id, timeout_s, bound_s)
 
 

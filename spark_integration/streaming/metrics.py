@@ -73,6 +73,9 @@ class SubtaskMetrics:
     #: Where the task ran: the host's name and its host-local state directory ("" when
     #: the batch reused an earlier run's commit).
     host: str = ""
+    #: Transactional steps this task's commit did again (a call retried after a retriable
+    #: broker error, a transaction aborted or fenced and redone); 0 for a reused commit.
+    transaction_retries: int = 0
 
     def to_json(self) -> str:
         """One JSON object (what a task sends to the driver)."""

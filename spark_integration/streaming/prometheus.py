@@ -94,6 +94,11 @@ class PrometheusStateMetrics:
         self.reused = Counter("kafka_changelog_reused_subtask_commits_total",
                               "Subtask commits of an earlier run of a batch that a re-run "
                               "reused instead of computing them again.", LABELS, registry=r)
+        self.transaction_retries = Counter(
+            "kafka_changelog_task_transaction_retries_total",
+            "Transactional steps subtask commits did again (a call retried after a "
+            "retriable broker error, a transaction aborted or fenced and redone).", LABELS,
+            registry=r)
         self.entries = Gauge("kafka_changelog_state_entries",
                              "State entries after the latest batch (all subtasks).", LABELS,
                              registry=r)
@@ -135,6 +140,8 @@ class PrometheusStateMetrics:
             if not m.reused:
                 self.attaches.labels(*labels, m.state_source.value).inc()
         self.reused.labels(*labels).inc(len(report.reused_subtasks))
+        self.transaction_retries.labels(*labels).inc(
+            sum(m.transaction_retries for m in metrics))
         if metrics:
             self.entries.labels(*labels).set(sum(m.state_rows for m in metrics))
             self.checkpoint_bytes.labels(*labels).set(sum(m.checkpoint_bytes for m in metrics))

@@ -233,6 +233,7 @@ class SubtaskTask:
                 metrics = self._materialize_in_background(acquired.store, metrics, encoded)
             holding = None
             if committer is not None and commit is not None:
+                retries_before = committer.retries
                 holding, ours = committer.commit(
                     self._output_records(outputs, commit),
                     self._subtask_commit(subtask, encoded, metrics, len(outputs), commit),
@@ -241,6 +242,9 @@ class SubtaskTask:
                     commit.holder)
                 if not ours:
                     raise _SupersededError
+                # After the commit (its record holds the figures before it).
+                metrics = dataclasses.replace(
+                    metrics, transaction_retries=committer.retries - retries_before)
         except _SupersededError:
             # Another attempt committed this subtask first: its results stand; this
             # backend is at no checkpoint.

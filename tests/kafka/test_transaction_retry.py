@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
-from kafka_changelog.kafka.task_commit import fence
+from kafka_changelog.kafka.task_commit import SubtaskCommitter, fence
 from kafka_changelog.kafka.transaction_calls import TransactionCallTimeoutError
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 
@@ -68,3 +68,30 @@ def test_init_transactions_fails_naming_the_call_and_the_wait_beyond_the_bound(
     # The bound, plus at most one attempt's timeout, plus closing the producer.
     assert 5.0 <= waited < 5.0 + config.request_timeout_s + 5, waited
     fence(config, [tid])  # resumed: the id works again
+
+
+def test_a_subtask_committer_counts_the_calls_it_made_again(
+    pausable_cluster: LocalKafkaCluster,
+) -> None:
+    """What ``kafka_changelog_task_transaction_retries_total`` counts: a task whose start
+    of transactions outlasted a paused broker reports each attempt it made again."""
+    config = _config(pausable_cluster, retry_bound_s=60.0)
+    tid = f"retry-{uuid.uuid4().hex[:8]}"
+    fence(config, [tid])
+    quiet = SubtaskCommitter(config, tid)
+    try:
+        quiet.start()
+        assert quiet.retries == 0
+    finally:
+        quiet.close()
+    committer = SubtaskCommitter(config, tid)
+    pausable_cluster.pause_node(0)
+    resume = threading.Timer(3 * config.request_timeout_s, pausable_cluster.resume_node, (0,))
+    resume.start()
+    try:
+        committer.start()  # init_transactions times out at least twice, then succeeds
+        assert committer.retries >= 2, committer.retries
+    finally:
+        resume.join()
+        pausable_cluster.resume_node(0)
+        committer.close()

@@ -94,6 +94,8 @@ def test_scraped_metrics_equal_the_batch_reports_of_a_running_query(
         m.changes for m in subtasks)
     assert sample(samples, "kafka_changelog_changelog_bytes_total", prefix) == sum(
         m.change_bytes for m in subtasks)
+    assert sample(samples, "kafka_changelog_task_transaction_retries_total", prefix) == sum(
+        m.transaction_retries for m in subtasks)
     attaches = {dict(labels)["source"]: value for (name, labels), value in samples.items()
                 if name == "kafka_changelog_subtask_attaches_total"
                 and dict(labels)["application"] == prefix}
@@ -125,7 +127,7 @@ def report(batch_id: int, kind: BatchKind, rows: int, source: StateSource,
         changes=3, change_bytes=90, materializations_started=1,
         materializations_completed=1, materialized_bytes=4096, state_source=source,
         restore_s=0.5 if source is StateSource.RESTORED else 0.0, rows_out=rows,
-        late_rows=1, timers_fired=timers)
+        late_rows=1, timers_fired=timers, transaction_retries=2)
     return BatchReport(batch_id, batch_id + 1, batch_id or None, True, rows, 1.25,
                        task_s=1.0, commit_s=0.125, kind=kind, subtask_metrics={0: subtask},
                        next_watermark_ms=watermark_ms)
@@ -153,6 +155,7 @@ def test_each_application_has_its_own_labels_and_counters_add_up() -> None:
     assert value("kafka_changelog_materializations_total", "a") == 2
     assert value("kafka_changelog_snapshot_bytes_total", "a") == 8192
     assert value("kafka_changelog_late_rows_total", "a") == 2
+    assert value("kafka_changelog_task_transaction_retries_total", "a") == 4
     assert value("kafka_changelog_timers_fired_total", "a") == 2
     assert value("kafka_changelog_state_entries", "a") == 12  # the latest batch's
     assert value("kafka_changelog_checkpoint_id", "b") == 8
