@@ -155,7 +155,7 @@ class DriverLease:
             self.claim = None
             deadline = time.monotonic() + (wait_s if wait_s is not None else 2 * self.lease_s)
             told = False
-            failed: list[CheckpointStoreError] = []
+            failed_claims = 0
             while True:
                 found = self._current()
                 decision = (Takeover.FREE if found is None else
@@ -181,8 +181,8 @@ class DriverLease:
                 except (KafkaAccessError, TransactionCallTimeoutError):
                     raise
                 except CheckpointStoreError as exc:
-                    failed.append(exc)
-                    if len(failed) >= _CLAIM_ATTEMPTS:
+                    failed_claims += 1
+                    if failed_claims >= _CLAIM_ATTEMPTS:
                         raise
                     logger.warning("application %s: claiming failed (%s); looking again",
                                    self.application, exc)

@@ -99,8 +99,8 @@ def init_transactions_retrying(producer: Producer, transactional_id: str, timeou
                                bound_s: float = DEFAULT_RETRY_BOUND_S) -> int:
     """``init_transactions`` retried as :func:`retry_transaction_call` says (it fences
     earlier producers of the id and aborts their open transaction); the retries."""
-    return retry_transaction_call("init_transactions", producer.init_transactions, transactional_id,
-                           timeout_s, bound_s)
+    return retry_transaction_call("init_transactions", producer.init_transactions,
+                                  transactional_id, timeout_s, bound_s)
 
 
 def commit_transaction_retrying(producer: Producer, timeout_s: float,
@@ -109,7 +109,7 @@ def commit_transaction_retrying(producer: Producer, timeout_s: float,
     """Commit the open transaction, retried as :func:`retry_transaction_call` says; the
     retries."""
     return retry_transaction_call("commit_transaction", producer.commit_transaction,
-                           transactional_id, timeout_s, bound_s)
+                                  transactional_id, timeout_s, bound_s)
 
 
 #: Errors after which a transactional producer is unusable: fenced by another one with the
