@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
-    Filter,
     InputPartition,
 )
 from pyspark.sql.types import (
@@ -45,6 +44,7 @@ from pyspark.sql.types import (
 )
 
 from ..sessions.connect import is_connect
+from ..sessions.spark_versions import SparkFeature, require_supported_spark, supports
 from .change_schema import CHANGES_SCHEMA
 from .feed_planning import is_feed_read, parse_feed_options
 from .feed_schema import FEED_SCHEMA
@@ -68,6 +68,9 @@ from .selected_plan import plan_selected
 from .task_reading import read_task
 from .timer_rows import TIMERS_SCHEMA
 from .worker_gc import freeze_start_up_objects
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import Filter
 
 
 def _spark_type(arrow: pa.DataType) -> DataType:
@@ -100,6 +103,10 @@ TIMERS_STRUCT = spark_schema(TIMERS_SCHEMA)
 #: Spark schema of the change feed and of changes between checkpoints.
 FEED_STRUCT = spark_schema(FEED_SCHEMA)
 
+#: The Spark SQL setting that runs ``trigger(availableNow=True)`` over a source without
+#: ``SupportsTriggerAvailableNow`` (the change feed before PySpark 4.2) in as many batches
+#: as it takes, its end fixed at the start, instead of one batch.
+AVAILABLE_NOW_WRAPPER_CONF = "spark.sql.streaming.triggerAvailableNowWrapper.enabled"
 #: The Spark SQL setting PySpark needs for a reader with ``pushFilters``.
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
@@ -246,12 +253,21 @@ def register(spark: Any) -> None:
     """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent.
 
     Turns on ``spark.sql.python.filterPushdown.enabled`` for the session (filters on
-    keys read only their key groups). Mode ``changes`` then packs its slices into a
-    multiple of the session's parallelism of input partitions (option ``minPartitions``),
-    when the session tells it.
+    keys read only their key groups; PySpark 4.1+), and before PySpark 4.2
+    ``spark.sql.streaming.triggerAvailableNowWrapper.enabled`` (an AvailableNow run of the
+    change feed emits what was committed when it started). Refuses an unsupported PySpark
+    (:class:`~spark_integration.sessions.spark_versions.UnsupportedSparkVersionError`).
+    Mode ``changes`` then packs its slices into a multiple of the session's parallelism
+    of input partitions (option ``minPartitions``), when the session tells it.
     """
-    # The reader pushes filters down; PySpark refuses such a reader unless this is on.
-    spark.conf.set(PUSHDOWN_CONF, "true")
+    require_supported_spark()
+    if supports(SparkFeature.READER_FILTER_PUSHDOWN):
+        # The reader pushes filters down; PySpark refuses such a reader unless this is on.
+        spark.conf.set(PUSHDOWN_CONF, "true")
+    if not supports(SparkFeature.STREAM_AVAILABLE_NOW):
+        # Before 4.2 a Python source cannot fix an AvailableNow run's end: without Spark's
+        # wrapper (which asks the feed once, at the start) the run is a single batch.
+        spark.conf.set(AVAILABLE_NOW_WRAPPER_CONF, "true")
     parallelism = session_parallelism(spark)
     if parallelism is None:
         spark.dataSource.register(KafkaChangelogDataSource)

@@ -5,10 +5,10 @@ changes of every checkpoint committed since the previous micro-batch (offsets ar
 checkpoint ids, see :mod:`.feed_planning`), so Spark's own
 ``checkpointLocation`` makes the feed exactly once and resumable: a restarted query
 plans the same range again and emits the same rows. With ``trigger(availableNow=True)``
-the stream reader fixes its end at the start of the run (PySpark's
-``SupportsTriggerAvailableNow``): the run emits every checkpoint committed before it
-started, in as many micro-batches as it takes (a micro-batch that failed in an earlier run
-first), and ends. ``spark.read`` with
+the run's end is fixed at its start (by the stream reader, PySpark's
+``SupportsTriggerAvailableNow``, from 4.2; by Spark, which asks the feed once, before):
+the run emits every checkpoint committed before it started, in as many micro-batches as
+it takes (a micro-batch that failed in an earlier run first), and ends. ``spark.read`` with
 ``startingCheckpoint`` (and ``endingCheckpoint``) reads the same rows for a range of
 checkpoints at once, with key pushdown (:mod:`.pushdown`).
 
@@ -21,17 +21,22 @@ order gives a key's changes in the order they were committed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSourceReader,
-    DataSourceStreamReader,
-    Filter,
-    InputPartition,
-)
-from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import Filter
+    from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+else:
+    try:
+        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+    except ImportError:  # PySpark 4.0 and 4.1: Spark fixes an AvailableNow run's end itself
+
+        class SupportsTriggerAvailableNow:
+            """Stands in for PySpark 4.2's mixin, which older releases do not have."""
 
 from .checkpoint_changes import FeedTask, contiguous_groups
 from .feed_planning import FeedOptions, FeedPlanner
@@ -94,9 +99,10 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     A micro-batch ``(start, end]`` emits the changes of the retained checkpoints after
     ``start`` up to ``end``. ``end`` is the latest checkpoint when the batch is planned,
     except in a ``Trigger.AvailableNow`` run: there it is the latest checkpoint when the
-    run started (:meth:`prepareForTriggerAvailableNow`), for every batch of the run.
-    ``end`` is never before ``start``. Holds only the parsed options and that fixed end
-    (the planner reads the checkpoint topic each time)."""
+    run started (:meth:`prepareForTriggerAvailableNow`, or Spark's own first call of
+    :meth:`latestOffset` before PySpark 4.2), for every batch of the run. ``end`` is
+    never before ``start``. Holds only the parsed options, that fixed end and the
+    furthest offset planned (the planner reads the checkpoint topic each time)."""
 
     def __init__(self, options: FeedOptions, groups: int | None = None) -> None:
         self.options = options
@@ -105,10 +111,16 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         #: The end of a ``Trigger.AvailableNow`` run: the latest checkpoint when it started
         #: (None: another trigger, the end follows the latest checkpoint).
         self.available_now_end: int | None = None
+        #: The furthest offset planned (the start of a new query, the end of a batch):
+        #: PySpark before 4.2 gives :meth:`latestOffset` no start, so the end is kept at
+        #: least here.
+        self.planned: int = 0
 
     def initialOffset(self) -> dict[str, Any]:
         """Where a new query starts: option ``startingCheckpoint``."""
-        return {OFFSET_KEY: FeedPlanner(self.options).start()}
+        start = FeedPlanner(self.options).start()
+        self.planned = max(self.planned, start)
+        return {OFFSET_KEY: start}
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Start of a ``Trigger.AvailableNow`` run (before any batch, the one Spark runs
@@ -118,20 +130,24 @@ class ChangeFeedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         for the next run); Spark ends the run when ``latestOffset`` returns its start."""
         self.available_now_end = FeedPlanner(self.options).latest()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: dict[str, Any] | None = None,
+                     limit: ReadLimit | None = None) -> dict[str, Any]:
         """The latest committed checkpoint, or in a ``Trigger.AvailableNow`` run the one
-        fixed when it started; never before ``start``. ``limit`` is always
+        fixed when it started; never before ``start`` (PySpark before 4.2 passes no
+        start: never before the furthest offset planned). ``limit`` is always
         all-available: the feed sets no read limit of its own (``getDefaultReadLimit``
         is PySpark's ``ReadAllAvailable``), so a batch takes every checkpoint up to the
         end."""
         end = self.available_now_end
         if end is None:
             end = FeedPlanner(self.options).latest()
-        return {OFFSET_KEY: max(_checkpoint(start), end)}
+        floor = _checkpoint(start) if start is not None else self.planned
+        return {OFFSET_KEY: max(floor, end)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One input partition per offset slice of the changes of ``(start, end]``."""
         first, last = _checkpoint(start), _checkpoint(end)
+        self.planned = max(self.planned, last)
         if last <= first:
             return []
         return feed_partitions(FeedPlanner(self.options).plan(first, last), self.groups)

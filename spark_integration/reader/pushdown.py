@@ -18,31 +18,30 @@ Pushing only narrows what is read: every filter is still handed back to Spark, w
 applies it to the rows (so a registration row, ``key_group`` null, or a key sharing the
 key group never leaks through). A filter the reader cannot use (another column, another
 comparison, a ``key_decoded`` text no recorded key type encodes) narrows nothing.
-No pyspark import at module level besides the filter classes.
+PySpark 4.0 has no filter pushdown for Python data sources: there the option reads every
+key group, with a warning (:data:`~spark_integration.sessions.spark_versions.SparkFeature`).
+No pyspark import at module level (the filter classes are 4.1's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from pyspark.sql.datasource import (
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    LessThan,
-    LessThanOrEqual,
-)
+from typing import TYPE_CHECKING, Any
 
 from kafka_changelog.keygroups import key_group_for_key
 from kafka_changelog.keys import encode_key, key_text
 
+from ..sessions.spark_versions import SparkFeature, missing, supports
 from .planning import ReaderOptionError
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import Filter
+
+logger = logging.getLogger(__name__)
 
 #: The reader option that turns pushdown on (off by default: PySpark 4.2.0 reuses the plan
 #: of a filtered scan for later scans of the same DataFrame without filters).
@@ -149,16 +148,32 @@ def _and(current: frozenset[Any] | None, more: frozenset[Any]) -> frozenset[Any]
 
 def pushdown_enabled(options: Mapping[str, str]) -> bool:
     """Whether the options turn key pushdown on (option ``pushdown``: ``true``/``false``);
-    raises :class:`~.planning.ReaderOptionError` naming the option for another value."""
+    raises :class:`~.planning.ReaderOptionError` naming the option for another value.
+    On a PySpark without filter pushdown (4.0) the option reads every key group, with a
+    warning that says so."""
     found = {str(k).lower(): str(v) for k, v in options.items()}.get(PUSHDOWN_OPTION, "false")
     value = found.strip().lower()
     if value not in ("true", "false"):
         raise ReaderOptionError(f"option pushdown must be true or false, got {found!r}")
+    if value == "true" and not supports(SparkFeature.READER_FILTER_PUSHDOWN):
+        logger.warning("format(%r) option pushdown=true: %s", "kafka-changelog",
+                       missing(SparkFeature.READER_FILTER_PUSHDOWN))
+        return False
     return value == "true"
 
 
 def select(filters: Iterable[Filter]) -> KeySelection:
-    """The selection the filters on ``key``, ``key_decoded`` and ``key_group`` make."""
+    """The selection the filters on ``key``, ``key_decoded`` and ``key_group`` make
+    (PySpark 4.1+ hands them over: the filter classes are imported here)."""
+    from pyspark.sql.datasource import (
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        LessThan,
+        LessThanOrEqual,
+    )
+
     keys: frozenset[bytes] | None = None
     texts: frozenset[str] | None = None
     groups: frozenset[int] | None = None

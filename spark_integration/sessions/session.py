@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from .connect import CONNECT_SCHEME, connect_session
 from .connector import ensure_connector_jars
 from .connector import spark_version as spark_version
+from .spark_versions import require_supported_spark
 from .worker_daemon import WORKER_DAEMON
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -73,7 +74,11 @@ def spark_session(
     A Spark Connect URL (``sc://host:port``) as ``master`` gives a Connect client session
     (:func:`spark_integration.sessions.connect.connect_session`): the server brings the connector
     and the workers' Python (:mod:`spark_integration.sessions.connect_server`).
+
+    Raises :class:`~spark_integration.sessions.spark_versions.UnsupportedSparkVersionError`
+    when the installed PySpark is not one the library supports (4.0 to 4.2).
     """
+    require_supported_spark()
     if master.startswith(CONNECT_SCHEME):
         return connect_session(master, app_name, parallelism, extra_config)
     python = ensure_worker_python()

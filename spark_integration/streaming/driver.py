@@ -53,6 +53,7 @@ from kafka_changelog.state.schema.descriptors import StateDescriptor
 from ..checkpoint_properties import QUERY_ID
 from ..keys import key_columns_of, key_sql
 from ..sessions.connect import connect_query_id, is_connect
+from ..sessions.spark_versions import require_supported_spark
 from .batch_identity import BatchPlan, plan_batch
 from .batch_input import batch_input
 from .batch_time import (
@@ -162,6 +163,9 @@ class StatefulProcessor:
     :attr:`batches_run` counts them all. ``on_report(report)`` is called with each report
     as the batch ends (e.g. :meth:`~.prometheus.PrometheusStateMetrics.recorder`); an
     exception it raises is logged, never fails the batch (which has committed).
+
+    Refused on a PySpark the library does not support
+    (:class:`~spark_integration.sessions.spark_versions.UnsupportedSparkVersionError`).
     """
 
     def __init__(
@@ -183,6 +187,7 @@ class StatefulProcessor:
         dropped_states: Sequence[str] = (),
         on_report: Callable[[BatchReport], None] | None = None,
     ) -> None:
+        require_supported_spark()
         if reports_kept < 1:
             raise ValueError(f"reports_kept must be at least 1, got {reports_kept}")
         self.config = config

@@ -313,10 +313,11 @@ class SubtaskTask:
         if not outputs:
             return []
         import pyarrow as pa
-        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from ..sessions.spark_versions import arrow_schema_of
 
         frame = pd.DataFrame(outputs, columns=self.output_columns)
-        table = pa.Table.from_pandas(frame, schema=to_arrow_schema(commit.struct),
+        table = pa.Table.from_pandas(frame, schema=arrow_schema_of(commit.struct),
                                      preserve_index=False, safe=True)
         return list(commit.sink.records_of(table.to_pylist(), self.batch_id,
                                            self.checkpoint_id))

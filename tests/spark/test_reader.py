@@ -181,10 +181,10 @@ def as_dicts(rows: list[tuple[Any, ...]], names: list[str]) -> list[dict[str, An
 
 
 def test_arrow_schemas_are_the_ones_spark_expects() -> None:
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_integration.sessions.spark_versions import arrow_schema_of
 
-    assert to_arrow_schema(CHANGES_STRUCT, timezone="UTC").equals(CHANGES_SCHEMA)
-    assert to_arrow_schema(STATE_STRUCT, timezone="UTC").equals(STATE_SCHEMA)
+    assert arrow_schema_of(CHANGES_STRUCT).equals(CHANGES_SCHEMA)
+    assert arrow_schema_of(STATE_STRUCT).equals(STATE_SCHEMA)
 
 
 @pytest.mark.parametrize("checkpoint_id", [None, 3])

@@ -68,9 +68,9 @@ def read(spark: Any, config: StreamingStateConfig, **extra: str) -> Any:
 
 
 def test_the_arrow_schema_is_the_one_spark_expects() -> None:
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from spark_integration.sessions.spark_versions import arrow_schema_of
 
-    assert to_arrow_schema(TIMERS_STRUCT, timezone="UTC").equals(TIMERS_SCHEMA)
+    assert arrow_schema_of(TIMERS_STRUCT).equals(TIMERS_SCHEMA)
     assert TIMERS_STRUCT.simpleString() == (
         "struct<operator:string,key_group:int,key:binary,key_decoded:string,domain:string,"
         "time:timestamp,state:string>")
