@@ -11,6 +11,7 @@ a cluster (``--master spark://host:port``).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import itertools
 import json
@@ -386,7 +387,8 @@ def _processed_offsets(query: Any) -> int:
         return 0
     end = progress["sources"][0].get("endOffset")
     if isinstance(end, str):
-        end = json.loads(end)
+        # JSON; PySpark 4.0 and 4.1 give the offsets as Python's text of a dict.
+        end = json.loads(end) if end.startswith('{"') else ast.literal_eval(end)
     return sum(int(offset) for partitions in (end or {}).values()
                for offset in partitions.values())
 

@@ -45,6 +45,7 @@ if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):  # xdist wor
 #: machine, summed over the module's tests; 2026-11-29).
 LONGEST_FIRST = (
     "tests/spark/test_streaming_exactly_once.py",  # 330
+    "tests/spark/test_older_spark.py",  # 250 (a virtualenv per release made once per machine)
     "tests/project/test_readme_examples.py",  # 250
     "tests/spark/test_spark_connect.py",  # 225
     "tests/spark/test_soak.py",  # 218

@@ -59,6 +59,13 @@ class SparkFeature(Enum):
         "filter pushdown of Python data sources (option pushdown)", (4, 1),
         "every key group is read and Spark applies the filters to the rows (same rows, "
         "more read)")
+    #: ``spark.sql.unionOutputPartitioning``: a union keeps its children's hash
+    #: partitioning, which keeps each subtask's task on the host of its store.
+    SUBTASK_PLACEMENT = _FeatureInfo(
+        "keeping each subtask on the host of its store (a union that keeps its children's "
+        "partitioning)", (4, 1),
+        "Spark runs each subtask's task on any executor: on a cluster a subtask that moves "
+        "restores its store from Kafka on its new host (same state, more read)")
     #: ``SupportsTriggerAvailableNow`` and admission control of Python streaming sources:
     #: the change feed fixes the end of a ``Trigger.AvailableNow`` run itself.
     STREAM_AVAILABLE_NOW = _FeatureInfo(

@@ -27,6 +27,8 @@ from typing import Any
 from kafka_changelog.enums import StrEnum
 from kafka_changelog.state.checkpoints.source_offsets import SourceOffsets
 
+from .kafka_source_restart import prime_latest_offsets
+
 logger = logging.getLogger(__name__)
 
 #: How the file source describes itself: ``FileStreamSource[<qualified directory>]``.
@@ -150,6 +152,7 @@ def _source(jvm: Any, stream: Any, context: Any) -> BatchSource:
     start = context.startOffsets().get(stream)
     end = context.endOffsets().get(stream)
     if kind is SourceKind.KAFKA:
+        prime_latest_offsets(jvm, stream, end)
         if start.isDefined():
             first = parse_kafka_offsets(str(start.get().json()))
         else:  # the query's first batch: its startingOffsets, resolved

@@ -34,6 +34,7 @@ from typing import Any
 from kafka_changelog.murmur3 import spark_hash_int
 
 from ..sessions.connect import is_connect
+from ..sessions.spark_versions import SparkFeature, supports
 
 SLOT_COLUMN = "__kc_slot"
 
@@ -79,8 +80,10 @@ PLACEMENT_SETTINGS = {"spark.sql.unionOutputPartitioning": "true",
 
 
 def placement_possible(spark: Any) -> bool:
-    """Whether ``spark``'s settings let a union keep its children's partitioning (see
-    :data:`PLACEMENT_SETTINGS`)."""
+    """Whether ``spark``'s release and settings let a union keep its children's
+    partitioning (see :data:`PLACEMENT_SETTINGS`; PySpark 4.0 has no such union)."""
+    if not supports(SparkFeature.SUBTASK_PLACEMENT):
+        return False
     return all(str(spark.conf.get(key, default)).lower() == default
                for key, default in PLACEMENT_SETTINGS.items())
 

@@ -17,6 +17,7 @@ def python_blocks(path: Path) -> list[str]:
 #: The documents whose examples run here (one per line).
 IN_PROCESS_DOCS = [
     "state.md",
+    "spark.md",
     "schema-evolution.md",
     "rewind.md",
     "fork.md",

@@ -23,6 +23,7 @@ RUN_EXAMPLES = {
     "docs/exactly-once.md",
     "docs/operations.md",
     "docs/state.md",
+    "docs/spark.md",
     "docs/schema-evolution.md",
     "docs/rewind.md",
     "docs/fork.md",

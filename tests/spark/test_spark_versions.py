@@ -50,6 +50,8 @@ def test_a_version_that_is_not_one_is_refused() -> None:
 def test_each_feature_is_there_from_its_release_on() -> None:
     assert [supports(SparkFeature.READER_FILTER_PUSHDOWN, v) for v in TESTED_RELEASES] == [
         False, True, True]
+    assert [supports(SparkFeature.SUBTASK_PLACEMENT, v) for v in TESTED_RELEASES] == [
+        False, True, True]
     assert [supports(SparkFeature.STREAM_AVAILABLE_NOW, v) for v in TESTED_RELEASES] == [
         False, False, True]
 
