@@ -92,3 +92,56 @@ def test_a_second_query_reads_each_batch_once_with_read_committed(
         spark, config.spark_kafka_options(), output_topic, committed=False).collect()]
     assert sorted(uncommitted) == sorted(
         [*committed, (99, "ghost-1", 1, 0.0), (99, "ghost-2", 1, 0.0)])
+
+
+def test_a_timestamp_output_column_reaches_the_topic_in_utc(
+    spark: Any, kafka_cluster: Any
+) -> None:
+    """Outputs are cast to the output schema with Spark's Arrow schema in UTC (PySpark 4.2
+    refused a timestamp column without a time zone: the task failed)."""
+    import datetime as dt
+    import json
+
+    prefix = f"ts-{uuid.uuid4().hex[:8]}"
+    settings = kafka_cluster.client_config()
+    output_topic = f"{prefix}-last-seen"
+    ensure_topic(settings, output_topic, partitions=1)
+    config = StreamingStateConfig(
+        application=prefix, operator_id="last-seen",
+        bootstrap_servers=kafka_cluster.bootstrap_servers, parallelism=2,
+        changelog_topic=f"{prefix}-changelog", snapshot_topic=f"{prefix}-snapshots",
+        checkpoint_topic=f"{prefix}-checkpoints", partitions=2, materialization_interval_s=None)
+
+    def last_seen(key: str, rows: pd.DataFrame, state: Any) -> list[dict[str, Any]]:
+        return [{"user": key, "seen": rows["ts"].max().to_pydatetime()}]
+
+    at = dt.datetime(2026, 11, 29, 7, 30, tzinfo=dt.timezone.utc)
+    rows = [("a", at), ("a", at - dt.timedelta(minutes=5)), ("b", at + dt.timedelta(seconds=1))]
+    with stateful_foreach_batch(config, last_seen, "user", "user string, seen timestamp",
+                                sink=KafkaOutputSink(output_topic, key_column="user")
+                                ) as processor:
+        processor(spark.createDataFrame(rows, "user string, ts timestamp"), 0)
+    assert [r.rows_out for r in processor.reports] == [2]
+    values = sorted((json.loads(v) for _, v in read_committed_values(settings, output_topic)),
+                    key=lambda value: value["user"])
+    assert values == [{"user": "a", "seen": "2026-11-29 07:30:00+00:00"},
+                      {"user": "b", "seen": "2026-11-29 07:30:01+00:00"}]
+
+
+def read_committed_values(settings: dict[str, Any], topic: str) -> list[tuple[bytes, bytes]]:
+    """Every committed record of ``topic`` (key, value)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings, "group.id": uuid.uuid4().hex, "enable.partition.eof": True,
+                         "isolation.level": "read_committed"})
+    found: list[tuple[bytes, bytes]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        while True:
+            message = consumer.poll(10)
+            assert message is not None, f"no end of {topic} within 10 s"
+            if message.error():
+                return found
+            found.append((message.key(), message.value()))
+    finally:
+        consumer.close()
