@@ -7,6 +7,8 @@
 #     spark, connect, test, dev)
 #   - the Apache Kafka broker jars and Spark's Kafka connector (format("kafka")) from Maven
 #     Central, in ~/.cache/kafka-changelog
+#   - for the tests, a virtualenv per older supported PySpark release with its connector
+#     (scripts/spark_venv.sh, in ~/.cache/kafka-changelog/spark-venvs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,6 +70,18 @@ else
 fi
 log "resolving Spark's Kafka connector jars (Maven Central, cached)"
 .venv/bin/python -m spark_integration.sessions.connector >/dev/null
+if [ "$role" = test ]; then
+  # The older supported PySpark releases, each in a virtualenv of its own (made once per
+  # machine): the suite runs a share of the compatibility run on them.
+  installed=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyspark"))')
+  for version in $(.venv/bin/python -c \
+      'from spark_integration.sessions.spark_versions import TESTED_RELEASES as t; print(*t)'); do
+    if [ "$version" != "$installed" ]; then
+      log "PySpark $version in its own virtualenv (cached)"
+      ./scripts/spark_venv.sh "$version" >/dev/null
+    fi
+  done
+fi
 # Bytecode of the project's own modules (an editable install: pip compiled only the
 # dependencies). Every Spark driver, Python worker daemon, job and CLI process imports
 # them; where PYTHONDONTWRITEBYTECODE is set no process writes a cache, and each would

@@ -53,7 +53,12 @@ from kafka_changelog.state.schema.descriptors import StateDescriptor
 from ..checkpoint_properties import QUERY_ID
 from ..keys import key_columns_of, key_sql
 from ..sessions.connect import connect_query_id, is_connect
-from ..sessions.spark_versions import require_supported_spark
+from ..sessions.spark_versions import (
+    SparkFeature,
+    missing,
+    require_supported_spark,
+    supports,
+)
 from .batch_identity import BatchPlan, plan_batch
 from .batch_input import batch_input
 from .batch_time import (
@@ -92,6 +97,7 @@ from .query_stop import stops_cleanly
 from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
 from .subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
 from .subtask_partitioning import (
+    PLACEMENT_SETTINGS,
     executor_count,
     partition_by_subtask,
     placement_possible,
@@ -222,6 +228,7 @@ class StatefulProcessor:
         self._subtask_hosts: SubtaskHosts | None = None
         #: Whether "the input cannot be read here" was logged (once per processor).
         self._input_unknown_logged = False
+        self._placement_missing_logged = False
         #: Batches running in this process now, and whether close() is under way.
         self._calls = threading.Condition()
         self._running_calls = 0
@@ -442,8 +449,15 @@ class StatefulProcessor:
         outputs_to_driver = sink is not None and kafka_sink is None
         output_struct = self._output_struct(batch_df)
         spark = batch_df.sparkSession
+        possible = placement_possible(spark)
+        if not possible and not self._placement_missing_logged:
+            self._placement_missing_logged = True
+            logger.info("application %s: subtasks are not kept on the hosts of their stores: %s",
+                        config.application, missing(SparkFeature.SUBTASK_PLACEMENT)
+                        if not supports(SparkFeature.SUBTASK_PLACEMENT)
+                        else f"the session's settings differ from {PLACEMENT_SETTINGS}")
         placement, partition_subtasks = (self._placement(spark, p, config)
-                                         if placement_possible(spark) else (None, None))
+                                         if possible else (None, None))
         task = SubtaskTask(
             config, self.fn, columns, self.order_by, plan.base,
             _assigned_handles(coordinator, config, plan.base), plan.checkpoint_id,

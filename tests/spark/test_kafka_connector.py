@@ -24,6 +24,7 @@ from examples.clickstream import (
     expected_state,
     output_problems,
     outputs_with_spark,
+    read_committed,
     read_outputs,
     update_user,
 )
@@ -100,7 +101,6 @@ def test_a_timestamp_output_column_reaches_the_topic_in_utc(
     """Outputs are cast to the output schema with Spark's Arrow schema in UTC (PySpark 4.2
     refused a timestamp column without a time zone: the task failed)."""
     import datetime as dt
-    import json
 
     prefix = f"ts-{uuid.uuid4().hex[:8]}"
     settings = kafka_cluster.client_config()
@@ -122,26 +122,8 @@ def test_a_timestamp_output_column_reaches_the_topic_in_utc(
                                 ) as processor:
         processor(spark.createDataFrame(rows, "user string, ts timestamp"), 0)
     assert [r.rows_out for r in processor.reports] == [2]
-    values = sorted((json.loads(v) for _, v in read_committed_values(settings, output_topic)),
+    values = sorted((v for _, v in read_committed(settings, output_topic)),
                     key=lambda value: value["user"])
     assert values == [{"user": "a", "seen": "2026-11-29 07:30:00+00:00"},
                       {"user": "b", "seen": "2026-11-29 07:30:01+00:00"}]
 
-
-def read_committed_values(settings: dict[str, Any], topic: str) -> list[tuple[bytes, bytes]]:
-    """Every committed record of ``topic`` (key, value)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**settings, "group.id": uuid.uuid4().hex, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
-    found: list[tuple[bytes, bytes]] = []
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        while True:
-            message = consumer.poll(10)
-            assert message is not None, f"no end of {topic} within 10 s"
-            if message.error():
-                return found
-            found.append((message.key(), message.value()))
-    finally:
-        consumer.close()
