@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from .sessions.connect import connect_session as connect_session
     from .sessions.session import local_session as local_session
     from .sessions.session import spark_session as spark_session
+    from .sessions.spark_versions import SparkFeature as SparkFeature
+    from .sessions.spark_versions import (
+        UnsupportedSparkVersionError as UnsupportedSparkVersionError,
+    )
     from .streaming import BATCH_EVENTS as BATCH_EVENTS
     from .streaming import BatchContext as BatchContext
     from .streaming import BatchListener as BatchListener
