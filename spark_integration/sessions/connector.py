@@ -136,7 +136,8 @@ def ensure_connector_jars(version: str | None = None) -> list[Path]:
         raise JarsUnavailableError(
             f"{exc}\nSpark's Kafka connector must match the installed PySpark ({version}); "
             "it is on Maven Central for 4.2.0, 4.1.1 and 4.0.0 but not for every release "
-            "(e.g. 4.3.0): install the pinned pyspark (pip install -e '.[spark]').") from exc
+            "(e.g. 4.2.1, 4.3.0): install a tested one (pip install 'pyspark==4.2.0', "
+            "'pyspark==4.1.1' or 'pyspark==4.0.0').") from exc
     return sorted(jars_dir.glob("*.jar"))
 
 

@@ -115,3 +115,11 @@ def test_register_turns_on_what_each_release_needs(
                 conf.unset(key)
             else:
                 conf.set(key, value)
+
+
+def test_the_set_up_installs_the_newest_tested_release() -> None:
+    import re
+    from pathlib import Path
+
+    setup = (Path(__file__).resolve().parents[2] / "scripts" / "setup.sh").read_text()
+    assert re.findall(r"^SPARK_RELEASE=(\S+)$", setup, re.M) == [TESTED_RELEASES[-1]]
