@@ -91,18 +91,23 @@ def spark_release(version: str | None = None) -> tuple[int, int, int]:
 
 @cache
 def installed_version() -> str:
-    """The installed PySpark's version (its package metadata; no import of pyspark)."""
+    """The installed PySpark's version: its package metadata (no import of pyspark), or
+    ``pyspark.__version__`` where PySpark comes from a Spark distribution's ``python``
+    directory on the path (``spark-submit``, managed platforms), which has no metadata."""
     from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        return version("pyspark")
-    except PackageNotFoundError:
+    for name in ("pyspark", "pyspark-client"):  # pyspark-client: Spark Connect's client
         try:
-            return version("pyspark-client")  # Spark Connect's pure-Python client
+            return version(name)
         except PackageNotFoundError:
-            raise UnsupportedSparkVersionError(
-                "PySpark is not installed: pip install 'kafka-changelog[spark]' (PySpark "
-                f"{_supported_text()})") from None
+            pass
+    try:
+        import pyspark
+    except ImportError:
+        raise UnsupportedSparkVersionError(
+            "PySpark is not installed: pip install 'kafka-changelog[spark]' (PySpark "
+            f"{_supported_text()})") from None
+    return str(pyspark.__version__)
 
 
 def _supported_text() -> str:

@@ -123,3 +123,21 @@ def test_the_set_up_installs_the_newest_tested_release() -> None:
 
     setup = (Path(__file__).resolve().parents[2] / "scripts" / "setup.sh").read_text()
     assert re.findall(r"^SPARK_RELEASE=(\S+)$", setup, re.M) == [TESTED_RELEASES[-1]]
+
+
+def test_a_pyspark_without_package_metadata_is_read_from_its_module(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Spark distribution's ``python`` directory on the path has no package metadata."""
+    import importlib.metadata
+
+    import pyspark
+
+    def no_metadata(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    installed_version.cache_clear()
+    try:
+        assert installed_version() == pyspark.__version__
+    finally:
+        installed_version.cache_clear()
