@@ -121,8 +121,11 @@ def test_the_set_up_installs_the_newest_tested_release() -> None:
     import re
     from pathlib import Path
 
-    setup = (Path(__file__).resolve().parents[2] / "scripts" / "setup.sh").read_text()
+    root = Path(__file__).resolve().parents[2]
+    setup = (root / "scripts" / "setup.sh").read_text()
     assert re.findall(r"^SPARK_RELEASE=(\S+)$", setup, re.M) == [TESTED_RELEASES[-1]]
+    image = (root / "docker" / "Dockerfile").read_text()
+    assert re.findall(r"^ARG SPARK_RELEASE=(\S+)$", image, re.M) == [TESTED_RELEASES[-1]]
 
 
 def test_a_pyspark_without_package_metadata_is_read_from_its_module(
