@@ -5,8 +5,8 @@ it fetched when it planned a batch, wrapped in ``Some`` without a null check (4.
 map as it is, 4.2 wraps it with ``Option``). A restarted query whose first batch is one
 Spark's offset log already planned (the driver died during it) runs that batch without
 planning it, and its progress report fails with a ``NullPointerException`` in
-``KafkaMicroBatchStream.metrics`` after the batch ran (the query stops; started again it goes
-on). :func:`prime_latest_offsets` asks such a source for its latest offsets once per run, as
+``KafkaMicroBatchStream.metrics`` after the batch ran, and the query stops.
+:func:`prime_latest_offsets` asks such a source for its latest offsets once per run, as
 planning would have, so that the report has them. Only on 4.1; a failure is logged and
 changes nothing.
 """
