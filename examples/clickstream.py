@@ -343,6 +343,10 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
             "state_sources": {str(r.batch_id): {str(s): m.state_source
                                                 for s, m in sorted(r.subtask_metrics.items())}
                               for r in processor.reports},
+            # Per batch id: where each subtask ran (its host and host-local state directory).
+            "hosts": {str(r.batch_id): {str(s): m.host
+                                        for s, m in sorted(r.subtask_metrics.items())}
+                      for r in processor.reports},
             "batch_seconds": [(round(r.seconds, 2), round(r.task_s, 2), round(r.commit_s, 2),
                                round(r.sink_s, 2)) for r in processor.reports],
             "seconds": time.monotonic() - started,

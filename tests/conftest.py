@@ -52,7 +52,7 @@ LONGEST_FIRST = (
     "tests/spark/test_timers_exactly_once.py",  # 176
     "tests/spark/test_demo.py",  # 116
     "tests/spark/test_streaming_keys.py",  # 111
-    "tests/spark/test_subtask_placement.py",  # 110
+    "tests/spark/test_subtask_placement.py",  # 180 (three hosts, two lost in turn)
     "tests/spark/test_input_offsets.py",  # 102
     "tests/spark/test_container_broker_kill.py",  # 102
     "tests/spark/test_reader.py",  # 98

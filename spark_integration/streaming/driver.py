@@ -315,7 +315,7 @@ class StatefulProcessor:
             if executors is not None and executors > 2:
                 placement, hosts = _spread_placement(spark, placement, parallelism, config,
                                                      executors - 1)
-                if hosts is not None and self._subtask_hosts.ran_on:
+                if hosts is not None and self._subtask_hosts.last_ran:
                     self._partition_subtasks = assign(hosts, self._subtask_hosts)
                 if hosts is not None:
                     logger.info("subtask placement: partition -> (subtask, host) %s", {

@@ -7,8 +7,10 @@ the driver makes a placement anew (executors joined: a host came back, a worker 
 added), the subtasks need not run in the partitions of their own numbers: the driver
 computes the new placement first, in a small job whose tasks say where each partition is
 cached (:func:`placement_hosts`), and gives each partition the subtask that has a store on
-that host (:func:`assign`), the one that ran there last first: a subtask back on a host
-it ran on catches up from its store instead of restoring from Kafka.
+that host (:func:`assign`): a subtask that stayed on its host keeps it, and a subtask back
+on a host it ran on catches up from its store instead of restoring from Kafka. (When hosts
+leave, the placement is kept: only the lost hosts' partitions are computed again,
+elsewhere.)
 
 What the driver knows of where subtasks ran comes from the tasks' reports
 (``SubtaskMetrics.host``) since the driver started (:class:`SubtaskHosts`).
@@ -36,42 +38,68 @@ def host_identity(config: StreamingStateConfig) -> str:
 
 @dataclass
 class SubtaskHosts:
-    """The hosts each subtask ran on at one parallelism (each keeps a store of it), the
-    most recent last."""
+    """The hosts each subtask ran on at one parallelism (each keeps a store of it), with
+    the batch it ran there last (counted from 1 by :meth:`record`)."""
 
     parallelism: int
-    ran_on: dict[int, list[str]] = field(default_factory=dict)
+    #: Subtask -> host -> the latest batch (a count of :meth:`record` calls) it ran there.
+    last_ran: dict[int, dict[str, int]] = field(default_factory=dict)
+    batches: int = 0
 
     def record(self, hosts: Mapping[int, str]) -> None:
         """Subtask -> the host it ran on in a batch (an empty host: not known)."""
+        self.batches += 1
         for subtask, host in hosts.items():
-            if not host:
-                continue
-            seen = self.ran_on.setdefault(subtask, [])
-            if host in seen:
-                seen.remove(host)
-            seen.append(host)
+            if host:
+                self.last_ran.setdefault(subtask, {})[host] = self.batches
 
 
 def assign(partition_hosts: Mapping[int, str], hosts: SubtaskHosts) -> tuple[int, ...]:
-    """Partition -> subtask (a permutation of ``0..parallelism-1``): each subtask takes a
-    partition on the host it ran on last among those the partitions are on, the subtasks
-    with the fewest such hosts first; the others take the partitions left, in order."""
+    """Partition -> subtask (a permutation of ``0..parallelism-1``) that keeps every
+    subtask it can on the host it ran on last, and sends the others to the host of their
+    most recent store among those the partitions are on.
+
+    Greedy, one subtask at a time: the next is the one whose best free host (where it
+    ran most recently) it left last; of those, the one whose next-best host is the
+    oldest (it has the most to lose). So when a host comes back, the subtasks that stayed
+    on theirs keep them, and the subtask that left the returning host goes back to it
+    (a catch-up from its store) rather than one that has been away longer. Subtasks with
+    no store on any free host take the partitions left, in order; the partitions of one
+    host go to its subtasks in subtask order."""
     parallelism = hosts.parallelism
-    free: dict[str, list[int]] = {}
+    free: dict[str, int] = {}
     for partition in range(parallelism):
-        free.setdefault(partition_hosts.get(partition, ""), []).append(partition)
+        host = partition_hosts.get(partition, "")
+        free[host] = free.get(host, 0) + 1
 
-    def choices(subtask: int) -> list[str]:
-        return [h for h in reversed(hosts.ran_on.get(subtask, [])) if h in free]
+    def ranked(subtask: int) -> list[int]:
+        """The batches the subtask last ran on each host with a free partition, latest
+        first (0 for a missing next-best host)."""
+        ran = hosts.last_ran.get(subtask, {})
+        latest = sorted((batch for host, batch in ran.items() if free.get(host)),
+                        reverse=True)
+        return [*latest, 0, 0]
 
+    host_of: dict[int, str] = {}
+    waiting = set(range(parallelism))
+    while True:
+        candidates = [(ranked(s)[0], -ranked(s)[1], -s, s) for s in waiting]
+        best = max((c for c in candidates if c[0] > 0), default=None)
+        if best is None:
+            break
+        subtask = best[3]
+        ran = hosts.last_ran[subtask]
+        host = max((h for h in ran if free.get(h)), key=lambda h: ran[h])
+        host_of[subtask] = host
+        free[host] -= 1
+        waiting.discard(subtask)
+    partitions_of: dict[str, list[int]] = {}
+    for partition in range(parallelism):
+        partitions_of.setdefault(partition_hosts.get(partition, ""), []).append(partition)
     subtask_of: dict[int, int] = {}
-    for subtask in sorted(range(parallelism), key=lambda s: (len(choices(s)), s)):
-        for host in choices(subtask):
-            if free[host]:
-                subtask_of[free[host].pop(0)] = subtask
-                break
-    left = iter(s for s in range(parallelism) if s not in subtask_of.values())
+    for subtask in sorted(host_of):
+        subtask_of[partitions_of[host_of[subtask]].pop(0)] = subtask
+    left = iter(sorted(waiting))
     return tuple(subtask_of[p] if p in subtask_of else next(left) for p in range(parallelism))
 
 

@@ -102,10 +102,13 @@ def executor_count(spark: Any) -> int | None:
 
 def subtask_markers(spark: Any, subtask_column: str, marker_column: str,
                     parallelism: int) -> Any:
-    """One row per subtask: ``subtask_column`` and ``marker_column`` (true)."""
+    """One row per subtask: ``subtask_column`` and ``marker_column`` (true), in
+    ``parallelism`` input partitions whatever the cores of the cluster: the plan (and
+    with it the cached placement it is found by) must not change when hosts leave or join
+    (``spark.range(n)`` splits by the cores registered at the call)."""
     from pyspark.sql import functions as F
 
-    return spark.range(parallelism).select(
+    return spark.range(0, parallelism, 1, parallelism).select(
         F.col("id").cast("int").alias(subtask_column), F.lit(True).alias(marker_column))
 
 

@@ -39,9 +39,41 @@ def test_two_partitions_on_one_host_take_two_of_its_subtasks() -> None:
     assert assign({0: "A", 1: "A", 2: "B"}, hosts) == (1, 2, 0)
 
 
+def test_when_a_host_is_back_the_subtasks_that_stayed_keep_theirs() -> None:
+    # Three hosts, one subtask each; B is lost and its subtask 1 runs on A with subtask
+    # 0; B is back: subtask 1 goes back to B, the others stay.
+    hosts = SubtaskHosts(3)
+    for _ in range(3):
+        hosts.record({0: "A", 1: "B", 2: "C"})
+    for _ in range(2):
+        hosts.record({0: "A", 1: "A", 2: "C"})
+    assert assign({0: "C", 1: "B", 2: "A"}, hosts) == (2, 1, 0)
+    # Later C is lost, its subtask 2 runs on A (next to 0), which once held subtask 1's
+    # store too; C is back: subtask 2 goes back to C, not 1 (away from A for longer).
+    for _ in range(3):
+        hosts.record({0: "A", 1: "B", 2: "C"})
+    hosts.record({0: "A", 1: "B", 2: "A"})
+    assert assign({0: "A", 1: "B", 2: "C"}, hosts) == (0, 1, 2)
+
+
+def test_of_two_subtasks_on_a_host_the_one_that_left_the_free_host_last_moves() -> None:
+    # Subtasks 1 and 2 both run on B now (C was lost twice: 2 ran there until batch 3,
+    # then 1 until batch 6); C is back and one of them must go: 1, whose store on C is
+    # the more recent (the shorter catch-up).
+    hosts = SubtaskHosts(3)
+    hosts.record({0: "A", 1: "B", 2: "C"})
+    hosts.record({0: "A", 1: "B", 2: "C"})
+    hosts.record({0: "A", 1: "C", 2: "C"})
+    hosts.record({0: "A", 1: "C", 2: "B"})
+    hosts.record({0: "A", 1: "C", 2: "B"})
+    hosts.record({0: "A", 1: "C", 2: "B"})
+    hosts.record({0: "A", 1: "B", 2: "B"})
+    assert assign({0: "A", 1: "B", 2: "C"}, hosts) == (0, 2, 1)
+
+
 def test_an_unknown_host_is_not_recorded_and_inverse_inverts() -> None:
     hosts = SubtaskHosts(2)
     hosts.record({0: "", 1: "A"})
-    assert hosts.ran_on == {1: ["A"]}
+    assert hosts.last_ran == {1: {"A": 1}}
     assert inverse((2, 0, 1)) == (1, 2, 0)
     assert inverse(inverse((2, 0, 1))) == (2, 0, 1)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from pyspark.storagelevel import StorageLevel
 
 from examples.clickstream import OUTPUT_SCHEMA, expected_state, update_user
 from examples.events import events
@@ -15,6 +16,7 @@ from spark_integration.streaming.subtask_partitioning import (
     SLOT_COLUMN,
     partition_by_subtask,
     placement_possible,
+    subtask_markers,
     subtask_placement,
 )
 
@@ -52,6 +54,21 @@ def test_with_a_placement_partition_i_holds_subtask_i_and_its_two_markers(
         assert sorted((r["p"], r["subtask"], bool(r["marker"])) for r in rows) == sorted(
             [(i % parallelism, i % parallelism, False) for i in range(60)]
             + [(i, i, True) for i in range(parallelism)] * 2)
+    finally:
+        placement.unpersist()
+
+
+@pytest.mark.parametrize("parallelism", [1, 3, 5])
+def test_the_placements_plan_does_not_follow_the_cores(spark: Any, parallelism: int) -> None:
+    # The session has 2 cores; a cluster that loses or gains a host has another count.
+    # A plan that followed it would miss the cached placement and move every subtask.
+    assert spark.sparkContext.defaultParallelism == 2
+    markers = subtask_markers(spark, "subtask", "marker", parallelism)
+    assert markers.rdd.getNumPartitions() == parallelism
+    placement = subtask_placement(spark, "subtask", "marker", parallelism)
+    try:
+        assert subtask_placement(spark, "subtask", "marker", parallelism).storageLevel == (
+            placement.storageLevel) != StorageLevel.NONE
     finally:
         placement.unpersist()
 

@@ -1,12 +1,15 @@
-"""On a cluster of two hosts, each subtask's task stays on the host of its store, and
-goes back to it when the host was lost and is back.
+"""On a cluster of three hosts, each subtask's task stays on the host of its store: when a
+host is lost, only its own subtask moves (and restores from Kafka); when the host is
+back, that subtask goes back to it and catches up from its older store.
 
-The clickstream query runs on the standalone cluster whose two workers are hosts of
-their own (own loopback address, own host-local state directory). Spark would give a
-subtask's task to either executor from batch to batch; the driver's subtask placement
-keeps it where it ran first, so after the first batch no subtask reads its state from
-Kafka (neither a restore nor a catch-up) until a host is lost, and the state and outputs
-are exact.
+The clickstream query runs at parallelism 3 on the standalone cluster, whose workers are
+hosts of their own (own loopback address, own host-local state directory), one core
+each. Spark would give a subtask's task to any executor from batch to batch; the driver's
+subtask placement keeps it where it ran first. A loss changes the cluster's core count
+(three, then two, then three again), which once changed the placement's plan: the
+surviving subtasks then swapped hosts in about two runs of three. One run of the query
+loses two hosts, one after the other (each killed -9 while the query runs, then
+restarted), so that one run of the test is two trials of a random placement.
 """
 
 from __future__ import annotations
@@ -27,37 +30,77 @@ from .test_streaming_exactly_once import assert_exactly_once
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.spark_cluster]
 
-#: The input written at first (10 batches: the loss after the third, three on one host,
-#: the rest while the lost host comes back) and once the host runs an executor again (6
-#: batches, the first ones while the executor registers with the driver): the query
-#: waits for it without a batch, however long the host takes to come back.
-FIRST_EVENTS = 1000
-LATER_EVENTS = 600
+#: The input, written in three parts (100 events a batch): the first before the query
+#: starts, each other one once a lost host runs an executor again, so that batches run
+#: on three hosts, on two, and on three again, whatever the time a host takes to come back.
+PARTS = (500, 400, 300)
 USERS = 30
+#: The workers lost, one after the other (the third host is added by the test).
+LOST = (1, 2)
+SURVIVING_SOURCES = {"reattached", "reattached-local"}
 
 
-def test_a_host_lost_and_back_gets_its_subtask_back_which_catches_up(
+def test_a_lost_host_moves_only_its_own_subtask_which_goes_back_when_the_host_is_back(
     kafka_cluster: Any, spark: Any, spark_cluster: Any, tmp_path: Path
 ) -> None:
-    """The second host's worker is killed -9 mid-run: its subtask restores on the first
-    host. When the worker is back, the driver places the subtasks anew and the subtask
-    goes back to the host of its older store, which it catches up from: the rest of the
-    run reattaches, and the state and outputs are exact."""
+    joined = spark_cluster.add_worker()
+    try:
+        summary, job = _run_losing_hosts(kafka_cluster, spark_cluster, tmp_path)
+    finally:
+        spark_cluster.remove_worker()
+    assert joined == 2
+    batches = sorted(summary["state_sources"], key=int)
+    sources = [summary["state_sources"][b] for b in batches]
+    hosts = [summary["hosts"][b] for b in batches]
+    assert set(sources[0].values()) == {"fresh"}, sources
+    assert len(set(hosts[0].values())) == 3, hosts[0]  # one subtask per host
+    losses = [i for i, batch in enumerate(sources) if "restored" in batch.values()]
+    returns = [i for i, batch in enumerate(sources) if "caught-up" in batch.values()]
+    # Each loss restores one subtask from Kafka, the lost host's, and nothing else
+    # does: the surviving subtasks stay on their hosts (with their stores) throughout.
+    assert len(losses) == len(LOST) and len(returns) == len(LOST), sources
+    for loss, back in zip(losses, returns, strict=True):
+        restored = [s for s, source in sources[loss].items() if source == "restored"]
+        caught_up = [s for s, source in sources[back].items() if source == "caught-up"]
+        assert len(restored) == 1 and len(caught_up) == 1, (loss, back, sources, hosts)
+        moved, returned = restored[0], caught_up[0]
+        assert moved == returned, (loss, back, sources)
+        assert loss < back, sources
+        # The subtask went back to the host it ran on before the loss.
+        assert hosts[back][moved] == hosts[loss - 1][moved], (moved, hosts)
+        for batch in range(loss, back):
+            survivors = {s: h for s, h in hosts[batch].items() if s != moved}
+            assert survivors == {s: h for s, h in hosts[loss - 1].items() if s != moved}, (
+                batch, hosts)
+    for i, batch in enumerate(sources[1:], start=1):
+        others = {s: source for s, source in batch.items()
+                  if not (i in losses and source == "restored")
+                  and not (i in returns and source == "caught-up")}
+        # (A stage run again after the loss may roll back a store that went past its base.)
+        assert set(others.values()) <= SURVIVING_SOURCES | {"rolled-back"}, (i, sources)
+    assert_exactly_once(job, kafka_cluster, spark, USERS, materialized=False)
+
+
+def _run_losing_hosts(kafka_cluster: Any, spark_cluster: Any, tmp_path: Path
+                      ) -> tuple[dict[str, Any], Job]:
+    """Run the query on every host of ``spark_cluster``, losing each worker of
+    :data:`LOST` in turn after a few batches and bringing it back once the query has
+    read what was written; the query's summary and the job."""
     base = cluster_engine(spark_cluster)
     engine = Engine(base.name, base.master, {
-        **base.spark_config, "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.locality.wait": "30s"})
-    # No materialization while the subtask is away: its store's changelog is the start of
+        **base.spark_config, "spark.cores.max": str(spark_cluster.cores),
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.locality.wait": "30s"})
+    total = sum(PARTS)
+    # No materialization while a subtask is away: its store's changelog is the start of
     # the checkpoint it comes back to.
-    job = Job(f"back-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
-              tmp_path / "checkpoint", FIRST_EVENTS + LATER_EVENTS, engine, per_batch=100,
-              materialization_s=3600)
-    produce_events(kafka_cluster.client_config(), job.input_topic,
-                   FIRST_EVENTS + LATER_EVENTS, USERS, end=FIRST_EVENTS)
+    job = Job(f"hosts-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
+              tmp_path / "checkpoint", total, engine, per_batch=100, materialization_s=3600)
+    settings = kafka_cluster.client_config()
+    produce_events(settings, job.input_topic, total, USERS, end=PARTS[0])
     checkpoints = WorkerResources.coordinator(job.config()).checkpoints
     log = tmp_path / "job.log"
-    proc = job.start(2, None, log)
-    lost = False
+    proc = job.start(3, None, log)
+    lost: int | None = None
     try:
         def latest() -> int:
             return max(checkpoints.checkpoint_ids(job.prefix), default=0)
@@ -65,37 +108,25 @@ def test_a_host_lost_and_back_gets_its_subtask_back_which_catches_up(
         def checkpointed(count: int) -> Callable[[], bool | None]:
             return lambda: latest() >= count or None
 
-        wait_for("checkpoint 3", checkpointed(3), proc, log)
-        spark_cluster.kill_worker(1)
-        lost = True
-        wait_for("3 checkpoints on one host", checkpointed(latest() + 3), proc, log)
-        spark_cluster.restart_worker(1)
-        lost = False
-        spark_cluster.wait_for_executor(1)
-        produce_events(kafka_cluster.client_config(), job.input_topic,
-                       FIRST_EVENTS + LATER_EVENTS, USERS, start=FIRST_EVENTS)
+        written = PARTS[0]
+        for part, worker in zip(PARTS[1:], LOST, strict=True):
+            wait_for("two batches on every host", checkpointed(latest() + 2), proc, log)
+            spark_cluster.kill_worker(worker)
+            lost = worker
+            # Everything written so far is read on the hosts left (100 events a batch).
+            wait_for(f"the batches without worker {worker}",
+                     checkpointed(written // 100), proc, log)
+            spark_cluster.restart_worker(worker)
+            lost = None
+            spark_cluster.wait_for_executor(worker)
+            produce_events(settings, job.input_topic, total, USERS, start=written,
+                           end=written + part)
+            written += part
         assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        if lost:
-            spark_cluster.restart_worker(1)  # the next tests share the cluster
-    summary = json.loads(log.read_text().strip().splitlines()[-1])
-    batches = [summary["state_sources"][b] for b in sorted(summary["state_sources"], key=int)]
-    assert set(batches[0].values()) == {"fresh"}, batches
-    # Until the loss each subtask stays with its store: neither a restore nor a catch-up.
-    loss = next(i for i, batch in enumerate(batches) if "restored" in batch.values())
-    assert loss >= 3, batches
-    for sources_before in batches[1:loss]:
-        assert set(sources_before.values()) <= {"reattached", "reattached-local"}, batches
-    sources = [s for batch in batches[1:] for s in batch.values()]
-    assert sources.count("restored") == 1, batches  # the lost host's subtask, once
-    assert sources.count("caught-up") == 1, batches  # and back on its host, once
-    moved = next(s for batch in batches for s, source in batch.items() if source == "restored")
-    back = next(s for batch in batches for s, source in batch.items() if source == "caught-up")
-    assert moved == back, batches
-    # (A stage re-run after the loss may roll back a store that went past its base.)
-    assert set(sources) <= {"reattached", "reattached-local", "rolled-back", "restored",
-                            "caught-up"}
-    assert_exactly_once(job, kafka_cluster, spark, USERS, materialized=False)
+        if lost is not None:
+            spark_cluster.restart_worker(lost)  # the next tests share the cluster
+    return json.loads(log.read_text().strip().splitlines()[-1]), job
