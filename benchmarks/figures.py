@@ -349,6 +349,21 @@ def bulk_timers_figures(data: Json) -> list[Figure]:
         for case in data["cases"]]
 
 
+def latency_figures(data: Json) -> list[Figure]:
+    """``bench_latency``: end-to-end latency against Spark's operator and Kafka sink."""
+    sides = {side["side"]: side for side in data["sides"]}
+    ours, spark = sides["ours"], sides["spark_transform_with_state"]
+    return [Figure(
+        "bench_latency",
+        f"{data['rate_per_s']:,} events/s, trigger {data['trigger']}: p99 from a record "
+        "produced to its output visible (`read_committed`), ours (exactly-once) / Spark "
+        "`transformWithStateInPandas` + Kafka sink",
+        f"{ratio(data['p99_ratio'])} (p99 {ours['p99_ms']:,.0f} against {spark['p99_ms']:,.0f}"
+        f" ms; p50 {ours['p50_ms']:,.0f} against {spark['p50_ms']:,.0f} ms; repeated outputs "
+        f"{ours['repeated_outputs']} against {spark['repeated_outputs']})",
+        "≤ 1x, exact", data["result"])]
+
+
 def incremental_figures(data: Json) -> list[Figure]:
     """``bench_incremental_materialization``: delta layers against whole key groups."""
     rows = []
@@ -411,6 +426,7 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
     ("catch_up.json", catch_up_figures),
     ("vectorized.json", vectorized_figures),
     ("bulk_timers.json", bulk_timers_figures),
+    ("latency.json", latency_figures),
     ("spark_stateful_perkey_10k_cached.json", spark_stateful("ours_rocksdb")),
     ("spark_stateful_200k_keyrows.json",
      spark_stateful("ours_rocksdb", ("median <= 0.3x", "first batch"))),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run all benchmarks from the repository root with the project's virtualenv.
-#   ./benchmarks/run.sh                  # full run (~6 min on a quiet machine),
+#   ./benchmarks/run.sh                  # full run (~10 min on a quiet machine),
 #                                        # writes benchmarks/results/latest.json
 #   BENCH_SCALE=0.1 ./benchmarks/run.sh  # smoke run (~1 min)
 # Environment: BENCH_SCALE, BENCH_QUIET_WAIT_S, BENCH_QUIET_SHARE, KAFKA_BOOTSTRAP_SERVERS

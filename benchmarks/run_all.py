@@ -29,6 +29,7 @@ from typing import Any
 
 from benchmarks import (
     bench_append_persist,
+    bench_latency,
     bench_memory_stalled,
     bench_persist_latency,
     bench_restore,
@@ -52,6 +53,7 @@ BENCHMARKS = (
     ("restore", "benchmarks.bench_restore"),
     ("state_ops", "benchmarks.bench_state_ops"),
     ("state_table", "benchmarks.bench_state_table"),
+    ("latency", "benchmarks.bench_latency"),
 )
 #: Run only when named with ``--only`` (Spark against Spark: hours at BENCH_SCALE=1), with
 #: their extra arguments: ``spark_stateful`` scales its users by BENCH_SCALE too.
@@ -83,6 +85,7 @@ def summary(results: dict[str, Any]) -> str:
         ("restore", bench_restore),
         ("state_ops", bench_state_ops),
         ("state_table", bench_state_table),
+        ("latency", bench_latency),
     ):
         lines.append(f"\n== {key} ==")
         found = results["benchmarks"].get(key)
@@ -123,6 +126,9 @@ def verdicts(results: dict[str, Any]) -> dict[str, str]:
         out["memory_stalled"] = "FAILED"
     else:
         out["memory_stalled"] = "SKIPPED" if memory.get("skipped") else memory["verdict"]
+    end_to_end = found.get("latency")
+    out["latency_p99_vs_spark"] = (end_to_end.get("result", "FAILED") if end_to_end
+                                   else "FAILED")
     stateful = found.get("spark_stateful")
     if stateful is not None:
         for target in stateful["targets"]:

@@ -158,6 +158,7 @@ def test_retention_by_age_keeps_the_count_always_and_younger_ones_too() -> None:
     # Beyond the newest two (4, 5): 1 and 2 are older than an hour, 3 is not.
     assert store.subsumed_ids("app", NOW) == [1, 2]
     assert store.retained_ids("app", NOW) == [3, 4, 5]
+    assert store.retained_checkpoints("app", NOW) == [store.get("app", i) for i in (3, 4, 5)]
     # An hour later every one but the newest two is old enough to go.
     assert store.subsumed_ids("app", NOW + 3_600_000) == [1, 2, 3]
     by_count = InMemoryCheckpointStore(retain=2)

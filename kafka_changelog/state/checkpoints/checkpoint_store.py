@@ -203,6 +203,17 @@ class CheckpointStore(ABC):
                 application, int(time.time() * 1000) if now_ms is None else now_ms))
             return [i for i in self._ids(application) if i not in subsumed]
 
+    def retained_checkpoints(self, application: str, now_ms: int | None = None
+                             ) -> list[CompletedCheckpoint]:
+        """The checkpoints :meth:`retained_ids` names, ascending, read under one refresh of
+        the view (one read of the store, not one per checkpoint)."""
+        with self._lock:
+            self._refresh()
+            subsumed = set(self._subsumed(
+                application, int(time.time() * 1000) if now_ms is None else now_ms))
+            stored = self._checkpoints.get(application, {})
+            return [stored[i] for i in self._ids(application) if i not in subsumed]
+
     def _subsumed(self, application: str, now_ms: int) -> list[int]:
         stored = self._checkpoints.get(application, {})
         ids = sorted(stored)

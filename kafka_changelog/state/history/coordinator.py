@@ -203,8 +203,7 @@ class CheckpointCoordinator:
     def retained(self) -> list[CompletedCheckpoint]:
         """Checkpoints retention keeps (newest last): the newest ``retain`` and, with
         ``retain_for_s``, older ones younger than that (``CheckpointStore.retained_ids``)."""
-        ids = self.checkpoints.retained_ids(self.application)
-        return [self.checkpoints.get(self.application, i) for i in ids]
+        return self.checkpoints.retained_checkpoints(self.application)
 
     def collect_garbage(self, subsumed: Sequence[CompletedCheckpoint]) -> GarbageReport:
         """Remove ``subsumed`` and everything of theirs nobody needs (module docstring).
