@@ -245,7 +245,8 @@ class StatefulProcessor:
 
         Guarantees on return (docs/streaming.md, "Stopping a query"): in the driver process,
         the application's Kafka producers, consumers and admin clients are closed, its
-        driver lease is released and its heartbeat thread ended, its snapshot sweep
+        driver lease is released and its heartbeat thread ended, its garbage collection
+        of subsumed checkpoints ended (within ``COLLECTION_WAIT_S``), its snapshot sweep
         ended (or, still reading after ``SWEEP_WAIT_S``, deletes nothing); in Spark's
         Python workers that :func:`~spark_integration.streaming.worker_release.
         release_workers` reaches (every idle one in local mode), the same for their

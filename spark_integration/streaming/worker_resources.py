@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 #: reading then deletes nothing).
 SWEEP_WAIT_S = 60.0
 
+#: Seconds ``release`` waits for the driver's garbage collection of subsumed checkpoints
+#: (it runs after each commit, off the batch's path; one cut short is finished by the
+#: application's next commit).
+COLLECTION_WAIT_S = 60.0
+
 #: Seconds :meth:`WorkerResources.release` waits for this process's background
 #: materializations to be written before it stops them.
 JOB_PROCESS_WAIT_S = 60.0
@@ -105,7 +110,9 @@ class WorkerResources:
                 config.application, KafkaCheckpointStore(config.checkpoints()), snapshots,
                 storage, config.max_parallelism,
                 sweep_interval_s=config.snapshot_sweep_interval_s,
-                sweep_grace_s=config.snapshot_sweep_grace_s)
+                sweep_grace_s=config.snapshot_sweep_grace_s,
+                # Off the batch's path: the next batch need not wait for it (~0.1 s).
+                collect_in_background=True)
         return cls.coordinators[key]
 
     @classmethod
@@ -210,9 +217,10 @@ class WorkerResources:
         On return, nothing of the application runs in this process: its producers,
         consumers and admin clients are closed
         (:func:`~kafka_changelog.kafka.live_clients.live_clients` lists none of them),
-        its driver lease released and its heartbeat thread ended, its snapshot sweep
-        ended or told to delete nothing (see :data:`SWEEP_WAIT_S`). Bounded: about
-        :data:`JOB_PROCESS_WAIT_S` + :data:`STOP_GRACE_S` + :data:`SWEEP_WAIT_S` plus one
+        its driver lease released and its heartbeat thread ended, its garbage collection
+        ended (see :data:`COLLECTION_WAIT_S`), its snapshot sweep ended or told to delete
+        nothing (see :data:`SWEEP_WAIT_S`). Bounded: about :data:`JOB_PROCESS_WAIT_S` +
+        :data:`STOP_GRACE_S` + :data:`COLLECTION_WAIT_S` + :data:`SWEEP_WAIT_S` plus one
         Kafka transaction (the lease's release, within the config's ``retry_bound_s``)
         and 30 s per producer flush at most."""
         cls.stop_background()
@@ -227,8 +235,13 @@ class WorkerResources:
                                    config.operator_id)
         coordinator = cls.coordinators.pop(resources, None)
         if coordinator is not None:
-            # Its clients are closed next: let a running sweep finish (a sweep cut short
-            # only leaves chunks for the next one).
+            # Its clients are closed next: let a running collection and sweep finish (a
+            # collection cut short is finished by the next commit; a sweep cut short only
+            # leaves chunks for the next one).
+            if not coordinator.wait_for_collection(COLLECTION_WAIT_S):
+                logger.warning("application %s: the garbage collection of subsumed "
+                               "checkpoints still runs after %.0f s; the next commit "
+                               "finishes it", config.application, COLLECTION_WAIT_S)
             if not coordinator.stop_sweeps(SWEEP_WAIT_S):
                 logger.warning("application %s: the snapshot sweep still reads after %.0f "
                                "s; it deletes nothing now", config.application, SWEEP_WAIT_S)
@@ -240,6 +253,5 @@ class WorkerResources:
             storage.close()
 
 
-__all__ = ["JOB_PROCESS_WAIT_S", "STOP_GRACE_S", "SWEEP_WAIT_S", "WorkerResources",
-           "backend_key", "resource_key",
-           "subtask_transactional_id"]
+__all__ = ["COLLECTION_WAIT_S", "JOB_PROCESS_WAIT_S", "STOP_GRACE_S", "SWEEP_WAIT_S",
+           "WorkerResources", "backend_key", "resource_key", "subtask_transactional_id"]

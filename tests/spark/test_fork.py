@@ -149,10 +149,14 @@ def test_forks_continue_independently_and_survive_each_others_gc_and_reset(
         green_input = [[("bob", 100)], [("cat", 200), ("fay", 1)], [("ann", 1000)]]
         with processor(blue) as run_blue, processor(green) as run_green:
             pairs = zip(blue_input, green_input, strict=True)
+            # (The driver collects garbage after each commit in the background.)
+            gcs = (WorkerResources.coordinator(blue), WorkerResources.coordinator(green))
             for batch_id, (blue_rows, green_rows) in enumerate(pairs, start=2):
                 run_blue(frame(blue_rows), batch_id)
+                assert gcs[0].wait_for_collection(60)
                 apply(blue_expected, blue_rows)
                 run_green(frame(green_rows), batch_id)
+                assert gcs[1].wait_for_collection(60)
                 apply(green_expected, green_rows)
             for coordinator in (WorkerResources.coordinator(blue),
                                 WorkerResources.coordinator(green)):

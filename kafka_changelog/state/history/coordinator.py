@@ -73,12 +73,19 @@ class CheckpointCoordinator:
         state_backend: StateBackendConfig | None = None,
         sweep_interval_s: float | None = None,
         sweep_grace_s: float = DEFAULT_SWEEP_GRACE_S,
+        collect_in_background: bool = False,
     ) -> None:
         """``state_backend`` is the working copy of the backends :meth:`restore_keyed`
         builds (default: in memory). ``sweep_interval_s``: after a commit, sweep the
         snapshot topic (:meth:`sweep_chunks`, in a background thread) when the last sweep
         of this coordinator is this old, or none ran yet (None: only when called);
-        ``sweep_grace_s``: see :mod:`~kafka_changelog.state.snapshots.chunk_sweep`."""
+        ``sweep_grace_s``: see :mod:`~kafka_changelog.state.snapshots.chunk_sweep`.
+        ``collect_in_background``: :meth:`complete` returns once the checkpoint is durable
+        and its garbage is collected by a thread of this coordinator, one collection at
+        a time (a commit during one leaves its subsumed checkpoints to the next round,
+        which takes what the store then names subsumed); :meth:`wait_for_collection`
+        waits for it. Safe because nothing a later checkpoint needs is ever collected
+        (module docstring); a crash mid-collection is finished by a later commit."""
         self.application = application
         self.checkpoints = checkpoint_store
         self.snapshots = snapshot_store
@@ -97,6 +104,12 @@ class CheckpointCoordinator:
         self._sweeps_stopped = threading.Event()
         #: Whether this coordinator guarded its application's first writes already.
         self._guarded = False
+        self.collect_in_background = collect_in_background
+        #: The running background collection (None: none) and whether a commit asked for
+        #: another round meanwhile.
+        self._collection: threading.Thread | None = None
+        self._collect_again = False
+        self._collection_lock = threading.Lock()
 
     def complete(
         self, checkpoint_id: int, subtasks: Iterable[SubtaskState],
@@ -118,10 +131,50 @@ class CheckpointCoordinator:
             self.max_parallelism, tuple(subtasks), self._log_floors(),
             dict(properties or {}))
         subsumed = self.checkpoints.commit(checkpoint, persist)
-        if subsumed:
+        if subsumed and self.collect_in_background:
+            self._collect_in_background(subsumed)
+        elif subsumed:
             self.last_garbage = self.collect_garbage(subsumed)
         self._sweep_when_due()
         return checkpoint
+
+    def wait_for_collection(self, timeout_s: float | None = None) -> bool:
+        """Wait for the background garbage collection (``collect_in_background``), if one
+        runs; whether none runs any more."""
+        with self._collection_lock:
+            thread = self._collection
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
+    def _collect_in_background(self, subsumed: Sequence[CompletedCheckpoint]) -> None:
+        with self._collection_lock:
+            if self._collection is not None:
+                self._collect_again = True
+                return
+            self._collection = threading.Thread(
+                target=self._collecting, args=(list(subsumed),),
+                name=f"kafka-changelog-gc-{self.application}", daemon=True)
+            self._collection.start()
+
+    def _collecting(self, subsumed: list[CompletedCheckpoint]) -> None:
+        while True:
+            self.last_garbage = self.collect_garbage(subsumed)  # never raises
+            with self._collection_lock:
+                if not self._collect_again:
+                    self._collection = None
+                    return
+                self._collect_again = False
+            try:
+                ids = self.checkpoints.subsumed_ids(self.application)
+                subsumed = [self.checkpoints.get(self.application, i) for i in ids]
+            except Exception as exc:  # the next commit collects again
+                logger.warning("application %s: garbage collection stopped, retried at the "
+                               "next commit: %s", self.application, exc)
+                with self._collection_lock:
+                    self._collection = None
+                return
 
     def sweep_chunks(self) -> SweepReport:
         """Tombstone the snapshot chunks no checkpoint can name any more (the rules:
