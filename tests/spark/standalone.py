@@ -450,6 +450,9 @@ class LocalSparkCluster:
         assert self._root is not None and self._master is not None
         host = self.worker_host(index)
         directory = self._root / f"spark-worker-{index}"
+        # A worker removed before had this index: the new one is another host, whose disk
+        # holds nothing of it.
+        shutil.rmtree(directory, ignore_errors=True)
         (directory / "work").mkdir(parents=True)
         port, webui = free_ports(2, host)
         env = {}
