@@ -27,7 +27,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 # The project is installed editable: a venv made from another clone is pointed at this one.
-source_root=$("$venv/bin/python" -c \
+# Asked from outside the clone: here its own directory would be found first, whatever the
+# venv points at (and pytest imports the library through its plugin before any test).
+source_root=$(cd / && "$venv/bin/python" -c \
   'import kafka_changelog, pathlib; print(pathlib.Path(kafka_changelog.__file__).parents[1])')
 if [ "$source_root" != "$PWD" ]; then
   "$venv/bin/python" -m pip install -q --no-deps -e . >&2

@@ -30,6 +30,12 @@ def test_the_change_feed_and_version_checks_pass_on_an_older_pyspark(version: st
     python = Path(made.stdout.strip().splitlines()[-1])
     assert subprocess.run([python, "-c", "import pyspark; print(pyspark.__version__)"],
                           capture_output=True, text=True).stdout.strip() == version
+    # The venv runs this clone's library wherever it is imported from (pytest imports it
+    # through its plugin, before the clone is on the path; Spark's workers run elsewhere).
+    where = "import kafka_changelog; print(kafka_changelog.__file__)"
+    library = subprocess.run([python, "-c", where], capture_output=True, text=True,
+                             cwd="/").stdout.strip()
+    assert Path(library).is_relative_to(ROOT), (library, ROOT)
     # The nested run starts its own broker and Spark; the outer run's class archive is for
     # another Spark's jars (a JVM that cannot map it runs without it).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
