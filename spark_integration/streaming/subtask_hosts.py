@@ -67,35 +67,36 @@ def assign(partition_hosts: Mapping[int, str], hosts: SubtaskHosts) -> tuple[int
     no store on any free host take the partitions left, in order; the partitions of one
     host go to its subtasks in subtask order."""
     parallelism = hosts.parallelism
-    free: dict[str, int] = {}
+    partitions_of: dict[str, list[int]] = {}
     for partition in range(parallelism):
-        host = partition_hosts.get(partition, "")
-        free[host] = free.get(host, 0) + 1
+        partitions_of.setdefault(partition_hosts.get(partition, ""), []).append(partition)
+    free = {host: len(partitions) for host, partitions in partitions_of.items()}
 
-    def ranked(subtask: int) -> list[int]:
-        """The batches the subtask last ran on each host with a free partition, latest
-        first (0 for a missing next-best host)."""
+    def ranked(subtask: int) -> list[tuple[int, str]]:
+        """(the batch the subtask last ran there, host) of each host with a free
+        partition, latest first (a subtask runs on one host per batch: no ties)."""
         ran = hosts.last_ran.get(subtask, {})
-        latest = sorted((batch for host, batch in ran.items() if free.get(host)),
-                        reverse=True)
-        return [*latest, 0, 0]
+        return sorted(((batch, host) for host, batch in ran.items() if free.get(host)),
+                      reverse=True)
 
     host_of: dict[int, str] = {}
     waiting = set(range(parallelism))
     while True:
-        candidates = [(ranked(s)[0], -ranked(s)[1], -s, s) for s in waiting]
-        best = max((c for c in candidates if c[0] > 0), default=None)
+        best: tuple[tuple[int, int, int], int, str] | None = None
+        for subtask in waiting:
+            choices = ranked(subtask)
+            if not choices:
+                continue
+            next_best = choices[1][0] if len(choices) > 1 else 0
+            key = (choices[0][0], -next_best, -subtask)
+            if best is None or key > best[0]:
+                best = (key, subtask, choices[0][1])
         if best is None:
             break
-        subtask = best[3]
-        ran = hosts.last_ran[subtask]
-        host = max((h for h in ran if free.get(h)), key=lambda h: ran[h])
+        _, subtask, host = best
         host_of[subtask] = host
         free[host] -= 1
         waiting.discard(subtask)
-    partitions_of: dict[str, list[int]] = {}
-    for partition in range(parallelism):
-        partitions_of.setdefault(partition_hosts.get(partition, ""), []).append(partition)
     subtask_of: dict[int, int] = {}
     for subtask in sorted(host_of):
         subtask_of[partitions_of[host_of[subtask]].pop(0)] = subtask

@@ -199,9 +199,7 @@ class CheckpointStore(ABC):
         what can be restored, read or rewound to."""
         with self._lock:
             self._refresh()
-            subsumed = set(self._subsumed(
-                application, int(time.time() * 1000) if now_ms is None else now_ms))
-            return [i for i in self._ids(application) if i not in subsumed]
+            return self._retained(application, now_ms)
 
     def retained_checkpoints(self, application: str, now_ms: int | None = None
                              ) -> list[CompletedCheckpoint]:
@@ -209,10 +207,13 @@ class CheckpointStore(ABC):
         the view (one read of the store, not one per checkpoint)."""
         with self._lock:
             self._refresh()
-            subsumed = set(self._subsumed(
-                application, int(time.time() * 1000) if now_ms is None else now_ms))
             stored = self._checkpoints.get(application, {})
-            return [stored[i] for i in self._ids(application) if i not in subsumed]
+            return [stored[i] for i in self._retained(application, now_ms)]
+
+    def _retained(self, application: str, now_ms: int | None) -> list[int]:
+        subsumed = set(self._subsumed(
+            application, int(time.time() * 1000) if now_ms is None else now_ms))
+        return [i for i in self._ids(application) if i not in subsumed]
 
     def _subsumed(self, application: str, now_ms: int) -> list[int]:
         stored = self._checkpoints.get(application, {})
