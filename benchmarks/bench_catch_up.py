@@ -16,7 +16,8 @@ seconds). Two cases:
   reads only those key groups' newer layers, then the changelog since.
 
 Every catch-up is checked: the state restored from Kafka alone at the checkpoint after it
-equals the model, key by key. **Target** (issue #27): a catch-up costs at most 0.2x the full
+equals the model, key by key, and the caught-up store's entry count is the model's.
+**Target** (issue #27): a catch-up costs at most 0.2x the full
 restore of the same state.
 
 Run: ``python -m benchmarks.bench_catch_up [--json FILE] [--keys K]`` (default
@@ -197,6 +198,9 @@ def run_case(broker: Broker, name: str, keys: list[bytes], rng: random.Random) -
         catch_up = back.catch_up
         assert catch_up is not None
         changelog_bytes = sum(c.state_size for c in catch_up.changelog)
+        assert subtask.cached is not None
+        # The caught-up store's entry count (taken from the checkpoint) is the model's.
+        counted = subtask.cached.backend.state_rows()
         wrong = subtask.mismatches()
         snapshot = subtask.handles[subtask.checkpoint_id].snapshot
         ratio = back.seconds / restored.seconds
@@ -210,7 +214,9 @@ def run_case(broker: Broker, name: str, keys: list[bytes], rng: random.Random) -
             "changelog_bytes_replayed": changelog_bytes,
             "snapshot_bytes": snapshot.state_size if snapshot is not None else 0,
             "mismatched_keys": wrong,
-            "verdict": verdict(ratio <= TARGET_RATIO and wrong == 0),
+            "entry_count": counted, "entry_count_exact": counted == len(subtask.model),
+            "verdict": verdict(ratio <= TARGET_RATIO and wrong == 0
+                               and counted == len(subtask.model)),
         }
 
 

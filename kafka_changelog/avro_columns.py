@@ -6,8 +6,9 @@ little-endian varint) of its values, column by column: exactly what
 :func:`~kafka_changelog.avro_binary.zigzag_varint` of each value joined gives (tested), at
 a few nanoseconds per value instead of a Python call each.
 
-Decoding (the Spark reader's column-wise decoders, :mod:`spark_integration.reader.op_columns` and
-:mod:`spark_integration.reader.change_columns`): every reading function takes an array of
+Decoding (the column-wise decoders of records, :mod:`kafka_changelog.kafka.record_columns`, and
+of state ops, :mod:`kafka_changelog.state.schema.op_columns`, which restores and the Spark
+reader use): every reading function takes an array of
 positions into one byte buffer and reads the same kind of value at each of them. Only
 well-formed input is read: anything :func:`~kafka_changelog.avro_binary.read_long` would
 refuse (a varint longer than 10 bytes or beyond 64 bits, a position past the data) gives

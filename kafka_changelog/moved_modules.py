@@ -93,7 +93,7 @@ MOVED_MODULES: dict[str, str] = {
     "spark_integration.key_rows": "spark_integration.streaming.key_rows",
     "spark_integration.key_runs": "spark_integration.streaming.key_runs",
     "spark_integration.metrics": "spark_integration.streaming.metrics",
-    "spark_integration.op_columns": "spark_integration.reader.op_columns",
+    "spark_integration.op_columns": "kafka_changelog.state.schema.op_columns",
     "spark_integration.output_rows": "spark_integration.streaming.output_rows",
     "spark_integration.packing": "spark_integration.reader.packing",
     "spark_integration.planning": "spark_integration.reader.planning",

@@ -8,11 +8,12 @@ for its handles (:meth:`StateChangelogStorage.reader`); a handle never reads its
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from .change import StateChange
+from .change_columns import DecodedChanges
 from .errors import ChangelogError
 from .handle import ChangelogHandle
 
@@ -29,6 +30,16 @@ class StateChangelogReader(ABC, Generic[H]):
 
         A piece of log that is gone is an error naming where (never fewer changes).
         """
+
+    def read_columns(self, handles: Sequence[H]) -> DecodedChanges | None:
+        """The changes of ``handles`` (consecutive pieces of one log, oldest first) as
+        :meth:`read` of each in turn gives them, decoded column-wise (no object per
+        change), or None: this reader does not decode column-wise, or leaves these handles
+        to :meth:`read` (pieces it does not read together, more than fits its memory
+        budget at once, an encoding only the per-change decoder reads or one it refuses,
+        naming what is wrong). Raises what :meth:`read` raises for a piece of log that is
+        gone."""
+        return None
 
     def close(self) -> None:
         """Release clients (idempotent)."""

@@ -10,7 +10,7 @@ go on from, or raises.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -84,4 +84,82 @@ def consume_range(
                 position = offset + 1
                 yield message
     finally:
+        consumer.unassign()
+
+
+#: Seconds one consume call of :func:`consume_ranges` waits for its batch to fill: the
+#: ranges' offsets include transaction markers, so the last call of a read always waits it
+#: out (once per read, not once per partition).
+RANGES_WAIT_S = 0.005
+
+#: ``on_error(partition, error, position) -> position``: :data:`ErrorHandler` of a partition.
+PartitionErrorHandler = Callable[[int, KafkaError, int], int]
+
+
+def consume_ranges(
+    consumer: Consumer, topic: str, ranges: Sequence[tuple[int, int, int]], timeout_s: float,
+    on_error: PartitionErrorHandler, *, batch: int = BATCH,
+) -> Iterator[Message]:
+    """The messages at offsets ``start <= offset < end`` of each ``(partition, start, end)``
+    of ``topic`` (one range per partition), read at once: every partition is assigned, so
+    each fetch request asks for all of them (one round trip, not one per partition).
+
+    Each partition's messages come in offset order; partitions interleave. A partition is
+    paused once its range is read. Waits up to ``timeout_s`` for each next message (a
+    stalled broker is an error naming a position), hands errors to ``on_error`` as
+    :func:`consume_range` does, and unassigns the consumer afterwards.
+    """
+    ends = {partition: end for partition, start, end in ranges if end > start}
+    positions = {partition: start for partition, start, end in ranges if end > start}
+    if len(ends) != sum(1 for _, start, end in ranges if end > start):
+        raise ValueError(f"one range per partition of {topic}, got {list(ranges)}")
+    if not positions:
+        return
+    consumer.assign([TopicPartition(topic, p, start) for p, start in positions.items()])
+    paused: list[TopicPartition] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while positions:
+            left = sum(ends[p] - at for p, at in positions.items())
+            messages = consumer.consume(min(batch, left), timeout=RANGES_WAIT_S)
+            if not messages:
+                if time.monotonic() > deadline:
+                    partition, position = next(iter(positions.items()))
+                    raise ChangelogError(
+                        f"timed out reading {topic}[{partition}] at offset {position} "
+                        f"(range ends at {ends[partition]})")
+                continue
+            deadline = time.monotonic() + timeout_s
+            done = len(paused)
+            for message in messages:
+                partition = message.partition() or 0
+                if partition not in positions:
+                    continue  # fetched before its partition was paused
+                position = positions[partition]
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                        continue  # librdkafka looks the group up; an assigned reader needs none
+                    if end_of_partition(error):
+                        position = max(position, message.offset() or 0)
+                    position = on_error(partition, error, position)
+                else:
+                    offset = message.offset() or 0
+                    if offset < position:
+                        continue  # prefetched before the assignment
+                    if offset < ends[partition]:
+                        position = offset + 1
+                        yield message
+                    else:
+                        position = offset
+                if position >= ends[partition]:
+                    del positions[partition]
+                    paused.append(TopicPartition(topic, partition))
+                else:
+                    positions[partition] = position
+            if len(paused) > done:  # one call for the partitions done (~1 ms each)
+                consumer.pause(paused[done:])
+    finally:
+        if paused:  # a partition assigned again later would stay paused
+            consumer.resume(paused)
         consumer.unassign()

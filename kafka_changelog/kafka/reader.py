@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message
 
+from ..avro_columns import padded
 from ..change import META_KEY_GROUP, StateChange, new_unchecked
+from ..change_columns import DecodedChanges
 from ..errors import ChangelogError, ChangelogTruncatedError, RecordDecodeError
+from ..keygroups import KeyGroupRange
 from ..reader import StateChangelogReader, wrong_handle
 from .config import KafkaChangelogConfig
-from .consume import BATCH, consume_range, end_of_partition
+from .consume import BATCH, consume_range, consume_ranges, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
 from .live_clients import new_consumer
 from .offsets import watermarks
+from .record_columns import ChangeFilter, RecordGroup, in_log_order, kept_columns
 from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
 from .spill_sort import BUDGET_BYTES, Entry, SpillingSorter
 
 
 class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
-    """Reads the changes of Kafka handles with reused consumers (read-only: READ ACLs).
+    """Reads the changes of Kafka handles with one reused consumer (read-only: READ ACLs).
 
-    A handle of several ranges is read with two consumers: while one reads a range, the
-    other is already fetching the next one, so each move to another partition costs no
-    fetch round trip.
+    A handle's ranges are read at once, every partition assigned to one consumer: each
+    fetch asks for all of them, so a handle of many partitions costs one round trip, not
+    one per partition (:func:`~.consume.consume_ranges`).
 
     Memory is bounded whatever the length of a handle's tail: the changes read are
     held up to ``memory_budget_bytes`` (payloads plus ~100 bytes a change), then sorted
@@ -50,8 +55,6 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         self._timeout = timeout_s if timeout_s is not None else config.request_timeout_s
         self._consumer = new_consumer(config.consumer(),
                                       f"reader of changelog topic {config.topic}")
-        self._spare: Consumer | None = None
-        self._last_value_bytes = 0
         # Records held at once by a consume call: a quarter of the budget at most.
         self._batch = min(BATCH, max(1, memory_budget_bytes // 4 // config.max_record_bytes))
         self.records_read = 0
@@ -71,21 +74,21 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         if not isinstance(handle, KafkaChangelogHandle):
             raise wrong_handle(self, handle)
         collected = SpillingSorter(self._budget, self._spill_directory)
-        ranges = [r for r in handle.ranges if r.end_offset > r.start_offset]
-        consumers = [self._consumer]
-        if len(ranges) > 1:
-            if self._spare is None:
-                self._spare = new_consumer(self._config.consumer(),
-                                           f"reader of changelog topic {self._config.topic}")
-            consumers.append(self._spare)
+        first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
+        lowest, highest = handle.key_group_range.start, handle.key_group_range.end
         try:
-            for index, partition_range in enumerate(ranges):
-                consumer = consumers[index % len(consumers)]
-                if index == 0:
-                    _assign(consumer, handle.topic, partition_range)
-                if index + 1 < len(ranges):  # fetched while this one is read
-                    _assign(consumers[(index + 1) % 2], handle.topic, ranges[index + 1])
-                self._read_range(handle, partition_range, collected, consumer)
+            for partition, offset, value in self._handle_values(handle):
+                kept: list[Entry] = []
+                keep = kept.append
+                for c in decode_log_record(handle.topic, partition, offset, value,
+                                           handle.log_id):
+                    sqn, key_group = c["sequence_number"], c["key_group"]
+                    if first_sqn <= sqn <= last_sqn and (
+                        key_group == META_KEY_GROUP or lowest <= key_group <= highest
+                    ):
+                        keep((sqn, c["index"], key_group, c["payload"]))
+                # The record's value bounds its kept payloads: counted once per record.
+                collected.extend(kept, len(value))
             self.spilled_runs = collected.spilled_runs
             # Equal (sequence number, position) pairs are copies from retried uploads.
             previous = None
@@ -97,26 +100,63 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
             self.peak_held_bytes = collected.peak_held_bytes
             collected.close()  # deletes the spilled runs, also on errors
 
-    def _read_range(
-        self,
-        handle: KafkaChangelogHandle,
-        r: PartitionRange,
-        collected: SpillingSorter,
-        consumer: Consumer,
-    ) -> None:
-        first_sqn, last_sqn = handle.from_sequence_number, handle.to_sequence_number
-        lowest, highest = handle.key_group_range.start, handle.key_group_range.end
-        for _, changes in self.log_records(handle.topic, r, handle.log_id, consumer):
-            kept: list[Entry] = []
-            keep = kept.append
-            for c in changes:
-                sqn, key_group = c["sequence_number"], c["key_group"]
-                if first_sqn <= sqn <= last_sqn and (
-                    key_group == META_KEY_GROUP or lowest <= key_group <= highest
-                ):
-                    keep((sqn, c["index"], key_group, c["payload"]))
-            # The record's value bounds its kept payloads: counted once per record.
-            collected.extend(kept, self._last_value_bytes)
+    def read_columns(self, handles: Sequence[KafkaChangelogHandle]) -> DecodedChanges | None:
+        """The changes of ``handles`` as :meth:`read` of each in turn gives them, decoded
+        column-wise (:mod:`.record_columns`): read into one buffer, kept, ordered and rid of
+        copies with NumPy. Several handles are read together, one range per partition, when
+        they are consecutive pieces of one log (see :func:`merged_pieces`).
+
+        None for pieces not read together, for more than half the memory budget (the
+        records and their padded copy are held at once), or for a record the column-wise
+        decoder leaves to the per-change one: :meth:`read` reads those (and names what is
+        wrong)."""
+        for piece in handles:
+            if not isinstance(piece, KafkaChangelogHandle):
+                raise wrong_handle(self, piece)
+        handle = merged_pieces(handles)
+        if handle is None or handle.state_size > self._budget // 2:
+            return None
+        log_id = handle.log_id.encode()
+        group = RecordGroup()
+        values = self._handle_values(handle)
+        try:
+            for _, offset, value in values:
+                group.add(offset, value, log_id)
+                if not group.columnar:
+                    return None
+        finally:
+            values.close()  # unassigns the consumer, also when left early
+        data = b"".join(group.values)
+        buffer, limit = padded(data)
+        kept = kept_columns(group, buffer, limit, ChangeFilter(
+            handle.from_sequence_number, handle.to_sequence_number,
+            handle.key_group_range.start, handle.key_group_range.end))
+        if kept is None:
+            return None
+        ordered = in_log_order(kept)
+        return DecodedChanges(data, buffer, limit, ordered.key_groups, ordered.payload_starts,
+                              ordered.payload_lengths)
+
+    def _handle_values(self, handle: KafkaChangelogHandle) -> Generator[tuple[int, int, bytes]]:
+        """(partition, offset, value) of every record of the handle's log in its ranges,
+        values not decoded (the schema header checked), all partitions read at once
+        (:func:`~.consume.consume_ranges`): each partition's records in offset order."""
+        ranges = {r.partition: r for r in _spans(handle.ranges)}
+        log_key = handle.log_id.encode()
+
+        def on_error(partition: int, error: KafkaError, position: int) -> int:
+            return self._after_error(handle.topic, ranges[partition], handle.log_id,
+                                     position, error)
+
+        for message in consume_ranges(
+                self._consumer, handle.topic,
+                [(r.partition, r.start_offset, r.end_offset) for r in ranges.values()],
+                self._timeout, on_error, batch=self._batch):
+            if message.key() == log_key:
+                partition = message.partition() or 0
+                offset = message.offset() or 0
+                yield partition, offset, self._checked_value(handle.topic, partition, offset,
+                                                             message)
 
     def log_records(
         self, topic: str, r: PartitionRange, log_id: str, consumer: Consumer | None = None,
@@ -150,17 +190,21 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
             if message.key() != log_key:
                 continue
             offset = message.offset() or 0
-            value = message.value() or b""
-            self.records_read += 1
-            self.bytes_read += len(value)
-            self._last_value_bytes = len(value)
-            try:
-                headers = message.headers()
-                check_schema_header(
-                    list(headers.items()) if isinstance(headers, dict) else headers)
-            except UnknownSchemaError as exc:
-                raise RecordDecodeError(topic, r.partition, offset, str(exc)) from exc
-            yield offset, value
+            yield offset, self._checked_value(topic, r.partition, offset, message)
+
+    def _checked_value(self, topic: str, partition: int, offset: int, message: Message
+                       ) -> bytes:
+        """A record's value, counted, its schema header checked (an unknown schema is a
+        :class:`RecordDecodeError` naming the offset)."""
+        value = message.value() or b""
+        self.records_read += 1
+        self.bytes_read += len(value)
+        try:
+            headers = message.headers()
+            check_schema_header(list(headers.items()) if isinstance(headers, dict) else headers)
+        except UnknownSchemaError as exc:
+            raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
+        return value
 
     def _after_error(
         self, topic: str, r: PartitionRange, log_id: str, position: int, error: KafkaError
@@ -201,8 +245,6 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
     def close(self) -> None:
         """Close the consumers."""
         self._consumer.close()
-        if self._spare is not None:
-            self._spare.close()
 
 
 def decode_log_record(topic: str, partition: int, offset: int, value: bytes,
@@ -219,5 +261,44 @@ def decode_log_record(topic: str, partition: int, offset: int, value: bytes,
     return changes
 
 
-def _assign(consumer: Consumer, topic: str, r: PartitionRange) -> None:
-    consumer.assign([TopicPartition(topic, r.partition, r.start_offset)])
+def merged_pieces(handles: Sequence[KafkaChangelogHandle]) -> KafkaChangelogHandle | None:
+    """One handle reading what ``handles`` hold, or None when they are not consecutive
+    pieces of one log (same log, topic and key groups, each piece's sequence numbers
+    right after the one before).
+
+    Its range in a partition spans the pieces' ranges there: the records between them
+    are other logs' (skipped) or copies of the pieces' own changes from retried uploads
+    (dropped as copies); its sequence numbers span the pieces', which follow one another,
+    so it keeps exactly their changes.
+    """
+    if not handles:
+        return None
+    first = handles[0]
+    if len(handles) == 1:
+        return first
+    for before, after in itertools.pairwise(handles):
+        if (after.log_id != first.log_id or after.topic != first.topic
+                or after.key_group_range != first.key_group_range
+                or after.from_sequence_number != before.to_sequence_number + 1):
+            return None
+    return KafkaChangelogHandle(first.log_id, first.topic, first.key_group_range,
+                                _spans([r for h in handles for r in h.ranges]),
+                                first.from_sequence_number, handles[-1].to_sequence_number,
+                                first.meta_partition)
+
+
+def _spans(ranges: Sequence[PartitionRange]) -> list[PartitionRange]:
+    """One range per partition spanning the non-empty ``ranges`` in it (what lies between
+    two ranges of a log is other logs' records or copies of its own)."""
+    spans: dict[int, PartitionRange] = {}
+    for r in ranges:
+        if r.end_offset <= r.start_offset:
+            continue
+        seen = spans.get(r.partition)
+        spans[r.partition] = r if seen is None else PartitionRange(
+            r.partition, min(seen.start_offset, r.start_offset),
+            max(seen.end_offset, r.end_offset),
+            KeyGroupRange(min(seen.key_groups.start, r.key_groups.start),
+                          max(seen.key_groups.end, r.key_groups.end)),
+            seen.record_bytes + r.record_bytes)
+    return list(spans.values())

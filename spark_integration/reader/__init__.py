@@ -7,7 +7,8 @@ planning in :mod:`.planning`, :mod:`.packing`, :mod:`.pushdown`, :mod:`.selected
 :mod:`.feed_planning` and :mod:`.checkpoint_changes`. Worker side, without pyspark:
 :mod:`.task_reading` and :mod:`.feed_reading` (one input partition), :mod:`.scan`
 (offset slices, snapshot chunks), :mod:`.rows`, :mod:`.timer_rows`,
-:mod:`.change_columns`, :mod:`.op_columns`, :mod:`.change_arrow` (Arrow batches), the
+:mod:`.change_columns`, :mod:`.change_arrow` (Arrow batches; the ops' fields are read by
+:mod:`kafka_changelog.state.schema.op_columns`, which restores use too), the
 schemas (:mod:`.change_schema`, :mod:`.feed_schema`) and :mod:`.worker_gc`.
 
 The reader never imports :mod:`spark_integration.streaming` (running a query) and is

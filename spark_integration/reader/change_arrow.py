@@ -1,4 +1,5 @@
-"""Arrow arrays built from byte slices of one buffer (:class:`~.op_columns.Slices`).
+"""Arrow arrays built from byte slices of one buffer
+(:class:`~kafka_changelog.state.schema.op_columns.Slices`).
 
 Each column is built with one copy of its bytes and no Python object per row: the
 offsets, the validity bitmap and the data buffer are made with NumPy and wrapped.
@@ -15,8 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from kafka_changelog.avro_columns import Bytes, gather
-
-from .op_columns import Lists, Slices
+from kafka_changelog.state.schema.op_columns import Lists, Slices
 
 #: Bytes an Arrow ``binary`` column may hold (32-bit offsets).
 MAX_BINARY_BYTES = (1 << 31) - 1

@@ -26,10 +26,15 @@ def storage_config(cluster: Any, **overrides: Any) -> KafkaChangelogConfig:
 
 
 def changes_of(handle: ChangelogHandle | None, config: KafkaChangelogConfig) -> list[StateChange]:
-    """The changes of a Kafka handle, read with a reader of ``config``'s cluster."""
+    """The changes of a Kafka handle, read with a reader of ``config``'s cluster; the
+    column-wise read, when it decodes the handle, gives exactly the same."""
     assert handle is not None
     with KafkaChangelogReader(config) as reader:
-        return list(reader.read(handle))
+        changes = list(reader.read(handle))
+        columns = reader.read_columns([handle])
+        if columns is not None:
+            assert list(columns.changes()) == changes
+        return changes
 
 
 def check_appends_bounded_while_paused(cluster: Any, pause: Callable[[], None],

@@ -76,6 +76,8 @@ class Subtask:
             backend.state(COUNT).clear()
             self.model.pop(user, None)
         handle = backend.snapshot(checkpoint_id).result(60)
+        # The count the checkpoint records (what a catch-up to it takes) is exact.
+        assert handle.entry_count == len(self.model), (handle.entry_count, len(self.model))
         encoded = SubtaskState("op", 0, 1, handle, None).to_bytes()
         host_store.materialize_in_background(attached, checkpoint_id, encoded,
                                              materialization)

@@ -21,14 +21,15 @@ from hypothesis import strategies as st
 from kafka_changelog.avro_binary import AvroDecodeError, read_long, zigzag_varint
 from kafka_changelog.avro_columns import padded, read_longs
 from kafka_changelog.kafka.reader import decode_log_record
+from kafka_changelog.kafka.record_columns import change_starts
 from kafka_changelog.kafka.record_format import RawChange, empty_value, encode_changes
 from kafka_changelog.keys import encode_key
 from kafka_changelog.state.schema.kinds import StateKind
+from kafka_changelog.state.schema.op_columns import MAX_ITEMS
 from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 from spark_integration.reader import change_columns
-from spark_integration.reader.change_columns import change_starts, column_change_batches
+from spark_integration.reader.change_columns import column_change_batches
 from spark_integration.reader.change_schema import CHANGES_SCHEMA
-from spark_integration.reader.op_columns import MAX_ITEMS
 from spark_integration.reader.rows import change_batches
 from spark_integration.reader.scan import OffsetSlice, kept_changes
 

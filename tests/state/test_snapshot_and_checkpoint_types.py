@@ -22,6 +22,7 @@ from kafka_changelog.state.checkpoints.checkpoint import (
     KeyedStateHandle,
     OperatorStateHandle,
     SubtaskState,
+    _subtask_record,
 )
 from kafka_changelog.state.checkpoints.checkpoint_store import (
     InMemoryCheckpointStore,
@@ -292,9 +293,48 @@ class TestCheckpointTypes:
         agg = again.subtasks_of("agg")[1].keyed
         assert agg is not None and isinstance(agg.changelog[1], KafkaChangelogHandle)
 
+    def test_the_entry_count_round_trips_and_a_narrowed_handle_has_none(self) -> None:
+        counted = replace(keyed(), entry_count=1234)
+        c = CompletedCheckpoint("app", 3, 1, 16, (SubtaskState("agg", 0, 2, counted, None),))
+        again = CompletedCheckpoint.from_bytes(c.to_bytes())
+        assert again == c
+        assert again.subtasks[0].keyed is not None
+        assert again.subtasks[0].keyed.entry_count == 1234
+        assert SubtaskState.from_bytes(c.subtasks[0].to_bytes()) == c.subtasks[0]
+        assert counted.intersection(R(0, 7)) is counted
+        narrowed = counted.intersection(R(4, 7))
+        assert narrowed is not None and narrowed.entry_count is None
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_checkpoints_of_older_formats_are_read_without_a_count(self, version: int) -> None:
+        """Format 1 (0.1: no log floors, no properties) and 2 (0.2: no entry counts)."""
+        c = checkpoint(5)
+        record = {
+            "magic": "kafka-changelog-checkpoint", "format_version": version,
+            "application": c.application, "checkpoint_id": c.checkpoint_id,
+            "timestamp_ms": c.timestamp_ms, "max_parallelism": c.max_parallelism,
+            "subtasks": [_subtask_record(s) for s in c.subtasks],
+            "log_floors": [], "properties": {"k": "v"}}
+        for subtask in record["subtasks"]:
+            if subtask["keyed"] is not None:
+                del subtask["keyed"]["entry_count"]
+        if version == 1:
+            del record["log_floors"], record["properties"]
+        again = CompletedCheckpoint.from_bytes(encode(f"checkpoint_v{version}", record))
+        assert again == replace(
+            c, properties={} if version == 1 else {"k": "v"})
+        assert all(s.keyed is None or s.keyed.entry_count is None for s in again.subtasks)
+
     def test_garbage_is_refused(self) -> None:
         with pytest.raises(CheckpointFormatError, match="not a serialised checkpoint"):
             CompletedCheckpoint.from_bytes(b"\x01\x02nonsense")
+
+    def test_a_newer_format_is_refused_naming_the_versions_read(self) -> None:
+        data = CompletedCheckpoint("app", 1, 1, 16, ()).to_bytes()
+        newer = data.replace(b"\x06", b"\x08", 1)  # format version 3 -> 4 (zig-zag)
+        with pytest.raises(CheckpointFormatError, match="format version 4 is not readable "
+                                                        r"by this library \(reads 1 to 3\)"):
+            CompletedCheckpoint.from_bytes(newer)
 
     def test_validation(self) -> None:
         with pytest.raises(ValueError, match="outside"):

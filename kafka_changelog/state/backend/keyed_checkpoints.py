@@ -80,6 +80,8 @@ class KeyedCheckpoints(KeyedMaterialization):
         self._materialization.check()
         self._act_on_timer()
         upto = self._materialized_upto
+        # The table holds exactly what the log holds up to here: its count is the state's.
+        entry_count = self.table.entry_count()
         persisted = self._writer.persist(upto, checkpoint_id)
         self._checkpoints[checkpoint_id] = (upto, self._writer.next_sequence_number())
         snapshot, base = self.snapshot_handle, self._base_changelog
@@ -108,7 +110,7 @@ class KeyedCheckpoints(KeyedMaterialization):
             changelog = f.result().job_owned
             keyed = KeyedStateHandle(
                 self.backend_id, self.key_group_range, materialization_id, snapshot,
-                (*base, changelog) if changelog is not None else base)
+                (*base, changelog) if changelog is not None else base, entry_count)
             task_local: LocalKeyedStateHandle | None = None
             if local is not None:
                 try:

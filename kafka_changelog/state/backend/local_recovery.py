@@ -224,7 +224,8 @@ class LocalRecoveryStore:
             present = sorted(n for n in wanted & held if (self.directory / n).is_file())
         return LocalKeyedStateHandle(
             handle.backend_id, handle.key_group_range, handle.materialization_id,
-            handle.snapshot, handle.changelog, directory=self.directory, files=tuple(present))
+            handle.snapshot, handle.changelog, handle.entry_count, directory=self.directory,
+            files=tuple(present))
 
     def confirm_checkpoint(self, owner: str, checkpoint_id: int) -> int:
         """Checkpoint ``checkpoint_id`` of ``owner`` completed: forget the owner's older

@@ -26,6 +26,7 @@ from ..snapshots.materialization import materialized_at
 from ..snapshots.materializer import MaterializationConfig
 from ..snapshots.snapshot_store import SnapshotStore
 from ..tables.protocol import BulkLoadTable, KeyedStateTable
+from .column_replay import replay_columns
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
 
@@ -142,8 +143,15 @@ def load_keyed_state(
         load_layers(table, snapshot_store.read_layers(snapshot, key_group_range), tail)
         if tail is not None:
             return changed
+    if local is None:
+        replay_pieces(table, reader, handle.changelog, key_group_range, changed)
+        return changed
     for changelog in handle.changelog:
-        replay_changes(table, changes_of(changelog), key_group_range, changed)
+        kept = local.get_changes(changelog)
+        if kept is None:
+            replay_pieces(table, reader, [changelog], key_group_range, changed)
+        else:
+            replay_changes(table, kept, key_group_range, changed)
     return changed
 
 
@@ -207,6 +215,27 @@ def load_layers(table: KeyedStateTable, layers: Iterable[tuple[int, bytes, bool]
             apply_delta(table, key_group, data)
         else:
             table.load_group(key_group, data)
+
+
+def replay_pieces(table: KeyedStateTable, reader: StateChangelogReader[Any],
+                  pieces: Sequence[Any], key_group_range: KeyGroupRange,
+                  changed: set[int]) -> None:
+    """Read the changelog ``pieces`` (of one handle, in order) with ``reader`` and replay
+    them into ``table``: all read together and replayed column-wise
+    (:mod:`.column_replay`) when the reader can, else piece by piece (column-wise when the
+    reader decodes it so, else change by change: :func:`replay_changes`); adds the key
+    groups changed to ``changed``."""
+    if len(pieces) > 1:
+        together = reader.read_columns(pieces)
+        if together is not None and replay_columns(table, together, key_group_range,
+                                                   changed):
+            return
+    for piece in pieces:
+        columns = reader.read_columns([piece])
+        if columns is None:
+            replay_changes(table, reader.read(piece), key_group_range, changed)
+        elif not replay_columns(table, columns, key_group_range, changed):
+            replay_changes(table, columns.changes(), key_group_range, changed)
 
 
 #: Ops a replay hands the table at once (:meth:`KeyedStateTable.apply_batch`).

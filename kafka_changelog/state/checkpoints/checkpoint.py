@@ -24,8 +24,8 @@ from ..snapshots.snapshot import SnapshotHandle
 SCHEMA_NAME = "checkpoint"
 SUBTASK_SCHEMA_NAME = "subtask_state"
 #: Version 2 added ``log_floors`` and ``properties``; version 1 records still read.
-FORMAT_VERSION = 2
-_SCHEMA_OF_VERSION = {1: "checkpoint_v1", 2: SCHEMA_NAME}
+FORMAT_VERSION = 3
+_SCHEMA_OF_VERSION = {1: "checkpoint_v1", 2: "checkpoint_v2", 3: SCHEMA_NAME}
 _MAGIC = "kafka-changelog-checkpoint"
 
 
@@ -33,7 +33,11 @@ _MAGIC = "kafka-changelog-checkpoint"
 class KeyedStateHandle:
     """Keyed state of one backend: a snapshot (or none yet) plus the changelog since.
 
-    ``changelog`` is replayed in order on top of ``snapshot``.
+    ``changelog`` is replayed in order on top of ``snapshot``. ``entry_count``, when
+    known, is the number of entries of that state (what
+    :meth:`~kafka_changelog.state.tables.protocol.KeyedStateTable.entry_count` gives
+    after restoring it): the backend's count when it took the snapshot; a narrowed handle
+    has none.
     """
 
     backend_id: str
@@ -41,6 +45,7 @@ class KeyedStateHandle:
     materialization_id: int
     snapshot: SnapshotHandle | None
     changelog: tuple[ChangelogHandle, ...]
+    entry_count: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "changelog", tuple(self.changelog))
@@ -285,6 +290,7 @@ def _subtask_record(subtask: SubtaskState) -> dict[str, Any]:
             "materialization_id": keyed.materialization_id,
             "snapshot": keyed.snapshot.to_bytes() if keyed.snapshot is not None else None,
             "changelog": [handle.to_bytes() for handle in keyed.changelog],
+            "entry_count": keyed.entry_count,
         },
         "operator": None if operator is None else {
             "operator_id": operator.operator_id,
@@ -309,6 +315,7 @@ def _subtask_from_record(record: dict[str, Any]) -> SubtaskState:
             snapshot=(SnapshotHandle.from_bytes(keyed["snapshot"])
                       if keyed["snapshot"] is not None else None),
             changelog=tuple(ChangelogHandle.from_bytes(b) for b in keyed["changelog"]),
+            entry_count=keyed.get("entry_count"),
         ),
         operator=None if operator is None else OperatorStateHandle(
             operator_id=operator["operator_id"],

@@ -40,6 +40,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from typing import Any
 from ...handle import ChangelogHandle
 from ...storage import StateChangelogStorage
 from ..backend.keyed_backend import ChangelogKeyedStateBackend
-from ..backend.restore import load_layers, replay_changes, restore_backend
+from ..backend.restore import load_layers, replay_pieces, restore_backend
 from ..checkpoints.checkpoint import KeyedStateHandle, SubtaskState
 from ..rocksdb.options import RocksDBOptions
 from ..schema.key_group_codec import assemble_key_group
@@ -417,14 +418,19 @@ def _reattach(settings: HostStoreSettings, placement: SubtaskPlacement,
         raise
     try:
         if catch_up is not None:
-            if rebased:
-                _rebase(table, handle, catch_up, placement, snapshots)
-            reader = storage.reader()
-            try:
-                for piece in catch_up.changelog:
-                    replay_changes(table, reader.read(piece), placement.key_groups, changed)
-            finally:
-                reader.close()
+            # A checkpoint that says how many entries its state has spares the replay a
+            # read of every key it writes.
+            counted = (table.recounted(handle.entry_count) if handle.entry_count is not None
+                       else nullcontext())
+            with counted:
+                if rebased:
+                    _rebase(table, handle, catch_up, placement, snapshots)
+                reader = storage.reader()
+                try:
+                    replay_pieces(table, reader, catch_up.changelog, placement.key_groups,
+                                  changed)
+                finally:
+                    reader.close()
     except BaseException:
         backend.close()
         raise

@@ -273,11 +273,14 @@ class BatchedWrites:
     """
 
     def __init__(self, db: Any, write_options: Any, batch_type: Any, seen: SeenKeys,
-                 scan: Scan, mark: bytes | None) -> None:
+                 scan: Scan, mark: bytes | None, counting: bool = True) -> None:
+        """``counting`` False: :meth:`settle_all` does not find out whether the keys
+        existed (the caller sets the entry count itself)."""
         self._db, self._write, self._batch_type = db, write_options, batch_type
         self._seen, self._known = seen, seen.known
         self._scan = scan
         self.mark = mark
+        self.counting = counting
         self._batch = batch_type(raw_mode=True)
         self._values: dict[bytes, bytes | None] = {}
         self._filled: set[bytes] = set()
@@ -312,6 +315,48 @@ class BatchedWrites:
             return 0  # nothing to delete, nothing written
         if len(batch) >= BATCH_LIMIT:
             self.flush()
+        return change
+
+    def settle_all(self, keys: Sequence[bytes], new: Sequence[bytes | None]) -> int:
+        """:func:`mutate` of a SET (``new[i]`` not None) or DELETE of each stored key of a
+        value state, in order, in one loop (the same writes, marks and count); returns the
+        entry count's change (0 when not :attr:`counting`)."""
+        values, known, db, mark = self._values, self._known, self._db, self.mark
+        batch = self._batch
+        if not self.counting:
+            for key, data in zip(keys, new, strict=True):
+                if mark is not None:
+                    batch.put(mark + key, b"")
+                values[key] = data
+                if data is not None:
+                    batch.put(key, data)
+                elif known.get(key) is not False:  # a delete of a key known absent: none
+                    batch.delete(key)
+                if len(batch) >= BATCH_LIMIT:
+                    self.flush()
+                    batch = self._batch
+            return 0
+        change = 0
+        for key, data in zip(keys, new, strict=True):
+            if mark is not None:
+                batch.put(mark + key, b"")
+            old: object = values.get(key, _UNREAD)
+            if old is _UNREAD:
+                existed = known.get(key)
+                if existed is None:
+                    existed = db.get(key) is not None
+            else:
+                existed = old is not None
+            values[key] = data
+            if data is not None:
+                batch.put(key, data)
+                change += not existed
+            elif existed:
+                batch.delete(key)
+                change -= 1
+            if len(batch) >= BATCH_LIMIT:
+                self.flush()
+                batch = self._batch
         return change
 
     def exists(self, key: bytes) -> bool:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from ..schema.key_group_codec import (
     encode_value_entries,
     load_key_group,
 )
-from ..schema.ops import OpKind, StateMeta, StateOp
+from ..schema.ops import DELETE, SET, OpKind, StateMeta, StateOp
 from ..tables.protocol import Entry
 from .changes import ChangeTracker
 from .group_writes import GroupWrites
@@ -145,6 +146,7 @@ class RocksDBStateTable:
         # (key group, state) -> (key prefix, storage kind): built once per pair.
         self._prefixes: dict[tuple[int, str], tuple[bytes, int]] = {}
         self._seen = SeenKeys()
+        self._counting = True
         for _, value in self._scan(META):
             meta = StateMeta.from_bytes(value[2:])
             self._add_state(meta, value[:2])
@@ -272,6 +274,16 @@ class RocksDBStateTable:
         writes = self._batched()
         none: list[None] = [None] * count
         try:
+            if kind != KIND_MAP:
+                stored = [prefix + key for prefix, key in zip(prefixes, keys, strict=True)]
+                if writes.counting:
+                    # A replay's keys are mostly unknown to SeenKeys: one multi-get of those.
+                    known = self._seen.known
+                    writes.prefetch([key for key in stored if key not in known])
+                if kind == KIND_VALUE and (op is DELETE or (op is SET and values is not None)):
+                    new = none if op is DELETE or values is None else values
+                    self._count += writes.settle_all(stored, new)
+                    return
             for prefix, key, map_key, value, listed in zip(
                     prefixes, keys, map_keys if map_keys is not None else none,
                     values if values is not None else none,
@@ -286,7 +298,28 @@ class RocksDBStateTable:
 
     def _batched(self) -> BatchedWrites:
         return BatchedWrites(self._live(), self._write_options, self._batch_type, self._seen,
-                             self._scan, self._changes.mark)
+                             self._scan, self._changes.mark, self._counting)
+
+    @contextmanager
+    def recounted(self, entry_count: int) -> Iterator[None]:
+        """Within the block, bulk writes (:meth:`apply_columns`) of value states do not read
+        whether each key existed; after it, the entry count is ``entry_count``: the count
+        of the state the block leads to, known beforehand (a checkpoint's,
+        :attr:`~kafka_changelog.state.checkpoints.checkpoint.KeyedStateHandle.entry_count`,
+        for a catch-up to it). If the block raises, the count is taken from the store
+        (every entry read)."""
+        if not self._counting:
+            raise RuntimeError(f"{self!r} is already applying ops without counting them")
+        self._counting = False
+        try:
+            yield
+        except BaseException:
+            self._counting = True
+            if self._db is not None:
+                self._count = self._recount()
+            raise
+        self._counting = True
+        self._count = entry_count
 
     def _refused(self, key_group: int, state: str, op: OpKind) -> StateMismatchError:
         kind = self._metas[state].kind

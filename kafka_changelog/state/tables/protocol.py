@@ -11,6 +11,7 @@ the same bytes for the same state, so snapshots restore into either.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -141,6 +142,12 @@ class HostStoreTable(KeyedStateTable, Protocol):
 
     def clear_changes(self, upto: int) -> None:
         """Forget the marks of change epochs up to ``upto``."""
+        ...
+
+    def recounted(self, entry_count: int) -> AbstractContextManager[None]:
+        """Within the block, bulk writes need not keep the entry count (they skip reading
+        whether each key existed); after it the count is ``entry_count``, that of the state
+        the block leads to, known beforehand (on an error, the count is the store's)."""
         ...
 
 

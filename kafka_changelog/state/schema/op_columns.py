@@ -3,8 +3,9 @@
 :func:`decode_ops` reads the fields after ``state`` of thousands of payloads lying in
 one byte buffer, each field of all payloads in one NumPy step
 (:mod:`kafka_changelog.avro_columns`), and gives where each byte field lies instead
-of copying it: the Arrow columns are built from that in one copy
-(:mod:`.change_arrow`).
+of copying it: a restore applies runs of them to a table
+(:mod:`kafka_changelog.state.backend.column_replay`), the Spark reader builds Arrow
+columns from them in one copy (:mod:`spark_integration.reader.change_arrow`).
 
 It reads what :meth:`~kafka_changelog.state.schema.ops.StateOp.from_bytes` reads, with the
 same result, except two encodings it leaves to that decoder: array blocks that carry

@@ -1,0 +1,175 @@
+"""A changelog replayed column-wise gives what the change-by-change replay gives: the same
+entries, entry count, registrations and changed key groups, in the memory and the RocksDB
+table, whatever the mix of states, op kinds, registrations and key groups; what the
+column-wise decoder leaves to the per-change path is left with nothing applied."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kafka_changelog import KeyGroupRange
+from kafka_changelog.avro_columns import padded
+from kafka_changelog.change import StateChange
+from kafka_changelog.change_columns import DecodedChanges
+from kafka_changelog.state.backend.column_replay import replay_columns
+from kafka_changelog.state.backend.restore import replay_changes
+from kafka_changelog.state.errors import StateMismatchError
+from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
+from kafka_changelog.state.tables.memory import StateTable
+from kafka_changelog.state.tables.protocol import KeyedStateTable
+
+from .test_rocksdb_table import KEY_GROUPS, METAS, assert_same, op_strategy
+
+#: The range replayed: some of KEY_GROUPS fall outside it.
+RANGE = KeyGroupRange(1, 256)
+
+
+def decoded(changes: list[StateChange]) -> DecodedChanges:
+    """``changes`` as a reader decodes them column-wise."""
+    data = b"".join(c.payload for c in changes)
+    lengths = np.array([len(c.payload) for c in changes], np.int64)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    buffer, limit = padded(data)
+    return DecodedChanges(data, buffer, limit,
+                          np.array([c.key_group for c in changes], np.int64), starts, lengths)
+
+
+def log_of(ops: list[tuple[int, StateOp]], registered_at: list[int]) -> list[StateChange]:
+    """The ops as changes, each registration of METAS placed before the op at its index."""
+    changes: list[StateChange] = []
+    for index, (key_group, op) in enumerate(ops):
+        for meta, at in zip(METAS, registered_at, strict=True):
+            if at == index:
+                changes.append(StateChange.meta(meta.to_bytes()))
+        changes.append(StateChange(key_group, op.to_bytes()))
+    for meta, at in zip(METAS, registered_at, strict=True):
+        if at >= len(ops):
+            changes.append(StateChange.meta(meta.to_bytes()))
+    return changes
+
+
+def both_tables(directory: str) -> list[tuple[KeyedStateTable, KeyedStateTable]]:
+    """(reference, column-wise) pairs: memory and RocksDB."""
+    return [(StateTable(), StateTable()),
+            (RocksDBStateTable(Path(directory) / "reference", track_changes=True),
+             RocksDBStateTable(Path(directory) / "columns", track_changes=True))]
+
+
+def replay_both(reference: KeyedStateTable, columns: KeyedStateTable,
+                changes: list[StateChange]) -> tuple[set[int], set[int], str, str]:
+    expected: set[int] = set()
+    found: set[int] = set()
+    expected_error = error = ""
+    try:
+        replay_changes(reference, changes, RANGE, expected)
+    except StateMismatchError as exc:
+        expected_error = str(exc)
+    try:
+        assert replay_columns(columns, decoded(changes), RANGE, found)
+    except StateMismatchError as exc:
+        error = str(exc)
+    return expected, found, expected_error, error
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(op_strategy(), max_size=80),
+       st.lists(st.integers(min_value=0, max_value=80), min_size=len(METAS),
+                max_size=len(METAS)),
+       st.lists(op_strategy(), max_size=20))
+def test_a_column_wise_replay_gives_what_the_per_change_replay_gives(
+        ops: list[tuple[int, StateOp]], registered_at: list[int],
+        before: list[tuple[int, StateOp]]) -> None:
+    """On top of state already there (``before``), with registrations anywhere in the log
+    (an op of a state not yet registered fails both ways, at the same op)."""
+    changes = log_of(ops, registered_at)
+    with tempfile.TemporaryDirectory() as directory:
+        for reference, columns in both_tables(directory):
+            try:
+                for table in (reference, columns):
+                    for meta in METAS:
+                        table.register(meta)
+                    replay_changes(table, [StateChange(kg, op.to_bytes()) for kg, op in before],
+                                   KeyGroupRange(0, 32767), set())
+                expected, found, expected_error, error = replay_both(reference, columns,
+                                                                     changes)
+                assert error == expected_error
+                if not error:
+                    assert found == expected
+                assert_same(columns, reference)
+                if isinstance(columns, RocksDBStateTable):
+                    assert isinstance(reference, RocksDBStateTable)
+                    assert list(columns.changed_keys_by_group()) == list(
+                        reference.changed_keys_by_group())
+            finally:
+                reference.close()
+                columns.close()
+
+
+def test_registrations_and_ops_of_other_key_groups_are_kept_as_the_reference_keeps_them(
+        ) -> None:
+    ops = [(kg, StateOp("count", OpKind.SET, b"k%d" % kg, value=b"%d" % kg))
+           for kg in KEY_GROUPS]
+    changes = log_of(ops, [0, 0, 0, 0])
+    memory = StateTable()
+    changed: set[int] = set()
+    assert replay_columns(memory, decoded(changes), RANGE, changed)
+    assert changed == {1, 255, 256}
+    assert memory.key_groups() == [1, 255, 256]
+    assert dict(memory.metas) == {meta.state: meta for meta in METAS}
+    assert memory.get(255, "count", b"k255") == b"255"
+
+
+def test_ops_whose_fields_are_present_for_some_only_apply_op_by_op() -> None:
+    """A run of one state and kind with a field present in some ops only is applied
+    through ``apply_batch``: what each op says, in order."""
+    ops = [(1, StateOp("count", OpKind.SET, b"a", value=b"1")),
+           (1, StateOp("count", OpKind.SET, b"b", value=b"2")),
+           (1, StateOp("count", OpKind.SET, b"c", value=b"3")),
+           # A value a DELETE does not need, in one of the two.
+           (1, StateOp("count", OpKind.DELETE, b"a", value=b"ignored")),
+           (1, StateOp("count", OpKind.DELETE, b"b"))]
+    changes = log_of(ops, [0, 0, 0, 0])
+    with tempfile.TemporaryDirectory() as directory:
+        for reference, columns in both_tables(directory):
+            try:
+                expected, found, expected_error, error = replay_both(reference, columns,
+                                                                     changes)
+                assert (found, error) == (expected, expected_error)
+                assert_same(columns, reference)
+            finally:
+                reference.close()
+                columns.close()
+
+
+@pytest.mark.parametrize("payload", [
+    # An array block with its byte size (count -1, 2 bytes): valid Avro, read per change.
+    b"\x0cevents\x04\x02a\x00\x00\x02\x01\x04\x02x\x00",
+    b"\x0acount\x00\x02a\x00\x02\x02",  # truncated: the per-change decoder names the field
+])
+def test_what_the_column_wise_decoder_leaves_is_left_with_nothing_applied(
+        payload: bytes) -> None:
+    changes = [StateChange.meta(meta.to_bytes()) for meta in METAS]
+    changes += [StateChange(1, StateOp("count", OpKind.SET, b"a", value=b"1").to_bytes()),
+                StateChange(1, payload)]
+    memory = StateTable()
+    changed: set[int] = set()
+    assert not replay_columns(memory, decoded(changes), RANGE, changed)
+    assert (memory.key_groups(), dict(memory.metas), changed) == ([], {}, set())
+
+
+def test_a_registration_that_conflicts_fails_as_the_per_change_replay_fails() -> None:
+    conflicting = StateMeta("count", METAS[2].kind, "utf8")
+    changes = [StateChange.meta(METAS[0].to_bytes()),
+               StateChange(1, StateOp("count", OpKind.SET, b"a", value=b"1").to_bytes()),
+               StateChange.meta(conflicting.to_bytes())]
+    reference, columns = StateTable(), StateTable()
+    _, _, expected_error, error = replay_both(reference, columns, changes)
+    assert expected_error and error == expected_error
+    assert_same(columns, reference)
