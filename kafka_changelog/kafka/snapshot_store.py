@@ -208,9 +208,10 @@ def header_list(message: Message) -> list[tuple[str, bytes]]:
 class KafkaRecordSource(RecordSource):
     """Reads records by offset with one consumer, seeking only when not already there.
 
-    :meth:`fetch_all` reads a known plan with two consumers: while one reads a run of
-    offsets (a partition from one offset on), the other is already fetching the next run,
-    so moving to another partition costs no fetch round trip.
+    :meth:`fetch_all` reads a known plan with up to :data:`FETCH_DEPTH` consumers in turn:
+    while one reads a run of offsets (a partition from one offset on), the others are
+    already fetching the next runs, so a plan of many short runs (a catch-up's delta
+    layers, one record each) does not wait a fetch round trip per run.
     """
 
     def __init__(self, config: SnapshotStoreConfig, topic: str) -> None:
@@ -218,7 +219,7 @@ class KafkaRecordSource(RecordSource):
         self._topic = topic
         self._timeout = config.request_timeout_s
         self._consumer = new_consumer(config.consumer(), f"snapshot topic {config.topic}")
-        self._spare: Consumer | None = None
+        self._spares: list[Consumer] = []
         self._next: tuple[int, int] | None = None
 
     def fetch(self, partition: int, offset: int) -> StoredRecord | str:
@@ -236,20 +237,22 @@ class KafkaRecordSource(RecordSource):
         if len(runs) < 2:
             yield from super().fetch_all(locations)
             return
-        if self._spare is None:
-            self._spare = new_consumer(self._config.consumer(),
-                                       f"snapshot topic {self._config.topic}")
-        consumers = (self._consumer, self._spare)
+        depth = min(len(runs), FETCH_DEPTH)
+        while len(self._spares) < depth - 1:
+            self._spares.append(new_consumer(self._config.consumer(),
+                                             f"snapshot topic {self._config.topic}"))
+        consumers = (self._consumer, *self._spares[:depth - 1])
         self._next = None
+
+        def assign(index: int) -> None:
+            partition, offsets = runs[index]
+            consumers[index % depth].assign([TopicPartition(self._topic, partition, offsets[0])])
+
         try:
+            for index in range(depth):  # the first runs are fetched at once
+                assign(index)
             for index, (partition, offsets) in enumerate(runs):
-                consumer = consumers[index % 2]
-                if index == 0:
-                    consumer.assign([TopicPartition(self._topic, partition, offsets[0])])
-                if index + 1 < len(runs):  # the next run is fetched meanwhile
-                    following, start = runs[index + 1][0], runs[index + 1][1][0]
-                    consumers[(index + 1) % 2].assign(
-                        [TopicPartition(self._topic, following, start)])
+                consumer = consumers[index % depth]
                 for position, offset in enumerate(offsets):
                     found = self._read(consumer, partition, offset)
                     if isinstance(found, str) and position + 1 < len(offsets):
@@ -257,6 +260,8 @@ class KafkaRecordSource(RecordSource):
                         consumer.assign([TopicPartition(self._topic, partition,
                                                         offsets[position + 1])])
                     yield found
+                if index + depth < len(runs):  # this consumer fetches a later run meanwhile
+                    assign(index + depth)
         finally:
             for consumer in consumers:
                 consumer.unassign()
@@ -318,9 +323,12 @@ class KafkaRecordSource(RecordSource):
 
     def close(self) -> None:
         self._consumer.close()
-        if self._spare is not None:
-            self._spare.close()
+        for spare in self._spares:
+            spare.close()
 
+
+#: Runs of a plan fetched at once at most (consumers of one :meth:`KafkaRecordSource.fetch_all`).
+FETCH_DEPTH = 4
 
 #: Offsets further apart than this in one partition start a new run (seeking beats
 #: reading past the records in between).
