@@ -2,14 +2,16 @@
 
 1. Restore throughput. For 100-byte and 10-KB changes, a writer over key groups
    0..127 appends N changes round robin and persists them once; the handle is read
-   back with ``KafkaChangelogReader`` (every change iterated, its payload length
-   summed) and, as the baseline, with a raw confluent-kafka ``Consumer`` using the
-   same settings (``config.consumer()``) that assigns each of the handle's ranges in
-   turn at its start offset and consumes batches of up to 1,000 records until the
-   end offset, summing ``len(value)``: the same records. MB/s of both are the record
-   value bytes (checked equal on both sides) over the wall time from creating the
-   client to closing it. ``--rounds`` alternating rounds (default 3); the best of
-   each side counts. Target: ours >= 0.8x the raw MB/s.
+   back with ``KafkaChangelogReader``, change by change (``read``: every change
+   iterated, its payload length summed) and column-wise (``read_columns``, what restores
+   and catch-ups replay: every payload length summed from the columns), and, as the
+   baseline, with a raw confluent-kafka ``Consumer`` using the same settings
+   (``config.consumer()``) that assigns all of the handle's ranges at once at their
+   start offsets (as the reader does) and consumes batches of up to 1,000 records until
+   every end offset, summing ``len(value)``: the same records. MB/s of each are the
+   record value bytes (checked equal) over the wall time from creating the client to
+   closing it. ``--rounds`` alternating rounds (default 3); the best of each side
+   counts. Target: ours >= 0.8x the raw MB/s.
 2. Restore time versus history, with ``ChangelogKeyedStateBackend``: a fixed key
    space (20,000 keys), one INT64 value state per key, H updates (every key once in
    random order, then random keys), a checkpoint after H1 = 50,000 updates and after
@@ -159,45 +161,70 @@ def read_ours(config: KafkaChangelogConfig, handle: KafkaChangelogHandle, size: 
                 seconds, cpu_s)
 
 
+def read_columns(config: KafkaChangelogConfig, handle: KafkaChangelogHandle, size: int
+                 ) -> Read:
+    """Read the handle column-wise (``read_columns``: what a restore replays), summing
+    the payload lengths of every change."""
+    gc.collect()
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    with KafkaChangelogReader(config) as reader:
+        columns = reader.read_columns([handle])
+        if columns is None:
+            raise RuntimeError("the reader left the handle to its per-change read")
+        changes, payload_total = len(columns), int(columns.payload_lengths.sum())
+    seconds = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu0
+    if payload_total != changes * size:
+        raise RuntimeError(f"columns: {payload_total} payload bytes for {changes} changes")
+    return Read("kafka_changelog_columns", size, changes, reader.records_read,
+                reader.bytes_read, seconds, cpu_s)
+
+
 def read_raw(config: KafkaChangelogConfig, handle: KafkaChangelogHandle, size: int,
              changes: int) -> Read:
-    """Consume the handle's ranges with a plain consumer, summing the value lengths."""
+    """Consume the handle's ranges with a plain consumer, all partitions assigned at once
+    (as the reader does), summing the value lengths."""
     records = value_bytes = 0
     gc.collect()
     cpu0 = time.process_time()
     start = time.perf_counter()
     consumer = Consumer(config.consumer())
+    ends = {r.partition: r.end_offset for r in handle.ranges if r.end_offset > r.start_offset}
+    positions = {r.partition: r.start_offset for r in handle.ranges
+                 if r.end_offset > r.start_offset}
     try:
-        for r in handle.ranges:
-            if r.end_offset <= r.start_offset:
+        consumer.assign([TopicPartition(handle.topic, p, at) for p, at in positions.items()])
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while positions:
+            left = sum(ends[p] - at for p, at in positions.items())
+            messages = consumer.consume(min(BATCH, left), timeout=0.005)
+            if not messages:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"raw consumer: timed out at {positions}")
                 continue
-            tp = TopicPartition(handle.topic, r.partition, r.start_offset)
-            consumer.assign([tp])
-            position = r.start_offset
             deadline = time.monotonic() + READ_TIMEOUT_S
-            while position < r.end_offset:
-                messages = consumer.consume(min(BATCH, r.end_offset - position), timeout=0.5)
-                if not messages:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"raw consumer: timed out at {tp} offset {position}")
+            for message in messages:
+                partition = message.partition() or 0
+                if partition not in positions:
                     continue
-                deadline = time.monotonic() + READ_TIMEOUT_S
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            raise KafkaException(error)
-                        reached = consumer.position([tp])[0].offset
-                        position = max(position, reached)
-                        continue
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(error)
+                    position = max(positions[partition], message.offset() or 0)
+                else:
                     offset = message.offset() or 0
-                    if offset >= r.end_offset:
+                    if offset < ends[partition]:
+                        records += 1
+                        value_bytes += len(message.value() or b"")
+                        position = offset + 1
+                    else:
                         position = offset
-                        break
-                    position = offset + 1
-                    records += 1
-                    value_bytes += len(message.value() or b"")
-            consumer.unassign()
+                if position >= ends[partition]:
+                    del positions[partition]
+                else:
+                    positions[partition] = position
     finally:
         consumer.close()
     seconds = time.perf_counter() - start
@@ -211,9 +238,10 @@ def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[
           f"of payload, written in {write_s:.1f} s, {len(handle.ranges)} ranges), "
           f"{rounds} round(s)", flush=True)
     read_raw(config, handle, size, count)  # warm-up (not measured): page cache, connections
-    readers: tuple[Callable[[], Read], Callable[[], Read]] = (
+    readers: tuple[Callable[[], Read], ...] = (
         lambda: read_raw(config, handle, size, count),
         lambda: read_ours(config, handle, size),
+        lambda: read_columns(config, handle, size),
     )
     reads: list[Read] = []
     for index in range(rounds):
@@ -226,10 +254,11 @@ def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[
                   f"{result.records:,} records, {result.cpu_s:.2f} CPU s)", flush=True)
     broker.delete_topic(config.topic)
     ours_reads = [r for r in reads if r.impl == "kafka_changelog"]
+    column_reads = [r for r in reads if r.impl == "kafka_changelog_columns"]
     raw_reads = [r for r in reads if r.impl == "raw_consumer"]
-    for r in ours_reads:
+    for r in ours_reads + column_reads:
         if r.changes != count:
-            raise RuntimeError(f"reader returned {r.changes} of {count} changes")
+            raise RuntimeError(f"{r.impl} returned {r.changes} of {count} changes")
     for r in raw_reads:
         ours_first = ours_reads[0]
         if (r.records, r.value_bytes) != (ours_first.records, ours_first.value_bytes):
@@ -237,8 +266,10 @@ def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[
                 f"raw consumer read {r.records} records / {r.value_bytes} bytes, the reader "
                 f"{ours_first.records} / {ours_first.value_bytes}")
     ours = min(ours_reads, key=lambda r: r.seconds)
+    columns = min(column_reads, key=lambda r: r.seconds)
     raw = min(raw_reads, key=lambda r: r.seconds)
     ratio = ours.mb_per_s / raw.mb_per_s  # same bytes: equal to the changes/s ratio
+    columns_ratio = columns.mb_per_s / raw.mb_per_s
     median_ratio = median(r.mb_per_s for r in ours_reads) / median(r.mb_per_s for r in raw_reads)
     return {
         "payload_bytes": size,
@@ -250,7 +281,10 @@ def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[
         "ratio": ratio,
         "median_ratio": median_ratio,
         "verdict": verdict(ratio >= THROUGHPUT_TARGET),
-        "best": {"kafka_changelog": ours.as_dict(), "raw_consumer": raw.as_dict()},
+        "columns_ratio": columns_ratio,
+        "columns_verdict": verdict(columns_ratio >= THROUGHPUT_TARGET),
+        "best": {"kafka_changelog": ours.as_dict(), "raw_consumer": raw.as_dict(),
+                 "kafka_changelog_columns": columns.as_dict()},
         "runs": [r.as_dict() for r in reads],
     }
 
@@ -435,18 +469,21 @@ def report(results: dict[str, Any]) -> str:
     rows = []
     for case in results["throughput"]:
         ours = case["best"]["kafka_changelog"]
+        columns = case["best"]["kafka_changelog_columns"]
         raw = case["best"]["raw_consumer"]
         rows.append([
             f"{case['payload_bytes']} B",
             f"{ours['changes_per_s']:,.0f}", f"{ours['mb_per_s']:.1f}",
+            f"{columns['mb_per_s']:.1f}",
             f"{raw['changes_per_s']:,.0f}", f"{raw['mb_per_s']:.1f}",
             ratio_text(case["ratio"]), ratio_text(case["median_ratio"]),
+            f"{ratio_text(case['columns_ratio'])} {case['columns_verdict']}",
             f"{ours['cpu_s']:.2f} / {raw['cpu_s']:.2f}",
             f">= {case['target_ratio']}x MB/s", case["verdict"],
         ])
     text = table(
-        ["change", "ours chg/s", "ours MB/s", "raw chg/s", "raw MB/s", "ratio",
-         "median ratio", "CPU s ours / raw", "target", "result"],
+        ["change", "ours chg/s", "ours MB/s", "columns MB/s", "raw chg/s", "raw MB/s",
+         "ratio", "median ratio", "columns ratio", "CPU s ours / raw", "target", "result"],
         rows,
     )
     rows = []

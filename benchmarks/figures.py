@@ -146,6 +146,15 @@ def restore_figures(data: Json) -> list[Figure]:
             f"read {size_label(case['payload_bytes'])} changes back: MB/s against a raw consumer",
             f"{ratio(case['ratio'])} ({ours['mb_per_s']:.1f} against {raw['mb_per_s']:.1f} MB/s)",
             f"≥ {case['target_ratio']:g}x", case["verdict"]))
+        columns = case["best"].get("kafka_changelog_columns")
+        if columns is not None:
+            rows.append(Figure(
+                "bench_restore",
+                f"read {size_label(case['payload_bytes'])} changes back column-wise (what "
+                "restores replay): MB/s against a raw consumer",
+                f"{ratio(case['columns_ratio'])} ({columns['mb_per_s']:.1f} against "
+                f"{raw['mb_per_s']:.1f} MB/s)",
+                f"≥ {case['target_ratio']:g}x", case["columns_verdict"]))
     for case in data["history"]:
         if not case["materialized"]:
             continue

@@ -19,6 +19,7 @@ read-modify-writes of the state API and of bulk state one lookup per key, not tw
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 from typing import Any, Protocol
 
 from ..schema.ops import DELETE, LIST_ADD, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, OpKind
@@ -180,15 +181,26 @@ def any_under(db: Any, start: bytes, besides: bytes | None = None) -> bool:
     if end is None:
         iterator = db.iter()
     else:
-        from rocksdict import ReadOptions
-
-        bounded = ReadOptions()
+        bounded = _read_options()
         bounded.set_iterate_upper_bound(end)
         iterator = db.iter(bounded)
     iterator.seek(start)
     if besides is not None and iterator.valid() and iterator.key() == besides:
         iterator.next()
     return bool(iterator.valid() and iterator.key().startswith(start))
+
+
+def _read_options() -> Any:
+    """A new ``rocksdict.ReadOptions``."""
+    return _read_options_type()()
+
+
+@cache
+def _read_options_type() -> Any:
+    # Imported here (once): rocksdict is needed only when a RocksDB table is used.
+    from rocksdict import ReadOptions
+
+    return ReadOptions
 
 
 class DirectWrites:

@@ -165,6 +165,13 @@ class StateTable:
         entry = self.get(key_group, state, key)
         return entry.get(map_key) if isinstance(entry, dict) else None
 
+    def get_map_values(self, key_groups: Sequence[int], state: str, keys: Sequence[bytes],
+                       map_keys: Sequence[bytes]) -> list[bytes | None]:
+        """:meth:`get_map_value` of each."""
+        get = self.get_map_value
+        return [get(kg, state, key, map_key)
+                for kg, key, map_key in zip(key_groups, keys, map_keys, strict=True)]
+
     def key_groups(self) -> list[int]:
         """Key groups holding at least one entry, ascending."""
         return sorted(kg for kg, states in self.groups.items() if any(states.values()))

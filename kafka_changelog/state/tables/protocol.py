@@ -64,6 +64,12 @@ class KeyedStateTable(Protocol):
         """One value of a map entry (None if absent): a point lookup."""
         ...
 
+    def get_map_values(self, key_groups: Sequence[int], state: str, keys: Sequence[bytes],
+                       map_keys: Sequence[bytes]) -> list[bytes | None]:
+        """:meth:`get_map_value` of each ``(key_groups[i], state, keys[i], map_keys[i])``
+        (one multi-get for a RocksDB table)."""
+        ...
+
     def key_groups(self) -> list[int]:
         """Key groups holding at least one entry, ascending."""
         ...

@@ -197,19 +197,21 @@ class TimerService:
         if not len(key_groups) == len(keys) == len(times_ms):
             raise ValueError(f"timers: {len(keys)} keys, {len(key_groups)} key groups and "
                              f"{len(times_ms)} times")
-        get = table.get_map_value
+        wanted = [timer_map_key(domain, time_ms) for time_ms in times_ms]
+        # Whether each timer is there: one multi-get, not a point read per key.
+        stored = table.get_map_values(key_groups, TIMERS_STATE, keys, wanted)
         seen: set[tuple[int, bytes, bytes]] = set()
         groups: list[int] = []
         chosen: list[bytes] = []
         map_keys: list[bytes] = []
         times: list[int] = []
-        for key_group, key, time_ms in zip(key_groups, keys, times_ms, strict=True):
-            map_key = timer_map_key(domain, time_ms)
+        for key_group, key, map_key, time_ms, value in zip(key_groups, keys, wanted, times_ms,
+                                                          stored, strict=True):
             timer = (key_group, key, map_key)
             if timer in seen:
                 continue
             seen.add(timer)
-            if (get(key_group, TIMERS_STATE, key, map_key) is not None) == present:
+            if (value is not None) == present:
                 groups.append(key_group)
                 chosen.append(key)
                 map_keys.append(map_key)
