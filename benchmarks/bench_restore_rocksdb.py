@@ -5,9 +5,9 @@ them (snapshot chunks in the snapshot topic), then updates K/10 of them (the cha
 and takes a checkpoint. That checkpoint's handle is then read back, in alternating rounds:
 
 - **raw consumer** (the baseline): a plain confluent-kafka ``Consumer`` with the snapshot
-  store's reader settings reads exactly the records the restore reads — per partition, the
-  snapshot chunk records from the first chunk's offset to the last one's, then each
-  changelog range of the handle — summing the record value bytes;
+  store's reader settings reads exactly the records the restore reads — the snapshot chunk
+  records of every partition (from its first chunk's offset to its last one's) at once,
+  then the changelog ranges of each handle at once — summing the record value bytes;
 - **into RocksDB**: ``restore_backend(..., table=RocksDBStateTable(fresh dir))``, what
   streaming's ``state_backend="rocksdb"`` does when a subtask moves to another host (the
   tail read first and merged into the key groups written as SST files: see
@@ -186,37 +186,43 @@ def _check(case: Case, backend: ChangelogKeyedStateBackend, keys: int,
 # -- the sides -------------------------------------------------------------------------------
 
 
-def _consume(consumer: Consumer, topic: str, partition: int, start: int, end: int,
-             wanted: set[int] | None) -> tuple[int, int]:
-    """Records and value bytes of ``topic[partition]`` offsets ``[start, end)`` (only the
-    offsets in ``wanted`` when given)."""
+def _consume(consumer: Consumer, topic: str,
+             spans: dict[int, tuple[int, int, set[int] | None]]) -> tuple[int, int]:
+    """Records and value bytes of ``topic``'s partitions, offsets ``[start, end)`` of each
+    (only the offsets in ``wanted`` when given: ``spans[partition] = (start, end,
+    wanted)``), every partition assigned at once (as the reader does)."""
     records = value_bytes = 0
-    tp = TopicPartition(topic, partition, start)
-    consumer.assign([tp])
-    position = start
+    positions = {p: start for p, (start, end, _) in spans.items() if end > start}
+    consumer.assign([TopicPartition(topic, p, at) for p, at in positions.items()])
     deadline = time.monotonic() + READ_TIMEOUT_S
-    while position < end:
-        messages = consumer.consume(min(BATCH, end - position), timeout=0.5)
+    while positions:
+        left = sum(spans[p][1] - at for p, at in positions.items())
+        messages = consumer.consume(min(BATCH, left), timeout=0.005)
         if not messages:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"raw consumer: timed out at {tp} offset {position}")
+                raise RuntimeError(f"raw consumer: timed out in {topic} at {positions}")
             continue
         deadline = time.monotonic() + READ_TIMEOUT_S
         for message in messages:
+            partition = message.partition() or 0
+            if partition not in positions:
+                continue
+            _, end, wanted = spans[partition]
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(error)
-                position = max(position, consumer.position([tp])[0].offset)
-                continue
-            offset = message.offset() or 0
-            if offset >= end:
-                position = offset
-                break
-            position = offset + 1
-            if wanted is None or offset in wanted:
-                records += 1
-                value_bytes += len(message.value() or b"")
+                position = max(positions[partition], message.offset() or 0)
+            else:
+                offset = message.offset() or 0
+                position = offset + 1 if offset < end else offset
+                if offset < end and (wanted is None or offset in wanted):
+                    records += 1
+                    value_bytes += len(message.value() or b"")
+            if position >= end:
+                del positions[partition]
+            else:
+                positions[partition] = position
     consumer.unassign()
     return records, value_bytes
 
@@ -232,21 +238,18 @@ def read_raw(handle: KeyedStateHandle, snapshot_config: SnapshotStoreConfig,
             by_partition: dict[int, set[int]] = {}
             for chunk in snapshot.chunks:
                 by_partition.setdefault(chunk.partition, set()).add(chunk.offset)
-            for partition, offsets in sorted(by_partition.items()):
-                r, b = _consume(consumer, snapshot.topic, partition, min(offsets),
-                                max(offsets) + 1, offsets)
-                records, value_bytes = records + r, value_bytes + b
+            records, value_bytes = _consume(consumer, snapshot.topic, {
+                partition: (min(offsets), max(offsets) + 1, offsets)
+                for partition, offsets in by_partition.items()})
         finally:
             consumer.close()
     consumer = Consumer(changelog_consumer)
     try:
         for log in handle.changelog:
             assert isinstance(log, KafkaChangelogHandle)
-            for offsets_range in log.ranges:
-                got, size = _consume(consumer, log.topic, offsets_range.partition,
-                                     offsets_range.start_offset, offsets_range.end_offset,
-                                     None)
-                records, value_bytes = records + got, value_bytes + size
+            got, size = _consume(consumer, log.topic, {
+                r.partition: (r.start_offset, r.end_offset, None) for r in log.ranges})
+            records, value_bytes = records + got, value_bytes + size
     finally:
         consumer.close()
     return records, value_bytes
