@@ -17,7 +17,8 @@ across batches). Both sides: :mod:`.config` (:class:`StreamingStateConfig`),
 :mod:`.state_declarations`, :mod:`.events` (what listeners hear), :mod:`.metrics` (what
 a batch reports), :mod:`.columns` (the internal columns). Around a query:
 :mod:`.tester` (running a function in plain Python), :mod:`.rewind_offsets` (where
-Spark's Kafka source continues a checkpoint's state).
+Spark's Kafka source continues a checkpoint's state), :mod:`.initial_state` (a new
+application's state from a DataFrame, in its first batch).
 
 Streaming never imports :mod:`spark_integration.reader` and is never imported by it. Both
 may use :mod:`spark_integration.sessions` and the contracts at the top of the package
@@ -38,6 +39,7 @@ from .events import (
     TaskEvent,
     TaskListener,
 )
+from .initial_state import InitialStateError, InitialStateFunction
 from .input_check import InputOffsetsError
 from .key_state import (
     BatchContext,
@@ -69,6 +71,8 @@ __all__ = [
     "EventTime",
     "EventTimeColumnError",
     "EventTimeNotDeclaredError",
+    "InitialStateError",
+    "InitialStateFunction",
     "InputOffsetsError",
     "KeyState",
     "KeyTimers",

@@ -81,6 +81,13 @@ from .columns import (
 from .config import StreamingStateConfig
 from .driver_hold import hold_application
 from .events import BatchEvent, BatchListener, TaskListener
+from .initial_state import (
+    InitialStateFunction,
+    check_applicable,
+    initial_properties,
+    initial_state_of,
+    marked_rows,
+)
 from .input_check import (
     BatchWhere,
     InputCheck,
@@ -156,6 +163,12 @@ class StatefulProcessor:
     ``clock`` gives new batches their processing time (default: the wall clock; a test
     may drive time by hand).
 
+    Initial state: ``initial_state`` (a DataFrame keyed like the query, or a function of
+    the batch's ``SparkSession`` returning one) is given to ``on_initial_state(key, rows,
+    state)`` (vectorised: ``(rows, state)``) once per key, before the rows of the first
+    batch of an application without checkpoint: exactly once, at any parallelism; an
+    application whose state did not start from it is refused (see initial_state.py).
+
     Versions: ``states`` declares state descriptors up front: the driver checks each
     against the registration the application's latest checkpoint recorded before any
     task runs (a change that cannot read the old values raises
@@ -192,6 +205,8 @@ class StatefulProcessor:
         states: Sequence[StateDescriptor] = (),
         dropped_states: Sequence[str] = (),
         on_report: Callable[[BatchReport], None] | None = None,
+        initial_state: Any = None,
+        on_initial_state: InitialStateFunction | None = None,
     ) -> None:
         require_supported_spark()
         if reports_kept < 1:
@@ -202,6 +217,8 @@ class StatefulProcessor:
         self.fn = fn
         #: The states declared up front and those dropped (see state_declarations).
         self.declarations = StateDeclarations.of(states, dropped_states)
+        #: The state a new application starts from (see initial_state.py), or None.
+        self.initial = initial_state_of(initial_state, on_initial_state)
         self.vectorized = vectorized
         self.on_timer = on_timer
         self.event_time = event_time
@@ -416,6 +433,10 @@ class StatefulProcessor:
                           config.operator_id, types)
         # A declared state that cannot read what was written is refused before any task.
         self._declared_properties(coordinator, plan.base)
+        base_properties = (coordinator.checkpoints.get(config.application, plan.base).properties
+                           if plan.base is not None else {})
+        applying = self.initial is not None and check_applicable(
+            config.application, plan.base, base_properties)
         # Input the state holds is never applied again, whatever the checkpointLocation.
         check_started = time.monotonic()
         checked = self._check_input(coordinator, plan, batch_df, query_id, batch_id, ticks)
@@ -440,8 +461,15 @@ class StatefulProcessor:
         context = batch_context(coordinator.checkpoints, config.application, plan, batch_id,
                                 reused.values(), self.clock)
         p, max_p = config.parallelism, config.max_parallelism
+        rows_df = batch_df
+        if applying:
+            assert self.initial is not None
+            # The initial state's rows join the batch's, to the subtasks of their keys.
+            rows_df = batch_df.unionByName(
+                marked_rows(self.initial.frame(batch_df.sparkSession), columns, types),
+                allowMissingColumns=True)
         keyed = (
-            batch_df
+            rows_df
             .withColumn(KEY_COLUMN, F.expr(key_sql(columns, types)))
             .withColumn(KEY_GROUP_COLUMN, F.expr(f"pmod(hash({KEY_COLUMN}), {max_p})"))
             .withColumn(SUBTASK_COLUMN,
@@ -468,7 +496,8 @@ class StatefulProcessor:
             if kafka_sink is not None else None,
             outputs_to_driver, self.task_listener, vectorized=self.vectorized,
             time=TaskTime(context, self.event_time, self.on_timer, tuple(types)),
-            partition_subtasks=partition_subtasks, declarations=self.declarations)
+            partition_subtasks=partition_subtasks, declarations=self.declarations,
+            on_initial_state=self.initial.fn if applying and self.initial is not None else None)
 
         def run_partition(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
             return task.run_partition(batches)
@@ -503,7 +532,9 @@ class StatefulProcessor:
         task_s = time.monotonic() - tasks_started
         try:
             self._finish(batch_id, plan, query_id, coordinator, config, handles,
-                         result, started, task_s, context, checked.progress.properties(),
+                         result, started, task_s, context,
+                         {**checked.progress.properties(),
+                          **initial_properties(applying, plan.checkpoint_id, base_properties)},
                          input_check_s)
         finally:
             if outputs_to_driver:
@@ -723,6 +754,8 @@ def stateful_foreach_batch(
     states: Sequence[StateDescriptor] = (),
     dropped_states: Sequence[str] = (),
     on_report: Callable[[BatchReport], None] | None = None,
+    initial_state: Any = None,
+    on_initial_state: InitialStateFunction | None = None,
 ) -> StatefulProcessor:
     """A function for ``df.writeStream.foreachBatch(...)`` that keeps ``fn``'s state.
 
@@ -734,7 +767,8 @@ def stateful_foreach_batch(
     """
     return StatefulProcessor(config, fn, key_column, output_schema, sink, order_by, listener,
                              task_listener, vectorized, on_timer, event_time, clock,
-                             reports_kept, states, dropped_states, on_report)
+                             reports_kept, states, dropped_states, on_report, initial_state,
+                             on_initial_state)
 
 
 __all__ = ["StatefulProcessor", "stateful_foreach_batch"]

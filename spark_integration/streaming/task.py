@@ -49,6 +49,7 @@ from .columns import (
 )
 from .config import StreamingStateConfig
 from .events import TaskEvent, TaskListener
+from .initial_state import InitialStateFunction, refuse_outputs, split_initial
 from .kafka_sink import KafkaOutputSink
 from .key_rows import KeyRows
 from .key_runs import keys_at, natural_key_value, run_starts
@@ -129,8 +130,12 @@ class SubtaskTask:
                  outputs_to_driver: bool = True, listener: TaskListener | None = None,
                  vectorized: bool = False, time: TaskTime | None = None,
                  partition_subtasks: Sequence[int] | None = None,
-                 declarations: StateDeclarations | None = None) -> None:
+                 declarations: StateDeclarations | None = None,
+                 on_initial_state: InitialStateFunction | None = None) -> None:
         self.config = config
+        # Called with the initial state's rows before the batch's (see initial_state.py):
+        # given only to the tasks of the batch that applies it.
+        self.on_initial_state = on_initial_state
         # States registered (and dropped) before the function runs.
         self.declarations = declarations or StateDeclarations()
         # Partition -> the subtask it runs (None: partition i runs subtask i; see
@@ -360,6 +365,9 @@ class SubtaskTask:
         keys = late = 0
         max_event_ms: int | None = None
         state = KeyState(backend, time.context, time.event_time)
+        initial, rows = split_initial(rows, self.key_columns)
+        if initial is not None and len(initial):
+            self._apply_initial(backend, initial, state)
         rows_in = 0 if rows is None else len(rows)
         if rows is not None and len(rows):
             self._check_keys(rows)
@@ -375,7 +383,8 @@ class SubtaskTask:
                     natural_key_value, self._output_column_set, state)
                 outputs.extend(produced)
             else:
-                keys = self._call_per_key(backend, data, user_columns, outputs, state)
+                keys = self._call_per_key(self.fn, backend, data, user_columns, outputs,
+                                          state)
         fired = fire_timers(backend, state, time, outputs, self._output_column_set,
                             self.vectorized, self.batch_id)
         expired = backend.expire_due()
@@ -398,20 +407,40 @@ class SubtaskTask:
             expiry_checks=expired, host=host_identity(self.config))
         return outputs, metrics, handle
 
-    def _call_per_key(self, backend: ChangelogKeyedStateBackend, data: pd.DataFrame,
-                      user_columns: list[str], outputs: list[dict[str, Any]],
-                      state: KeyState) -> int:
-        """Call the user's function once per key with the key's rows (``data`` sorted by
-        key); returns the number of keys. Each key's rows are a slice of the rows (a copy:
-        the function may change it), found from where the key bytes change, which costs
-        far less per key than a pandas ``groupby``."""
+    def _apply_initial(self, backend: ChangelogKeyedStateBackend, initial: pd.DataFrame,
+                       state: KeyState) -> None:
+        """Call ``on_initial_state`` with the initial state's rows (per key, or once
+        vectorised), before the batch's rows; it returns nothing."""
+        fn = self.on_initial_state
+        if fn is None:
+            raise ChangelogError(
+                f"batch {self.batch_id}: initial state rows reached a task of a batch that "
+                "does not apply the initial state")
+        self._check_keys(initial)
+        data = initial.sort_values(KEY_COLUMN, kind="stable")
+        user_columns = [c for c in data.columns if c not in INPUT_COLUMNS]
+        if self.vectorized:
+            produced, _ = call_vectorized(
+                fn, backend, data[user_columns], data[KEY_COLUMN], data[KEY_GROUP_COLUMN],
+                self.key_columns, natural_key_value, None, state)
+            refuse_outputs(produced or None, "the initial state's rows")
+        else:
+            self._call_per_key(fn, backend, data, user_columns, None, state)
+
+    def _call_per_key(self, fn: Callable[..., Any], backend: ChangelogKeyedStateBackend,
+                      data: pd.DataFrame, user_columns: list[str],
+                      outputs: list[dict[str, Any]] | None, state: KeyState) -> int:
+        """Call ``fn`` once per key with the key's rows (``data`` sorted by key); returns
+        the number of keys. Each key's rows are a slice of the rows (a copy: the function
+        may change it), found from where the key bytes change, which costs far less per
+        key than a pandas ``groupby``. ``outputs`` None: ``fn`` returns nothing (the
+        initial state's function)."""
         encoded = data[KEY_COLUMN].to_numpy()
         starts = run_starts(encoded)
         ends = [*starts[1:].tolist(), len(encoded)]
         keys = keys_at(data, starts, self.key_columns, natural_key_value)
         key_groups = data[KEY_GROUP_COLUMN].to_numpy()[starts].tolist()
         rows = data[user_columns]
-        fn: StatefulFunction = self.fn  # type: ignore[assignment]
         set_current_key, rows_of = backend.set_current_key, KeyRows.copy_of_rows
         columns = self._output_column_set
         state.calling(True)
@@ -421,7 +450,9 @@ class SubtaskTask:
                 set_current_key(key_bytes if type(key_bytes) is bytes else bytes(key_bytes),
                                 key_groups[i])
                 produced = fn(keys[i], rows_of(rows, start, ends[i]), state)
-                if produced is not None:
+                if outputs is None:
+                    refuse_outputs(produced, f"key {keys[i]!r}")
+                elif produced is not None:
                     outputs.extend(output_records(produced, columns, keys[i]))
         finally:
             state.calling(False)
