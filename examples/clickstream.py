@@ -275,7 +275,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
               master: str | None = None, spark_config: dict[str, str] | None = None,
               task_listener: TaskListener | None = None,
               vectorized: bool = False, sink: Any = None,
-              status_file: str | None = None) -> dict[str, Any]:
+              status_file: str | None = None, initial_state: Any = None,
+              on_initial_state: Any = None) -> dict[str, Any]:
     """Run the streaming query until ``expected_events`` were processed; returns a summary.
 
     ``master``: ``local[n]`` (default: ``local[max(2, parallelism)]``) or a cluster's
@@ -285,6 +286,8 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
     once: see docs/streaming.md, "Options").
     ``status_file``: rewritten every half second with the driver's figures (see
     :func:`write_status`), for a harness watching the job from outside.
+    ``initial_state``/``on_initial_state``: a new application's state (see
+    docs/streaming.md, "Starting from existing state").
     """
     from spark_integration import spark_session
 
@@ -297,7 +300,9 @@ def run_query(config: StreamingStateConfig, settings: dict[str, Any], input_topi
                                        sink=sink if sink is not None else KafkaOutputSink(
                                            output_topic, key_column="user"),
                                        order_by=["seq"], listener=listener,
-                                       task_listener=task_listener, vectorized=vectorized)
+                                       task_listener=task_listener, vectorized=vectorized,
+                                       initial_state=initial_state,
+                                       on_initial_state=on_initial_state)
     # A new checkpointLocation (a redeploy, a new cluster) continues where the state's
     # input ended; the first deployment reads the topic from its start.
     starting = starting_offsets(config, topics=[input_topic], default="earliest")
@@ -399,12 +404,13 @@ def _processed_offsets(query: Any) -> int:
 
 def main(argv: list[str] | None = None, listener: BatchListener | None = None,
          fn: StatefulFunction = update_user, task_listener: TaskListener | None = None,
-         sink: Any = None) -> int:
+         sink: Any = None, initial_state: Any = None, on_initial_state: Any = None) -> int:
     """Run the query in this process (the demo runs it as a child it can kill -9).
 
     ``listener`` hears the driver's batch events, ``task_listener`` the tasks' and ``fn``
     replaces the stateful function (crash tests inject faults through them); ``sink``
-    replaces the Kafka output sink.
+    replaces the Kafka output sink; ``initial_state``/``on_initial_state`` bootstrap a new
+    application's state.
     """
     parser = job_parser("the clickstream streaming query", "clickstream", "clicks",
                         "user-totals", 2000)
@@ -429,7 +435,8 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
                         listener=listener, fn=update_users if args.vectorized else fn,
                         master=args.master, spark_config=spark_config,
                         task_listener=task_listener, vectorized=args.vectorized, sink=sink,
-                        timeout_s=args.timeout, status_file=args.status_file)
+                        timeout_s=args.timeout, status_file=args.status_file,
+                        initial_state=initial_state, on_initial_state=on_initial_state)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -16,6 +16,9 @@
 - ``--kill-task-at EVENT:BATCH:SUBTASK`` (repeatable): a task listener that kills the
   Python worker running the task (SIGKILL) at that task event, once (across retries:
   a marker file in ``--fault-dir``); Spark then runs the task again;
+- ``--initial-state FILE``: the application starts from the users' totals in ``FILE``
+  (JSON lines ``user, events, spent``), read by a function of the batch's session, given to
+  :func:`from_totals` (``initial_state``/``on_initial_state``);
 - ``--sink-dir DIR``: outputs go to a sink function instead of ``KafkaOutputSink``,
   idempotent by checkpoint id as docs/streaming.md tells users: each call writes the batch's
   outputs to ``DIR/<checkpoint id>.json`` (replacing what a re-run of the checkpoint
@@ -40,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from examples.clickstream import main, update_user
+from examples.clickstream import EVENTS, SPENT, main, update_user
 from spark_integration.streaming import (
     BATCH_EVENTS,
     TASK_EVENTS,
@@ -148,6 +151,23 @@ def file_sink(directory: str, kill_after_batch: int | None) -> Any:
     return sink
 
 
+#: The columns of ``--initial-state``'s file.
+TOTALS_SCHEMA = "user string, events long, spent double"
+
+
+def from_totals(key: str, rows: Any, state: Any) -> None:
+    """A user's state from its earlier totals (``on_initial_state``)."""
+    state(EVENTS).update(int(rows["events"].sum()))
+    state(SPENT).add(float(rows["spent"].sum()))
+
+
+def totals_reader(path: str) -> Any:
+    """``initial_state`` as a function of the session: the totals of ``path``."""
+    def read(spark: Any) -> Any:
+        return spark.read.schema(TOTALS_SCHEMA).json(path)
+    return read
+
+
 def fault_parser(description: str) -> argparse.ArgumentParser:
     """The options of the faults every crashing job takes: a driver kill at a batch event,
     task kills at task events (once each, across retries)."""
@@ -183,6 +203,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--stall-at", metavar="TASK_EVENT")
     parser.add_argument("--sink-dir")
     parser.add_argument("--kill-after-sink", type=int, metavar="BATCH")
+    parser.add_argument("--initial-state", metavar="FILE")
     return split_arguments(parser, argv)
 
 
@@ -200,4 +221,7 @@ if __name__ == "__main__":
             raise SystemExit("--kill-task-at needs --fault-dir and no --stall-at")
         task_listener = kill_tasks_at(faults.kill_task_at, faults.fault_dir)
     sink = file_sink(faults.sink_dir, faults.kill_after_sink) if faults.sink_dir else None
-    sys.exit(main(job_args, listener=listener, fn=fn, task_listener=task_listener, sink=sink))
+    initial = ({"initial_state": totals_reader(faults.initial_state),
+                "on_initial_state": from_totals} if faults.initial_state else {})
+    sys.exit(main(job_args, listener=listener, fn=fn, task_listener=task_listener, sink=sink,
+                  **initial))

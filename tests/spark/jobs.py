@@ -90,7 +90,8 @@ class Job:
                 stall_dir: Path | None = None, stall_at: str | None = None,
                 task_kills: tuple[str, ...] = (), fault_dir: Path | None = None,
                 master: str | None = None, sink_dir: Path | None = None,
-                kill_after_sink: int | None = None) -> list[str]:
+                kill_after_sink: int | None = None,
+                initial_state: Path | None = None) -> list[str]:
         """The job's command line (with faults injected, if any; see
         ``tests.spark.crashing_clickstream``)."""
         faults = []
@@ -108,6 +109,8 @@ class Job:
             faults += ["--sink-dir", str(sink_dir)]
         if kill_after_sink is not None:
             faults += ["--kill-after-sink", str(kill_after_sink)]
+        if initial_state is not None:
+            faults += ["--initial-state", str(initial_state)]
         module = (["-m", "tests.spark.crashing_clickstream", *faults, "--"] if faults
                   else ["-m", "examples.clickstream"])
         return [
@@ -135,11 +138,11 @@ class Job:
             timeout_s: float = 600, task_kills: tuple[str, ...] = (),
             fault_dir: Path | None = None, master: str | None = None,
             sink_dir: Path | None = None, kill_after_sink: int | None = None,
-            ) -> subprocess.CompletedProcess[str]:
+            initial_state: Path | None = None) -> subprocess.CompletedProcess[str]:
         """Run the job to its end (or its kill)."""
         command = self.command(parallelism, kill_at, task_kills=task_kills,
                                fault_dir=fault_dir, master=master, sink_dir=sink_dir,
-                               kill_after_sink=kill_after_sink)
+                               kill_after_sink=kill_after_sink, initial_state=initial_state)
         return subprocess.run(command, cwd=REPO,
                               capture_output=True, text=True, timeout=timeout_s,
                               preexec_fn=die_with_parent())

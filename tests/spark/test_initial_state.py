@@ -196,3 +196,67 @@ def test_an_application_with_other_state_and_wrong_initial_states_are_refused(
             stateful_foreach_batch(config, count, "user", OUTPUT_SCHEMA, initial_state=initial)
     finally:
         WorkerResources.release(config)
+
+
+EVENT_COUNT = 900
+USERS = 24
+PER_BATCH = 300
+
+
+def test_a_driver_killed_in_the_first_batch_bootstraps_the_state_once(
+        kafka_cluster: Any, tmp_path: Path) -> None:
+    """The clickstream job (``KafkaOutputSink``, exactly-once outputs) bootstrapped from
+    users' earlier totals (a JSON file read by a function of the session); in its first
+    batch a task's worker is killed -9 in its transaction, then the driver after the tasks
+    committed their outputs and state, before the checkpoint. Run again, every user's state
+    is its totals plus its events, and every batch's outputs are in the output topic once."""
+    import json
+    import signal
+
+    from examples.clickstream import output_problems, produce_events, read_outputs
+    from examples.events import events
+
+    from .jobs import Job, state_of
+
+    job = Job(f"init-kill-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
+              tmp_path / "spark-checkpoint", EVENT_COUNT, per_batch=PER_BATCH)
+    produce_events(kafka_cluster.client_config(), job.input_topic, EVENT_COUNT, USERS)
+    # Users 0..19 have earlier totals; user-0099 has no events at all.
+    totals = {f"user-{i:04d}": (i + 1, round(i * 1.25, 2)) for i in range(20)}
+    totals["user-0099"] = (5, 9.99)
+    initial = tmp_path / "totals.json"
+    initial.write_text("".join(json.dumps({"user": u, "events": n, "spent": s}) + "\n"
+                               for u, (n, s) in totals.items()))
+    # The first batch: one task's Python worker killed in its transaction (Spark runs the
+    # task again), then the driver killed before the checkpoint commit.
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    done = job.run(2, "before_commit:0", task_kills=("subtask_in_transaction:0:1",),
+                   fault_dir=faults, master="local[2,4]", initial_state=initial)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert (faults / "killed-subtask_in_transaction-0-1").exists()
+    done = job.run(2, initial_state=initial)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    expected: dict[str, dict[str, Any]] = {
+        user: {"events": n, "spent": spent, "kinds": {}, "last_pages": []}
+        for user, (n, spent) in totals.items()}
+    for event in events(EVENT_COUNT, USERS):
+        state = expected.setdefault(event["user"], {"events": 0, "spent": None, "kinds": {},
+                                                    "last_pages": []})
+        state["events"] += 1
+        state["spent"] = (event["amount"] if state["spent"] is None
+                          else round(state["spent"] + event["amount"], 2))
+        state["kinds"][event["kind"]] = state["kinds"].get(event["kind"], 0) + 1
+        state["last_pages"] = [*state["last_pages"], event["page"]][-5:]
+    config = job.config()
+    try:
+        assert state_of(config, sorted(expected)) == expected
+        with_events = {u: s for u, s in expected.items() if u != "user-0099"}
+        rows = read_outputs(kafka_cluster.client_config(), job.output_topic)
+        assert output_problems(rows, with_events) == []
+        checkpoint = WorkerResources.coordinator(config).checkpoint()
+        assert checkpoint is not None
+        assert checkpoint.properties[INITIAL_STATE_PROPERTY] == "1"
+    finally:
+        WorkerResources.release(config)
