@@ -26,11 +26,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "pyspark[connect]==$version" >&2
   echo "$want" > "$stamp"
 fi
-# The project is installed editable: a venv made from another clone is pointed at this one.
+# The project is installed editable: a venv made from another clone is pointed at this one
+# (also when that clone is gone: the import then finds no module file, or none at all).
 # Asked from outside the clone: here its own directory would be found first, whatever the
 # venv points at (and pytest imports the library through its plugin before any test).
-source_root=$(cd / && "$venv/bin/python" -c \
-  'import kafka_changelog, pathlib; print(pathlib.Path(kafka_changelog.__file__).parents[1])')
+source_root=$(cd / && "$venv/bin/python" -c '
+import pathlib
+try:
+    import kafka_changelog
+    print(pathlib.Path(kafka_changelog.__file__).parents[1])
+except Exception:
+    print("")' 2>/dev/null || true)
 if [ "$source_root" != "$PWD" ]; then
   "$venv/bin/python" -m pip install -q --no-deps -e . >&2
 fi

@@ -1,7 +1,7 @@
-"""The one loop that reads a range of offsets of one partition.
+"""The one loop that reads ranges of offsets, one per partition, at once.
 
-The changelog reader and the checkpoint store read ranges ``[start, end)`` of a
-partition with an assigned consumer (no group, no commits). Offsets may have gaps
+The changelog reader, the snapshot and checkpoint stores read ranges ``[start, end)``
+of partitions with an assigned consumer (no group, no commits). Offsets may have gaps
 (transaction markers, compaction): a range is done when the position reaches its
 end. What an error means is the caller's (``on_error``): it returns the position to
 go on from, or raises.
@@ -21,13 +21,17 @@ BATCH = 1000
 
 #: Seconds one consume call waits for its batch to fill. librdkafka returns a batch only
 #: when it is full or this has passed, and the partition-end event does not end the wait:
-#: a range whose offsets include gaps (transaction markers, compacted records) never
-#: fills its last batch, so a long wait here is paid by every read of such a range (each
-#: checkpoint commit's read of the checkpoint topic paid 0.5 s).
-CONSUME_WAIT_S = 0.02
+#: ranges whose offsets include gaps (transaction markers, compacted records) never fill
+#: their last batch, so every read waits this out once (a checkpoint commit's read of the
+#: checkpoint topic paid 0.5 s when it was that; each range of a handle paid it when the
+#: reader read them one by one).
+CONSUME_WAIT_S = 0.005
 
 #: ``on_error(error, position) -> position``: what a consumer error means to the caller.
 ErrorHandler = Callable[[KafkaError, int], int]
+
+#: ``on_error(partition, error, position) -> position``: :data:`ErrorHandler` of a partition.
+PartitionErrorHandler = Callable[[int, KafkaError, int], int]
 
 
 def end_of_partition(error: KafkaError) -> bool:
@@ -37,63 +41,12 @@ def end_of_partition(error: KafkaError) -> bool:
 
 def consume_range(
     consumer: Consumer, topic: str, partition: int, start: int, end: int, timeout_s: float,
-    on_error: ErrorHandler, *, assigned: bool = False, batch: int = BATCH,
+    on_error: ErrorHandler, *, batch: int = BATCH,
 ) -> Iterator[Message]:
-    """The messages of ``topic[partition]`` at offsets ``start <= offset < end``, in order.
-
-    Waits up to ``timeout_s`` for each next message (a stalled broker is an error
-    naming the position). A partition-end event moves the position to the log end;
-    every other error goes to ``on_error``. The consumer is unassigned afterwards.
-    ``assigned``: the caller assigned the consumer to ``topic[partition]`` at ``start``
-    already (to have it fetch while it read something else). ``batch``: messages
-    fetched per consume call at most (what is held at once: bounds memory). A refused
-    group lookup is ignored: reading assigned partitions needs no group ACL.
-    """
-    if end <= start:
-        return
-    if not assigned:
-        consumer.assign([TopicPartition(topic, partition, start)])
-    position = start
-    deadline = time.monotonic() + timeout_s
-    try:
-        while position < end:
-            # Ask for no more than the range holds, so a full batch returns at once.
-            messages = consumer.consume(min(batch, end - position), timeout=CONSUME_WAIT_S)
-            if not messages:
-                if time.monotonic() > deadline:
-                    raise ChangelogError(
-                        f"timed out reading {topic}[{partition}] at offset {position} "
-                        f"(range ends at {end})")
-                continue
-            deadline = time.monotonic() + timeout_s
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                        continue  # librdkafka looks the group up; an assigned reader needs none
-                    if end_of_partition(error):
-                        position = max(position, message.offset() or 0)
-                    position = on_error(error, position)
-                    continue
-                offset = message.offset() or 0
-                if offset < position:
-                    continue  # prefetched before the assignment
-                if offset >= end:
-                    position = offset
-                    break
-                position = offset + 1
-                yield message
-    finally:
-        consumer.unassign()
-
-
-#: Seconds one consume call of :func:`consume_ranges` waits for its batch to fill: the
-#: ranges' offsets include transaction markers, so the last call of a read always waits it
-#: out (once per read, not once per partition).
-RANGES_WAIT_S = 0.005
-
-#: ``on_error(partition, error, position) -> position``: :data:`ErrorHandler` of a partition.
-PartitionErrorHandler = Callable[[int, KafkaError, int], int]
+    """The messages of ``topic[partition]`` at offsets ``start <= offset < end``, in order:
+    :func:`consume_ranges` of one range."""
+    return consume_ranges(consumer, topic, [(partition, start, end)], timeout_s,
+                          lambda _, error, position: on_error(error, position), batch=batch)
 
 
 def consume_ranges(
@@ -105,9 +58,13 @@ def consume_ranges(
     each fetch request asks for all of them (one round trip, not one per partition).
 
     Each partition's messages come in offset order; partitions interleave. A partition is
-    paused once its range is read. Waits up to ``timeout_s`` for each next message (a
-    stalled broker is an error naming a position), hands errors to ``on_error`` as
-    :func:`consume_range` does, and unassigns the consumer afterwards.
+    paused once its range is read (while others are still read). Waits up to ``timeout_s``
+    for each next message (a stalled broker is an error naming a position). A
+    partition-end event moves the position to the log end; every other error goes to
+    ``on_error``, which returns the position to go on from, or raises. A refused group
+    lookup is ignored: reading assigned partitions needs no group ACL. ``batch``: messages
+    fetched per consume call at most (what is held at once: bounds memory). The consumer
+    is unassigned afterwards.
     """
     ends = {partition: end for partition, start, end in ranges if end > start}
     positions = {partition: start for partition, start, end in ranges if end > start}
@@ -121,7 +78,7 @@ def consume_ranges(
     try:
         while positions:
             left = sum(ends[p] - at for p, at in positions.items())
-            messages = consumer.consume(min(batch, left), timeout=RANGES_WAIT_S)
+            messages = consumer.consume(min(batch, left), timeout=CONSUME_WAIT_S)
             if not messages:
                 if time.monotonic() > deadline:
                     partition, position = next(iter(positions.items()))
@@ -130,7 +87,7 @@ def consume_ranges(
                         f"(range ends at {ends[partition]})")
                 continue
             deadline = time.monotonic() + timeout_s
-            done = len(paused)
+            finished: list[TopicPartition] = []
             for message in messages:
                 partition = message.partition() or 0
                 if partition not in positions:
@@ -154,11 +111,12 @@ def consume_ranges(
                         position = offset
                 if position >= ends[partition]:
                     del positions[partition]
-                    paused.append(TopicPartition(topic, partition))
+                    finished.append(TopicPartition(topic, partition))
                 else:
                     positions[partition] = position
-            if len(paused) > done:  # one call for the partitions done (~1 ms each)
-                consumer.pause(paused[done:])
+            if finished and positions:  # one call for those done (~1 ms each)
+                consumer.pause(finished)
+                paused += finished
     finally:
         if paused:  # a partition assigned again later would stay paused
             consumer.resume(paused)

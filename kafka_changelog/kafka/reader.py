@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import KafkaError, Message
 
 from ..avro_columns import padded
 from ..change import META_KEY_GROUP, StateChange, new_unchecked
@@ -159,7 +159,7 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                                                              message)
 
     def log_records(
-        self, topic: str, r: PartitionRange, log_id: str, consumer: Consumer | None = None,
+        self, topic: str, r: PartitionRange, log_id: str,
     ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
         """(offset, decoded changes) of every record of ``log_id`` in ``r``, in offset order.
 
@@ -167,14 +167,13 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         the log end says records were lost; both are found when reading fails (the
         watermarks are only asked for then: one round trip per range less on every
         restore). Skips other logs' records, and refuses unknown schemas and undecodable
-        values naming the offset. ``consumer``: one already assigned at the range's start
-        (default: the reader's own, assigned here).
+        values naming the offset.
         """
-        for offset, value in self.log_values(topic, r, log_id, consumer):
+        for offset, value in self.log_values(topic, r, log_id):
             yield offset, decode_log_record(topic, r.partition, offset, value, log_id)
 
     def log_values(
-        self, topic: str, r: PartitionRange, log_id: str, consumer: Consumer | None = None,
+        self, topic: str, r: PartitionRange, log_id: str,
     ) -> Iterator[tuple[int, bytes]]:
         """(offset, value) of every record of ``log_id`` in ``r``, in offset order, values
         not decoded: :meth:`log_records` without the decoding (its errors otherwise, the
@@ -184,9 +183,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         def on_error(error: KafkaError, position: int) -> int:
             return self._after_error(topic, r, log_id, position, error)
 
-        for message in consume_range(consumer or self._consumer, topic, r.partition,
-                                     r.start_offset, r.end_offset, self._timeout, on_error,
-                                     assigned=consumer is not None, batch=self._batch):
+        for message in consume_range(self._consumer, topic, r.partition, r.start_offset,
+                                     r.end_offset, self._timeout, on_error, batch=self._batch):
             if message.key() != log_key:
                 continue
             offset = message.offset() or 0
