@@ -40,7 +40,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
     most ``memory_budget_bytes / 4`` at a time (by ``max_record_bytes``). So a read
     holds at most about 1.25 x the budget plus 64 KiB per spilled run (tail / budget
     runs), plus librdkafka's prefetch queue (``queued.max.messages.kbytes``). Below the
-    budget nothing is written to disk.
+    budget nothing is written to disk. :meth:`read_columns` reads only handles of at most
+    half the budget, so it too holds at most about the budget (the records twice).
     """
 
     def __init__(self, config: KafkaChangelogConfig, timeout_s: float | None = None,
@@ -107,9 +108,9 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         they are consecutive pieces of one log (see :func:`merged_pieces`).
 
         None for pieces not read together, for more than half the memory budget (the
-        records and their padded copy are held at once), or for a record the column-wise
-        decoder leaves to the per-change one: :meth:`read` reads those (and names what is
-        wrong)."""
+        records are held twice at most: joined, then with their padded copy, which the
+        columns keep), or for a record the column-wise decoder leaves to the per-change
+        one: :meth:`read` reads those (and names what is wrong)."""
         for piece in handles:
             if not isinstance(piece, KafkaChangelogHandle):
                 raise wrong_handle(self, piece)
@@ -127,6 +128,7 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         finally:
             values.close()  # unassigns the consumer, also when left early
         data = b"".join(group.values)
+        group.values.clear()  # at most twice the records' bytes held at any time
         buffer, limit = padded(data)
         kept = kept_columns(group, buffer, limit, ChangeFilter(
             handle.from_sequence_number, handle.to_sequence_number,
