@@ -35,8 +35,9 @@ from kafka_changelog.state.schema.descriptors import StateDescriptor
 from kafka_changelog.state.snapshots.snapshot_store import InMemorySnapshotStore
 
 from .batch_time import next_watermark
-from .columns import KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
+from .columns import INPUT_COLUMNS, KEY_COLUMN, KEY_GROUP_COLUMN, SUBTASK_COLUMN
 from .config import StreamingStateConfig
+from .initial_state import INITIAL_COLUMN, INITIAL_PREFIX, InitialStateFunction
 from .key_state import BatchContext, EventTime, KeyState, TimerInfo, to_ms
 from .metrics import SubtaskMetrics
 from .state_declarations import StateDeclarations
@@ -83,13 +84,15 @@ class StatefulTester:
                  order_by: Sequence[str] = (), key_types: Sequence[str] | None = None,
                  start: Any = 0, max_parallelism: int = 128,
                  states: Sequence[StateDescriptor] = (),
-                 dropped_states: Sequence[str] = ()) -> None:
+                 dropped_states: Sequence[str] = (),
+                 on_initial_state: InitialStateFunction | None = None) -> None:
         self.key_columns = [key_column] if isinstance(key_column, str) else list(key_column)
         self.output_columns = list(output_columns)
         self._fn, self._on_timer, self._event_time = fn, on_timer, event_time
         self._vectorized, self._order_by = vectorized, tuple(order_by)
         self._key_types = list(key_types) if key_types is not None else None
         self._declarations = StateDeclarations.of(states, dropped_states)
+        self._on_initial_state = on_initial_state
         self._storage = InMemoryChangelogStorage()
         self.backend = ChangelogKeyedStateBackend(
             self._storage, InMemorySnapshotStore(), "tester",
@@ -125,11 +128,28 @@ class StatefulTester:
 
     # -- running ---------------------------------------------------------------------------
 
-    def run(self, rows: pd.DataFrame | Sequence[dict[str, Any]] | None = None
+    def run(self, rows: pd.DataFrame | Sequence[dict[str, Any]] | None = None,
+            initial_state: pd.DataFrame | Sequence[dict[str, Any]] | None = None
             ) -> list[dict[str, Any]]:
         """Run one batch of ``rows`` (None or empty: a batch without rows, which still
-        fires due timers and expires state); its output rows."""
+        fires due timers and expires state); its output rows. ``initial_state``: rows
+        given to ``on_initial_state`` before the batch's, as in a new application's first
+        batch (only the first batch takes them)."""
         frame = self._frame(rows)
+        if initial_state is not None:
+            if self._on_initial_state is None:
+                raise ValueError("initial_state rows need the tester's on_initial_state")
+            if self.batch_id:
+                raise ValueError(f"initial_state is for the first batch, not batch "
+                                 f"{self.batch_id}")
+            initial = self._frame(initial_state)
+            if initial is not None:
+                initial = initial.rename(columns={
+                    c: INITIAL_PREFIX + c for c in initial.columns
+                    if c not in self.key_columns and c not in INPUT_COLUMNS})
+                initial[INITIAL_COLUMN] = True
+                frame = initial if frame is None else pd.concat([frame, initial],
+                                                                ignore_index=True)
         context = BatchContext(self.batch_id, self.batch_id + 1, self.processing_time_ms,
                                self.watermark_ms)
         task = SubtaskTask(
@@ -137,7 +157,8 @@ class StatefulTester:
             context.checkpoint_id, self.output_columns, self.batch_id,
             outputs_to_driver=False, vectorized=self._vectorized,
             time=TaskTime(context, self._event_time, self._on_timer,
-                          tuple(self._key_types or ())), declarations=self._declarations)
+                          tuple(self._key_types or ())), declarations=self._declarations,
+            on_initial_state=self._on_initial_state if initial_state is not None else None)
         outputs, metrics, _ = task.run_function(
             AcquiredBackend(self.backend, StateSource.REATTACHED, 0.0), frame, 0)
         self.backend.notify_checkpoint_complete(context.checkpoint_id)

@@ -150,3 +150,24 @@ def test_an_event_time_column_without_timestamps_is_refused_naming_it() -> None:
             "event-time column 'ts' has dtype int64, which cannot be read as event times: "
             "it holds no timestamps;")
         assert tester.watermark_ms is None
+
+
+def test_initial_state_rows_come_before_the_first_batch() -> None:
+    """``on_initial_state`` gets each key's initial rows (its own columns) before the first
+    batch's rows; later batches refuse initial rows."""
+    seen: list[tuple[str, list[str]]] = []
+
+    def from_history(key: str, rows: pd.DataFrame, state: Any) -> None:
+        seen.append((key, list(rows.columns)))
+        state(COUNT).update(int(rows["n"].sum()))
+
+    tester = StatefulTester(count_and_remind, "key", ["key", "what", "n"],
+                            on_initial_state=from_history)
+    out = tester.run([{"key": "a"}, {"key": "a"}, {"key": "c"}],
+                     initial_state=[{"key": "a", "n": 10}, {"key": "b", "n": 5},
+                                    {"key": "a", "n": 1}])
+    assert sorted(seen) == [("a", ["key", "n"]), ("b", ["key", "n"])]
+    assert [(r["key"], r["n"]) for r in out] == [("a", 13), ("c", 1)]
+    assert tester.state("b", COUNT).value() == 5
+    with pytest.raises(ValueError, match="initial_state is for the first batch, not batch 1"):
+        tester.run([{"key": "a"}], initial_state=[{"key": "a", "n": 1}])
