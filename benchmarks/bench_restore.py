@@ -40,7 +40,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 
 from benchmarks.common import (
     MAX_PARALLELISM,
@@ -52,6 +52,7 @@ from benchmarks.common import (
     machine_info,
     payloads,
     ratio_text,
+    raw_read,
     scaled,
     table,
     unique_topic,
@@ -74,8 +75,6 @@ from kafka_changelog.state.schema.serializers import INT64
 
 DEFAULT_JSON = RESULTS_DIR / "restore.json"
 ALL_KEY_GROUPS = KeyGroupRange.of(0, MAX_PARALLELISM - 1)
-BATCH = 1000  # records per consume() call, as the reader
-READ_TIMEOUT_S = 60.0
 
 #: (payload bytes, changes at BENCH_SCALE=1, minimum changes)
 THROUGHPUT_CASES: tuple[tuple[int, int, int], ...] = (
@@ -185,46 +184,13 @@ def read_raw(config: KafkaChangelogConfig, handle: KafkaChangelogHandle, size: i
              changes: int) -> Read:
     """Consume the handle's ranges with a plain consumer, all partitions assigned at once
     (as the reader does), summing the value lengths."""
-    records = value_bytes = 0
     gc.collect()
     cpu0 = time.process_time()
     start = time.perf_counter()
     consumer = Consumer(config.consumer())
-    ends = {r.partition: r.end_offset for r in handle.ranges if r.end_offset > r.start_offset}
-    positions = {r.partition: r.start_offset for r in handle.ranges
-                 if r.end_offset > r.start_offset}
     try:
-        consumer.assign([TopicPartition(handle.topic, p, at) for p, at in positions.items()])
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        while positions:
-            left = sum(ends[p] - at for p, at in positions.items())
-            messages = consumer.consume(min(BATCH, left), timeout=0.005)
-            if not messages:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"raw consumer: timed out at {positions}")
-                continue
-            deadline = time.monotonic() + READ_TIMEOUT_S
-            for message in messages:
-                partition = message.partition() or 0
-                if partition not in positions:
-                    continue
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(error)
-                    position = max(positions[partition], message.offset() or 0)
-                else:
-                    offset = message.offset() or 0
-                    if offset < ends[partition]:
-                        records += 1
-                        value_bytes += len(message.value() or b"")
-                        position = offset + 1
-                    else:
-                        position = offset
-                if position >= ends[partition]:
-                    del positions[partition]
-                else:
-                    positions[partition] = position
+        records, value_bytes = raw_read(consumer, handle.topic, {
+            r.partition: (r.start_offset, r.end_offset, None) for r in handle.ranges})
     finally:
         consumer.close()
     seconds = time.perf_counter() - start

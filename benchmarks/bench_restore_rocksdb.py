@@ -48,7 +48,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 
 from benchmarks.common import (
     MAX_PARALLELISM,
@@ -60,6 +60,7 @@ from benchmarks.common import (
     kafka_broker,
     machine_info,
     ratio_text,
+    raw_read,
     scaled,
     table,
     unique_topic,
@@ -88,8 +89,6 @@ DEFAULT_JSON = RESULTS_DIR / "restore_rocksdb.json"
 ALL = KeyGroupRange.of(0, MAX_PARALLELISM - 1)
 TARGET = 0.8  # restore into RocksDB / raw consumer, MB/s
 OPERATOR = "op"
-BATCH = 1000
-READ_TIMEOUT_S = 60.0
 SAMPLE = 1000  # keys checked after every restore
 
 VALUE = value_state("value", BYTES)
@@ -186,47 +185,6 @@ def _check(case: Case, backend: ChangelogKeyedStateBackend, keys: int,
 # -- the sides -------------------------------------------------------------------------------
 
 
-def _consume(consumer: Consumer, topic: str,
-             spans: dict[int, tuple[int, int, set[int] | None]]) -> tuple[int, int]:
-    """Records and value bytes of ``topic``'s partitions, offsets ``[start, end)`` of each
-    (only the offsets in ``wanted`` when given: ``spans[partition] = (start, end,
-    wanted)``), every partition assigned at once (as the reader does)."""
-    records = value_bytes = 0
-    positions = {p: start for p, (start, end, _) in spans.items() if end > start}
-    consumer.assign([TopicPartition(topic, p, at) for p, at in positions.items()])
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    while positions:
-        left = sum(spans[p][1] - at for p, at in positions.items())
-        messages = consumer.consume(min(BATCH, left), timeout=0.005)
-        if not messages:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"raw consumer: timed out in {topic} at {positions}")
-            continue
-        deadline = time.monotonic() + READ_TIMEOUT_S
-        for message in messages:
-            partition = message.partition() or 0
-            if partition not in positions:
-                continue
-            _, end, wanted = spans[partition]
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    raise KafkaException(error)
-                position = max(positions[partition], message.offset() or 0)
-            else:
-                offset = message.offset() or 0
-                position = offset + 1 if offset < end else offset
-                if offset < end and (wanted is None or offset in wanted):
-                    records += 1
-                    value_bytes += len(message.value() or b"")
-            if position >= end:
-                del positions[partition]
-            else:
-                positions[partition] = position
-    consumer.unassign()
-    return records, value_bytes
-
-
 def read_raw(handle: KeyedStateHandle, snapshot_config: SnapshotStoreConfig,
              changelog_consumer: dict[str, Any]) -> tuple[int, int]:
     """Records and value bytes of the handle's snapshot chunks and changelog ranges."""
@@ -238,7 +196,7 @@ def read_raw(handle: KeyedStateHandle, snapshot_config: SnapshotStoreConfig,
             by_partition: dict[int, set[int]] = {}
             for chunk in snapshot.chunks:
                 by_partition.setdefault(chunk.partition, set()).add(chunk.offset)
-            records, value_bytes = _consume(consumer, snapshot.topic, {
+            records, value_bytes = raw_read(consumer, snapshot.topic, {
                 partition: (min(offsets), max(offsets) + 1, offsets)
                 for partition, offsets in by_partition.items()})
         finally:
@@ -247,7 +205,7 @@ def read_raw(handle: KeyedStateHandle, snapshot_config: SnapshotStoreConfig,
     try:
         for log in handle.changelog:
             assert isinstance(log, KafkaChangelogHandle)
-            got, size = _consume(consumer, log.topic, {
+            got, size = raw_read(consumer, log.topic, {
                 r.partition: (r.start_offset, r.end_offset, None) for r in log.ranges})
             records, value_bytes = records + got, value_bytes + size
     finally:

@@ -21,7 +21,7 @@ from typing import Any
 
 import confluent_kafka
 import psutil
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafka_changelog.kafka import KafkaChangelogConfig
@@ -266,6 +266,53 @@ def wait_for_quiet(own_pids: Sequence[int] = (), label: str = "") -> dict[str, f
         state = "quiet" if share < threshold else "still busy, measuring anyway"
         print(f"  {label}{state} after {waited:.0f} s (others at {share:.0%})", flush=True)
     return {"waited_s": round(waited, 1), "foreign_share_before": round(share, 3)}
+
+
+#: Seconds a raw baseline consumer waits for the next record before it gives up.
+RAW_READ_TIMEOUT_S = 60.0
+
+
+def raw_read(consumer: Consumer, topic: str,
+             spans: dict[int, tuple[int, int, set[int] | None]]) -> tuple[int, int]:
+    """The raw-consumer baseline of the read benchmarks: records and value bytes of
+    ``topic``'s offsets ``[start, end)`` per partition (only the offsets in ``wanted`` when
+    given: ``spans[partition] = (start, end, wanted)``), every partition assigned at once
+    as the library's reader assigns them, batches of up to 1,000 records."""
+    records = value_bytes = 0
+    ends = {p: end for p, (start, end, _) in spans.items() if end > start}
+    positions = {p: start for p, (start, end, _) in spans.items() if end > start}
+    consumer.assign([TopicPartition(topic, p, at) for p, at in positions.items()])
+    deadline = time.monotonic() + RAW_READ_TIMEOUT_S
+    while positions:
+        left = sum(ends[p] - at for p, at in positions.items())
+        messages = consumer.consume(min(1000, left), timeout=0.005)
+        if not messages:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"raw consumer: timed out in {topic} at {positions}")
+            continue
+        deadline = time.monotonic() + RAW_READ_TIMEOUT_S
+        for message in messages:
+            partition = message.partition() or 0
+            if partition not in positions:
+                continue
+            wanted = spans[partition][2]
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(error)
+                position = max(positions[partition], message.offset() or 0)
+            else:
+                offset = message.offset() or 0
+                position = offset + 1 if offset < ends[partition] else offset
+                if offset < ends[partition] and (wanted is None or offset in wanted):
+                    records += 1
+                    value_bytes += len(message.value() or b"")
+            if position >= ends[partition]:
+                del positions[partition]
+            else:
+                positions[partition] = position
+    consumer.unassign()
+    return records, value_bytes
 
 
 def percentile(values: Sequence[float], q: float) -> float:
