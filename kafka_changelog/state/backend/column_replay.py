@@ -2,22 +2,26 @@
 
 A restore or a catch-up replays what a reader decoded column-wise
 (:class:`~kafka_changelog.change_columns.DecodedChanges`): the ops' fields are read for all
-changes at once (:mod:`kafka_changelog.state.schema.op_columns`), the changes are cut into
-runs of one state and one op kind in log order, and each run goes to
+changes at once (:mod:`kafka_changelog.state.schema.op_columns`). Registrations are applied
+where they stand in the log; between two of them, the ops are grouped by state (a stable
+sort: ops of different states touch different stored keys, so only each state's own order
+matters) and cut into runs of one op kind. A long run goes to
 :meth:`KeyedStateTable.apply_columns
 <kafka_changelog.state.tables.protocol.KeyedStateTable.apply_columns>` (one write batch and
-one multi-get for the RocksDB table) instead of an op object per change. Registrations are
-applied where they stand in the log.
+one multi-get for the RocksDB table) instead of an op object per change; short runs (a
+state whose op kinds alternate, e.g. timers moved: a remove and a put per key) go together,
+op by op, to ``apply_batch``.
 
 The per-change replay (:func:`~kafka_changelog.state.backend.restore.replay_changes`) stays
 the reference: changes the column-wise decoder leaves to it (an encoding only it reads,
-anything malformed, which it names) are replayed through it, with the same result.
+anything malformed, which it names) and logs it would refuse (an op of a state not
+registered before it) are replayed through it, with the same result and the same error.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +48,13 @@ class _Decoded:
     state_names: list[str]
     state_ids: Int64s
     ops: OpColumns
+    #: The change (position in the changes) of each op.
+    op_rows: Int64s
+
+
+#: Runs shorter than this are applied op by op (``apply_batch``), several at once: a call
+#: of ``apply_columns`` costs more than a few ops' objects.
+MIN_COLUMN_RUN = 32
 
 
 def replay_columns(table: KeyedStateTable, changes: DecodedChanges,
@@ -60,13 +71,62 @@ def replay_columns(table: KeyedStateTable, changes: DecodedChanges,
     decoded = _decode(changes, rows, meta[rows])
     if decoded is None:
         return False
-    for start, end in _runs(decoded):
-        if decoded.meta[start]:
-            table.register(StateMeta.from_bytes(_payload(changes, int(rows[start]))))
-        else:
-            _apply_run(table, changes, decoded, start, end)
+    registrations = [(int(at), StateMeta.from_bytes(_payload(changes, int(rows[at]))))
+                     for at in np.flatnonzero(decoded.meta).tolist()]
+    if not _registered_first(table, decoded, registrations):
+        return False
+    done = 0  # ops applied: the k-th registration (at row ``at``) follows ``at - k`` ops
+    for k, (at, registration) in enumerate(registrations):
+        _apply_ops(table, changes, decoded, done, at - k)
+        table.register(registration)
+        done = at - k
+    _apply_ops(table, changes, decoded, done, decoded.state_ids.size)
     changed.update(np.unique(key_groups[rows[~decoded.meta]]).tolist())
     return True
+
+
+def _registered_first(table: KeyedStateTable, decoded: _Decoded,
+                      registrations: list[tuple[int, StateMeta]]) -> bool:
+    """Whether every op's state is registered before it: in the table already, or by a
+    registration earlier in the log (else the per-change path raises where it should)."""
+    first_registered: dict[str, int] = {}
+    for at, registration in registrations:
+        first_registered.setdefault(registration.state, at)
+    op_positions = np.flatnonzero(~decoded.meta)  # each op's row among the rows
+    ids, first_op = np.unique(decoded.state_ids, return_index=True)
+    known = table.metas
+    for state_id, op in zip(ids.tolist(), first_op.tolist(), strict=True):
+        name = decoded.state_names[state_id]
+        if name in known:
+            continue
+        registered_at = first_registered.get(name)
+        if registered_at is None or registered_at > int(op_positions[op]):
+            return False
+    return True
+
+
+def _apply_ops(table: KeyedStateTable, changes: DecodedChanges, decoded: _Decoded,
+               first: int, last: int) -> None:
+    """Apply the ops ``[first, last)`` (positions among the ops; no registration between
+    them): grouped by state, in log order within each, long runs of one kind column-wise,
+    the rest op by op."""
+    if last <= first:
+        return
+    order = first + np.argsort(decoded.state_ids[first:last], kind="stable")
+    codes = decoded.state_ids[order] * len(_OPS) + decoded.ops.op[order]
+    bounds = [0, *(np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist(), order.size]
+    pending: list[Int64s] = []
+    for start, end in itertools.pairwise(bounds):
+        run = order[start:end]
+        if end - start < MIN_COLUMN_RUN:
+            pending.append(run)
+            continue
+        if pending:
+            _apply_each(table, changes, decoded, np.concatenate(pending))
+            pending = []
+        _apply_run(table, changes, decoded, run)
+    if pending:
+        _apply_each(table, changes, decoded, np.concatenate(pending))
 
 
 def _payload(changes: DecodedChanges, row: int) -> bytes:
@@ -98,79 +158,70 @@ def _decode(changes: DecodedChanges, rows: Int64s, meta: np.ndarray) -> _Decoded
         names = [name.decode() for name in ids]
     except UnicodeDecodeError:
         return None
-    return _Decoded(rows, meta, names, state_ids, ops)
+    return _Decoded(rows, meta, names, state_ids, ops, rows[~meta])
 
 
-def _runs(decoded: _Decoded) -> Iterator[tuple[int, int]]:
-    """``[start, end)`` of each run of ops of one state and kind (each registration a run
-    of its own), in log order, as positions in ``decoded.rows``."""
-    n = decoded.rows.size
-    codes = np.empty(n, np.int64)
-    op_rows = np.flatnonzero(~decoded.meta)
-    codes[op_rows] = decoded.state_ids * len(_OPS) + decoded.ops.op
-    meta_rows = np.flatnonzero(decoded.meta)
-    codes[meta_rows] = -1 - np.arange(meta_rows.size)  # never equal to a neighbour's
-    bounds = [0, *(np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist(), n]
-    for start, end in itertools.pairwise(bounds):
-        if end > start:
-            yield start, end
+def _apply_each(table: KeyedStateTable, changes: DecodedChanges, decoded: _Decoded,
+                ops: Int64s) -> None:
+    """Apply the ops at positions ``ops`` (in that order) one by one (``apply_batch``)."""
+    rows = decoded.op_rows[ops]
+    table.apply_batch([
+        (key_group, StateOp.from_bytes(_payload(changes, row)))
+        for key_group, row in zip(changes.key_groups[rows].tolist(), rows.tolist(),
+                                  strict=True)])
 
 
 def _apply_run(table: KeyedStateTable, changes: DecodedChanges, decoded: _Decoded,
-               start: int, end: int) -> None:
-    """Apply the ops at ``[start, end)`` of ``decoded.rows`` (one state, one kind)."""
-    # Ops before ``start`` in op order: the run's rows are all ops, so they are contiguous.
-    first = start - int(np.count_nonzero(decoded.meta[:start]))
-    last = first + (end - start)
+               run: Int64s) -> None:
+    """Apply the ops at positions ``run`` (one state, one kind, in log order) column-wise."""
     ops = decoded.ops
-    state = decoded.state_names[int(decoded.state_ids[first])]
-    kind = _OPS[int(ops.op[first])]
-    key_groups = changes.key_groups[decoded.rows[start:end]].tolist()
-    map_key_present = _uniform(ops.map_key.present, first, last)
-    value_present = _uniform(ops.value.present, first, last)
-    items_present = _uniform(ops.values.present, first, last)
-    if map_key_present is None or value_present is None or items_present is None:
+    state = decoded.state_names[int(decoded.state_ids[run[0]])]
+    kind = _OPS[int(ops.op[run[0]])]
+    present = [_uniform(field, run) for field in (ops.map_key.present, ops.value.present,
+                                                  ops.values.present)]
+    if None in present:
         # Fields present for some ops of the run only: per op, as the log says.
-        table.apply_batch([
-            (key_group, StateOp.from_bytes(_payload(changes, int(row))))
-            for key_group, row in zip(key_groups, decoded.rows[start:end].tolist(),
-                                      strict=True)])
+        _apply_each(table, changes, decoded, run)
         return
+    map_key_present, value_present, items_present = present
     data = changes.data
     table.apply_columns(
-        state, kind, key_groups, _slices(data, ops.key, first, last),
-        _slices(data, ops.map_key, first, last) if map_key_present else None,
-        _slices(data, ops.value, first, last) if value_present else None,
-        _items(data, ops, first, last) if items_present else None)
+        state, kind, changes.key_groups[decoded.op_rows[run]].tolist(),
+        _slices(data, ops.key, run),
+        _slices(data, ops.map_key, run) if map_key_present else None,
+        _slices(data, ops.value, run) if value_present else None,
+        _items(data, ops, run) if items_present else None)
 
 
-def _uniform(present: np.ndarray | None, first: int, last: int) -> bool | None:
-    """Whether a field is present in every op of ``[first, last)`` (True), in none
-    (False), or in some only (None)."""
+def _uniform(present: np.ndarray | None, run: Int64s) -> bool | None:
+    """Whether a field is present in every op of ``run`` (True), in none (False), or in
+    some only (None)."""
     if present is None:
         return True
-    part = present[first:last]
+    part = present[run]
     if bool(part.all()):
         return True
     return False if not bool(part.any()) else None
 
 
-def _slices(data: bytes, slices: Slices, first: int, last: int) -> list[bytes]:
-    starts = slices.starts[first:last].tolist()
-    ends = (slices.starts[first:last] + slices.lengths[first:last]).tolist()
-    return [data[s:e] for s, e in zip(starts, ends, strict=True)]
+def _slices(data: bytes, slices: Slices, run: Int64s) -> list[bytes]:
+    starts = slices.starts[run]
+    ends = (starts + slices.lengths[run]).tolist()
+    return [data[s:e] for s, e in zip(starts.tolist(), ends, strict=True)]
 
 
-def _items(data: bytes, ops: OpColumns, first: int, last: int) -> Sequence[tuple[bytes, ...]]:
-    """The ``values`` of ops ``[first, last)`` (all present), as tuples."""
+def _items(data: bytes, ops: OpColumns, run: Int64s) -> Sequence[tuple[bytes, ...]]:
+    """The ``values`` of the ops of ``run`` (all present), as tuples."""
     counts = ops.values.counts
-    before = int(counts[:first].sum())
-    item_bounds = np.concatenate(([0], np.cumsum(counts[first:last]))).tolist()
+    item_starts = np.concatenate(([0], np.cumsum(counts)))  # each op's first item
     items = ops.values.items
-    taken = slice(before, before + item_bounds[-1])
-    everything = _slices(data, Slices(items.starts[taken], items.lengths[taken]), 0,
-                         item_bounds[-1])
-    return [tuple(everything[a:b]) for a, b in itertools.pairwise(item_bounds)]
+    found = []
+    for op in run.tolist():
+        first, last = int(item_starts[op]), int(item_starts[op + 1])
+        found.append(tuple(data[s:s + n] for s, n in zip(
+            items.starts[first:last].tolist(), items.lengths[first:last].tolist(),
+            strict=True)))
+    return found
 
 
 __all__ = ["replay_columns"]
