@@ -22,6 +22,7 @@ from examples.clickstream import EVENTS, KINDS, LAST_PAGES, SPENT
 from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.kafka.offsets import watermarks as partition_watermarks
 from kafka_changelog.local_kafka.process import die_with_parent
+from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.worker_resources import WorkerResources
 
@@ -169,14 +170,24 @@ class Job:
             client_config=dict(self.client_config))
 
 
-def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[str, Any]]:
-    """Every user's state at the latest checkpoint, restored in this process."""
+@contextmanager
+def restored_backend(config: StreamingStateConfig) -> Iterator[ChangelogKeyedStateBackend]:
+    """The latest checkpoint's keyed state of ``config``'s operator, restored from Kafka
+    alone into one backend of every key group (closed afterwards)."""
     coordinator = WorkerResources.coordinator(config)
     latest = coordinator.checkpoint()
     assert latest is not None
-    backend = coordinator.restore_keyed(OPERATOR, key_group_range_for_operator(
+    backend = coordinator.restore_keyed(config.operator_id, key_group_range_for_operator(
         config.max_parallelism, 1, 0), latest, config.changelog())
     try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[str, Any]]:
+    """Every user's state at the latest checkpoint, restored in this process."""
+    with restored_backend(config) as backend:
         found = {}
         for user in users:
             backend.set_current_key(user.encode())
@@ -185,8 +196,6 @@ def state_of(config: StreamingStateConfig, users: list[str]) -> dict[str, dict[s
                            "kinds": dict(backend.state(KINDS).items()),
                            "last_pages": backend.state(LAST_PAGES).get()}
         return found
-    finally:
-        backend.close()
 
 
 def watermarks(client_config: dict[str, Any], topic: str) -> dict[int, tuple[int, int]]:

@@ -19,12 +19,13 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from kafka_changelog import key_group_range_for_operator
 from kafka_changelog.state import INT64, value_state
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.events import TaskEvent
 from spark_integration.streaming.initial_state import INITIAL_STATE_PROPERTY, InitialStateError
 from spark_integration.streaming.worker_resources import WorkerResources
+
+from .jobs import restored_backend
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
@@ -84,19 +85,13 @@ def app_config(cluster: Any, prefix: str, parallelism: int) -> StreamingStateCon
 
 def restored_visits(config: StreamingStateConfig) -> dict[str, int]:
     """Every user's visits in the latest checkpoint, restored from Kafka alone."""
-    coordinator = WorkerResources.coordinator(config)
-    backend = coordinator.restore_keyed(
-        config.operator_id, key_group_range_for_operator(config.max_parallelism, 1, 0),
-        coordinator.checkpoint(), config.changelog())
-    try:
+    with restored_backend(config) as backend:
         table = backend.table
         found = {}
         for key in sorted({k for kg in table.key_groups() for _, k, _ in table.entries(kg)}):
             backend.set_current_key(key)
             found[key.decode()] = backend.state(VISITS).value()
         return found
-    finally:
-        backend.close()
 
 
 def fail_once(marker: Path, batch: int, subtask: int) -> Any:

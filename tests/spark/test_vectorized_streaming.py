@@ -34,11 +34,12 @@ from examples.clickstream import (
     update_users,
 )
 from examples.events import events
-from kafka_changelog import key_group_range_for_operator
 from spark_integration.streaming import StreamingStateConfig
 from spark_integration.streaming.kafka_sink import KafkaOutputSink
 from spark_integration.streaming.vectorized import BatchState, call_vectorized
 from spark_integration.streaming.worker_resources import WorkerResources
+
+from .jobs import restored_backend
 
 pytestmark = [pytest.mark.spark]
 
@@ -98,24 +99,20 @@ def run_job(spark: Any, config: StreamingStateConfig, fn: Any, key_column: Any,
 def restored_state(config: StreamingStateConfig) -> tuple[dict[int, bytes], dict[bytes, Any]]:
     """The last checkpoint's state restored from Kafka into one backend: every key group's
     snapshot bytes, and each key's clickstream state read through the per-key API."""
-    coordinator = WorkerResources.coordinator(config)
-    backend = coordinator.restore_keyed(
-        config.operator_id, key_group_range_for_operator(config.max_parallelism, 1, 0),
-        coordinator.checkpoint(), config.changelog())
     try:
-        table = backend.table
-        groups = {kg: table.serialize_group(kg) for kg in table.key_groups()}
-        keys = sorted({key for kg in table.key_groups() for _, key, _ in table.entries(kg)})
-        by_key = {}
-        for key in keys:
-            backend.set_current_key(key)
-            by_key[key] = {"events": backend.state(EVENTS).value(),
-                           "spent": backend.state(SPENT).get(),
-                           "kinds": dict(backend.state(KINDS).items()),
-                           "last_pages": backend.state(LAST_PAGES).get()}
-        return groups, by_key
+        with restored_backend(config) as backend:
+            table = backend.table
+            groups = {kg: table.serialize_group(kg) for kg in table.key_groups()}
+            keys = sorted({key for kg in table.key_groups() for _, key, _ in table.entries(kg)})
+            by_key = {}
+            for key in keys:
+                backend.set_current_key(key)
+                by_key[key] = {"events": backend.state(EVENTS).value(),
+                               "spent": backend.state(SPENT).get(),
+                               "kinds": dict(backend.state(KINDS).items()),
+                               "last_pages": backend.state(LAST_PAGES).get()}
+            return groups, by_key
     finally:
-        backend.close()
         WorkerResources.release(config)
 
 
