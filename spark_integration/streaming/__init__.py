@@ -28,35 +28,42 @@ in its checkpoint). The public names are here; :mod:`spark_integration` exports 
 most used of them.
 """
 
-from .batch_time import EventTimeColumnError
-from .config import StreamingStateConfig
-from .driver import StatefulProcessor, stateful_foreach_batch
-from .events import (
-    BATCH_EVENTS,
-    TASK_EVENTS,
-    BatchEvent,
-    BatchListener,
-    TaskEvent,
-    TaskListener,
-)
-from .initial_state import InitialStateError, InitialStateFunction
-from .input_check import InputOffsetsError
-from .key_state import (
-    BatchContext,
-    EventTime,
-    EventTimeNotDeclaredError,
-    KeyState,
-    KeyTimers,
-    LateRows,
-    TimerInfo,
-    TimerOutsideCallError,
-)
-from .metrics import BatchReport
-from .task import StatefulFunction
-from .task_time import TimerFunction
-from .tester import StatefulTester
-from .ticks import TICK_COLUMN, with_ticks
-from .vectorized import BatchState, BulkTimers, VectorizedFunction, VectorizedTimerFunction
+from typing import TYPE_CHECKING
+
+from kafka_changelog.lazy_exports import install as _install_lazy_exports
+
+# The public names, imported from their modules when first read (a Python worker that
+# unpickles a task imports task.py and what it uses, not the driver's modules).
+if TYPE_CHECKING:
+    from .batch_time import EventTimeColumnError
+    from .config import StreamingStateConfig
+    from .driver import StatefulProcessor, stateful_foreach_batch
+    from .events import (
+        BATCH_EVENTS,
+        TASK_EVENTS,
+        BatchEvent,
+        BatchListener,
+        TaskEvent,
+        TaskListener,
+    )
+    from .initial_state import InitialStateError, InitialStateFunction
+    from .input_check import InputOffsetsError
+    from .key_state import (
+        BatchContext,
+        EventTime,
+        EventTimeNotDeclaredError,
+        KeyState,
+        KeyTimers,
+        LateRows,
+        TimerInfo,
+        TimerOutsideCallError,
+    )
+    from .metrics import BatchReport
+    from .task import StatefulFunction
+    from .task_time import TimerFunction
+    from .tester import StatefulTester
+    from .ticks import TICK_COLUMN, with_ticks
+    from .vectorized import BatchState, BulkTimers, VectorizedFunction, VectorizedTimerFunction
 
 __all__ = [
     "BATCH_EVENTS",
@@ -91,3 +98,5 @@ __all__ = [
     "stateful_foreach_batch",
     "with_ticks",
 ]
+
+_install_lazy_exports(globals())

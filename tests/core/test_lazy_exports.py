@@ -10,7 +10,8 @@ import pytest
 
 from kafka_changelog.lazy_exports import declared_exports
 
-LAZY_PACKAGES = ("kafka_changelog", "kafka_changelog.state", "kafka_changelog.kafka")
+LAZY_PACKAGES = ("kafka_changelog", "kafka_changelog.state", "kafka_changelog.kafka",
+                 "spark_integration.streaming")
 
 
 @pytest.mark.parametrize("package_name", LAZY_PACKAGES)
@@ -44,5 +45,15 @@ def test_the_cli_and_the_materialization_process_start_without_pandas(entry_poin
     # pandas alone costs them a third of a CPU-second at start.
     done = subprocess.run(
         [sys.executable, "-c", f"import sys, {entry_point}; print('pandas' in sys.modules)"],
+        capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_a_python_worker_unpickling_a_task_imports_no_driver_module() -> None:
+    # Every Python worker Spark starts imports the task's module: the driver's planning
+    # (and its imports) would be paid again at each worker's start.
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, spark_integration.streaming.task; "
+         "print('spark_integration.streaming.driver' in sys.modules)"],
         capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
