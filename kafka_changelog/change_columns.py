@@ -17,8 +17,9 @@ class DecodedChanges:
     (:data:`~kafka_changelog.change.META_KEY_GROUP` for a meta change) with the payload
     ``data[payload_starts[i]:payload_starts[i] + payload_lengths[i]]``.
 
-    ``buffer`` is ``data`` padded for the column-wise decoders
-    (:func:`~kafka_changelog.avro_columns.padded`), ``limit`` its unpadded length.
+    ``buffer`` is ``data`` as bytes for the column-wise decoders, padded
+    (:func:`~kafka_changelog.avro_columns.padded_join`); ``limit`` is the length of the
+    changes' bytes (``data`` may hold the padding after them).
     """
 
     data: bytes

@@ -8,7 +8,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from ..avro_columns import padded
+from ..avro_columns import padded_join
 from ..change import META_KEY_GROUP, StateChange, new_unchecked
 from ..change_columns import DecodedChanges
 from ..errors import ChangelogError, ChangelogTruncatedError, RecordDecodeError
@@ -108,9 +108,9 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
         they are consecutive pieces of one log (see :func:`merged_pieces`).
 
         None for pieces not read together, for more than half the memory budget (the
-        records are held twice at most: joined, then with their padded copy, which the
-        columns keep), or for a record the column-wise decoder leaves to the per-change
-        one: :meth:`read` reads those (and names what is wrong)."""
+        records are held twice while they are joined into the one buffer the columns
+        keep), or for a record the column-wise decoder leaves to the per-change one:
+        :meth:`read` reads those (and names what is wrong)."""
         for piece in handles:
             if not isinstance(piece, KafkaChangelogHandle):
                 raise wrong_handle(self, piece)
@@ -127,9 +127,8 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                     return None
         finally:
             values.close()  # unassigns the consumer, also when left early
-        data = b"".join(group.values)
-        group.values.clear()  # at most twice the records' bytes held at any time
-        buffer, limit = padded(data)
+        data, buffer, limit = padded_join(group.values)
+        group.values.clear()  # the records' bytes held twice at most, while joining
         kept = kept_columns(group, buffer, limit, ChangeFilter(
             handle.from_sequence_number, handle.to_sequence_number,
             handle.key_group_range.start, handle.key_group_range.end))

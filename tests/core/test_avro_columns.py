@@ -33,3 +33,15 @@ def test_rows_are_the_concatenated_varints_of_their_values(columns: list[list[in
 def test_no_rows() -> None:
     data, offsets = varint_rows([np.array([], np.int64)] * 3)
     assert data == b"" and offsets.tolist() == [0]
+
+
+def test_a_padded_join_is_the_padded_buffer_of_the_join_without_a_second_copy() -> None:
+    from kafka_changelog.avro_columns import PADDING, padded, padded_join
+
+    parts = [b"\x02ab", b"", b"\xfe\xff\x01"]
+    data, buffer, limit = padded_join(parts)
+    expected, expected_limit = padded(b"".join(parts))
+    assert limit == expected_limit == 6
+    assert buffer.tolist() == expected.tolist()
+    assert data[:limit] == b"".join(parts) and len(data) == limit + PADDING
+    assert not buffer.flags.writeable  # a view of data, not a copy
