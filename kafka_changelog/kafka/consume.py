@@ -75,11 +75,18 @@ def consume_ranges(
     consumer.assign([TopicPartition(topic, p, start) for p, start in positions.items()])
     paused: list[TopicPartition] = []
     deadline = time.monotonic() + timeout_s
+    waited = False
     try:
         while positions:
             left = sum(ends[p] - at for p, at in positions.items())
             messages = consumer.consume(min(batch, left), timeout=CONSUME_WAIT_S)
             if not messages:
+                if not waited:
+                    # A new consumer assigned partitions it has no metadata of may wait
+                    # most of a second before its first fetch (measured); asking for the
+                    # topic's metadata once gets the fetches going at once.
+                    waited = True
+                    consumer.list_topics(topic, timeout=timeout_s)
                 if time.monotonic() > deadline:
                     partition, position = next(iter(positions.items()))
                     raise ChangelogError(
