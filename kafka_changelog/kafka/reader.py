@@ -15,7 +15,7 @@ from ..errors import ChangelogError, ChangelogTruncatedError, RecordDecodeError
 from ..keygroups import KeyGroupRange
 from ..reader import StateChangelogReader, wrong_handle
 from .config import KafkaChangelogConfig
-from .consume import BATCH, consume_range, consume_ranges, end_of_partition
+from .consume import BATCH, consume_ranges, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .handle import KafkaChangelogHandle, PartitionRange
 from .live_clients import new_consumer
@@ -139,57 +139,47 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                               ordered.payload_lengths)
 
     def _handle_values(self, handle: KafkaChangelogHandle) -> Generator[tuple[int, int, bytes]]:
-        """(partition, offset, value) of every record of the handle's log in its ranges,
-        values not decoded (the schema header checked), all partitions read at once
-        (:func:`~.consume.consume_ranges`): each partition's records in offset order."""
-        ranges = {r.partition: r for r in _spans(handle.ranges)}
-        log_key = handle.log_id.encode()
-
-        def on_error(partition: int, error: KafkaError, position: int) -> int:
-            return self._after_error(handle.topic, ranges[partition], handle.log_id,
-                                     position, error)
-
-        for message in consume_ranges(
-                self._consumer, handle.topic,
-                [(r.partition, r.start_offset, r.end_offset) for r in ranges.values()],
-                self._timeout, on_error, batch=self._batch):
-            if message.key() == log_key:
-                partition = message.partition() or 0
-                offset = message.offset() or 0
-                yield partition, offset, self._checked_value(handle.topic, partition, offset,
-                                                             message)
-
-    def log_records(
-        self, topic: str, r: PartitionRange, log_id: str,
-    ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-        """(offset, decoded changes) of every record of ``log_id`` in ``r``, in offset order.
-
-        A range below the log start raises :class:`ChangelogTruncatedError`, one past
-        the log end says records were lost; both are found when reading fails (the
-        watermarks are only asked for then: one round trip per range less on every
-        restore). Skips other logs' records, and refuses unknown schemas and undecodable
-        values naming the offset.
-        """
-        for offset, value in self.log_values(topic, r, log_id):
-            yield offset, decode_log_record(topic, r.partition, offset, value, log_id)
+        """(partition, offset, value) of every record of the handle's log in its ranges
+        (one span per partition): see :meth:`_values`."""
+        return self._values(handle.topic, handle.log_id, _spans(handle.ranges))
 
     def log_values(
         self, topic: str, r: PartitionRange, log_id: str,
     ) -> Iterator[tuple[int, bytes]]:
         """(offset, value) of every record of ``log_id`` in ``r``, in offset order, values
-        not decoded: :meth:`log_records` without the decoding (its errors otherwise, the
-        schema header checked), for readers that decode values themselves."""
+        not decoded (the schema header checked), for readers that decode values
+        themselves.
+
+        A range below the log start raises :class:`ChangelogTruncatedError`, one past
+        the log end says records were lost; both are found when reading fails (the
+        watermarks are only asked for then: one round trip per range less on every
+        restore). Skips other logs' records, and refuses unknown schemas naming the
+        offset.
+        """
+        for _, offset, value in self._values(topic, log_id, [r]):
+            yield offset, value
+
+    def _values(self, topic: str, log_id: str, ranges: Sequence[PartitionRange]
+                ) -> Generator[tuple[int, int, bytes]]:
+        """(partition, offset, value) of every record of ``log_id`` in ``ranges`` (one per
+        partition), values not decoded (the schema header checked), all partitions read
+        at once (:func:`~.consume.consume_ranges`): each partition's records in offset
+        order. Errors as :meth:`log_values`."""
+        by_partition = {r.partition: r for r in ranges}
         log_key = log_id.encode()
 
-        def on_error(error: KafkaError, position: int) -> int:
-            return self._after_error(topic, r, log_id, position, error)
+        def on_error(partition: int, error: KafkaError, position: int) -> int:
+            return self._after_error(topic, by_partition[partition], log_id, position, error)
 
-        for message in consume_range(self._consumer, topic, r.partition, r.start_offset,
-                                     r.end_offset, self._timeout, on_error, batch=self._batch):
-            if message.key() != log_key:
-                continue
-            offset = message.offset() or 0
-            yield offset, self._checked_value(topic, r.partition, offset, message)
+        for message in consume_ranges(
+                self._consumer, topic,
+                [(r.partition, r.start_offset, r.end_offset) for r in ranges],
+                self._timeout, on_error, batch=self._batch):
+            if message.key() == log_key:
+                partition = message.partition() or 0
+                offset = message.offset() or 0
+                yield partition, offset, self._checked_value(topic, partition, offset,
+                                                             message)
 
     def _checked_value(self, topic: str, partition: int, offset: int, message: Message
                        ) -> bytes:

@@ -81,7 +81,7 @@ def replay_columns(table: KeyedStateTable, changes: DecodedChanges,
         table.register(registration)
         done = at - k
     _apply_ops(table, changes, decoded, done, decoded.state_ids.size)
-    changed.update(np.unique(key_groups[rows[~decoded.meta]]).tolist())
+    changed.update(np.unique(key_groups[decoded.op_rows]).tolist())
     return True
 
 
