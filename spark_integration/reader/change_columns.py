@@ -19,6 +19,7 @@ rows, and its errors naming the offset, are the same. Batches hold at most
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 
 import numpy as np
 import pyarrow as pa
@@ -44,8 +45,14 @@ from .scan import OP_SYMBOLS, OffsetSlice, ScannedChange, kept_changes
 #: Record bytes decoded together at most (far below Arrow's 2 GiB per binary column).
 GROUP_BYTES = 64 << 20
 
-#: ``op`` by code: the enum symbols, then :data:`META_OP` for registrations.
-_OP_NAMES = pa.array([*OP_SYMBOLS, META_OP], pa.string())
+
+@cache
+def _op_names() -> pa.Array:
+    """``op`` by code: the enum symbols, then :data:`META_OP` for registrations (made on
+    first use: ``pa.array`` imports pandas, which a planning process need not)."""
+    return pa.array([*OP_SYMBOLS, META_OP], pa.string())
+
+
 _META_CODE = len(OP_SYMBOLS)
 
 
@@ -134,7 +141,7 @@ def _column_batch(group: RecordGroup, piece: OffsetSlice, operator: str, subtask
         pa.array(kept.offsets, pa.int64()),
         pa.array(kept.sequence_numbers, pa.int64()),
         pa.array(kept.positions.astype(np.int32), pa.int32()),
-        _OP_NAMES.take(pa.array(codes, pa.int64())),
+        _op_names().take(pa.array(codes, pa.int64())),
         states,
         key,
         binary_array(buffer, _scatter(ops.map_key, op_rows, n)),

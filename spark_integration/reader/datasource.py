@@ -65,7 +65,6 @@ from .planning import (
 from .pushdown import KeySelection, pushdown_enabled, select
 from .rows import STATE_SCHEMA
 from .selected_plan import plan_selected
-from .task_reading import read_task
 from .timer_rows import TIMERS_SCHEMA
 from .worker_gc import freeze_start_up_objects
 
@@ -210,6 +209,10 @@ class KafkaChangelogBatchReader(DataSourceReader):
         task = getattr(partition, "task", None)
         if task is None:  # Spark's placeholder when the plan has no task
             return iter(())
+        # Imported here: the processes that only plan (Spark's Python planner, the
+        # streaming source's runner) start without the read path's modules.
+        from .task_reading import read_task
+
         # Spark collects garbage after every task: not the worker's modules again and again.
         freeze_start_up_objects()
         return _with_context(read_task(task, self.options), task)

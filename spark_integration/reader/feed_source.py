@@ -40,7 +40,6 @@ else:
 
 from .checkpoint_changes import FeedTask, contiguous_groups
 from .feed_planning import FeedOptions, FeedPlanner
-from .feed_reading import describe_feed_task, read_feed_task
 from .planning import FORMAT, ReaderOptionError
 from .pushdown import KeySelection, select
 from .worker_gc import freeze_start_up_objects
@@ -78,15 +77,11 @@ def _read(partition: InputPartition, options: FeedOptions) -> Iterator[pa.Record
     tasks = getattr(partition, "tasks", None)
     if tasks is None:  # Spark's placeholder when the plan has no task
         return
+    # Imported here: the stream reader's runner process only plans.
+    from .feed_reading import read_feed_tasks
+
     freeze_start_up_objects()
-    for task in tasks:
-        try:
-            yield from read_feed_task(task, options.reader)
-        except Exception as exc:
-            add_note = getattr(exc, "add_note", None)
-            if add_note is not None:
-                add_note(f"while reading {describe_feed_task(task)} for format('{FORMAT}')")
-            raise
+    yield from read_feed_tasks(tasks, options.reader)
 
 
 def _checkpoint(offset: dict[str, Any]) -> int:

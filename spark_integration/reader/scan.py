@@ -18,11 +18,14 @@ Nothing here imports pyspark.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from confluent_kafka import KafkaError
+
 from kafka_changelog.change import META_KEY_GROUP, new_unchecked
+from kafka_changelog.kafka.consume import consume_ranges
 from kafka_changelog.kafka.handle import PartitionRange
 from kafka_changelog.kafka.reader import KafkaChangelogReader, decode_log_record
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotView
@@ -103,6 +106,107 @@ class SliceReader(KafkaChangelogReader):
                                   _range_of(piece), 0)
         yield from self.log_values(piece.topic, as_range, piece.log_id)
 
+    def records_of(self, pieces: Sequence[OffsetSlice]) -> list[list[tuple[int, bytes]]]:
+        """What :meth:`records` gives for each slice of ``pieces``, the slices read
+        together: the slices' offsets of each partition merged into runs, the ``k``-th
+        runs of all partitions of a topic read at once (one fetch round trip for all of
+        them, not one per slice). Slices may overlap (logs sharing a partition): a record
+        goes to every slice of its log whose offsets hold it. Holds every record of
+        ``pieces`` (callers bound their bytes); errors as :meth:`records`."""
+        found: list[list[tuple[int, bytes]]] = [[] for _ in pieces]
+        for topic, rounds in _read_rounds(pieces).items():
+            for runs in rounds:
+                self._read_run_round(topic, runs, pieces, found)
+        return found
+
+    def _read_run_round(self, topic: str, runs: Sequence[_Run], pieces: Sequence[OffsetSlice],
+                        found: list[list[tuple[int, bytes]]]) -> None:
+        by_partition = {run.partition: run for run in runs}
+
+        def on_error(partition: int, error: KafkaError, position: int) -> int:
+            run = by_partition[partition]
+            first = pieces[run.slices[0]]
+            return self._after_error(topic, PartitionRange(
+                partition, run.start, run.end, _range_of(first), 0), first.log_id,
+                position, error)
+
+        keys = {pieces[i].log_id.encode() for run in runs for i in run.slices}
+        for message in consume_ranges(self._consumer, topic,
+                                      [(r.partition, r.start, r.end) for r in runs],
+                                      self._timeout, on_error, batch=self._batch):
+            key = message.key()
+            if key not in keys:
+                continue
+            partition = message.partition() or 0
+            offset = message.offset() or 0
+            value: bytes | None = None
+            for index in by_partition[partition].slices:
+                piece = pieces[index]
+                if (piece.start_offset <= offset < piece.end_offset
+                        and piece.log_id.encode() == key):
+                    if value is None:
+                        value = self._checked_value(topic, partition, offset, message)
+                    found[index].append((offset, value))
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Offsets ``[start, end)`` of one partition that slices (indexes) cover together."""
+
+    partition: int
+    start: int
+    end: int
+    slices: tuple[int, ...]
+
+
+def _read_rounds(pieces: Sequence[OffsetSlice]) -> dict[str, list[list[_Run]]]:
+    """Topic -> rounds of runs, at most one run per partition in each round (what one
+    :func:`consume_ranges` call reads): the slices of a partition whose offsets overlap
+    or touch make one run; its ``k``-th run is read in round ``k``."""
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for index, piece in enumerate(pieces):
+        if piece.end_offset > piece.start_offset:
+            by_partition.setdefault((piece.topic, piece.partition), []).append(index)
+    rounds: dict[str, list[list[_Run]]] = {}
+    for (topic, partition), indexes in by_partition.items():
+        indexes.sort(key=lambda i: pieces[i].start_offset)
+        runs: list[_Run] = []
+        for index in indexes:
+            piece = pieces[index]
+            if runs and piece.start_offset <= runs[-1].end:
+                last = runs[-1]
+                runs[-1] = _Run(partition, last.start, max(last.end, piece.end_offset),
+                                (*last.slices, index))
+            else:
+                runs.append(_Run(partition, piece.start_offset, piece.end_offset, (index,)))
+        topic_rounds = rounds.setdefault(topic, [])
+        for k, run in enumerate(runs):
+            if k == len(topic_rounds):
+                topic_rounds.append([])
+            topic_rounds[k].append(run)
+    return rounds
+
+
+#: Estimated record bytes of the slices read at once (held until decoded).
+WINDOW_BYTES = 32 << 20
+
+
+def read_windows(sizes: Sequence[int], budget: int) -> list[range]:
+    """Consecutive index ranges of ``sizes`` (estimated bytes) of at most ``budget``
+    bytes each (an item above it alone): what :meth:`SliceReader.records_of` reads at
+    once."""
+    windows: list[range] = []
+    start = 0
+    filled = 0
+    for index, size in enumerate(sizes):
+        if index > start and filled + size > budget:
+            windows.append(range(start, index))
+            start, filled = index, 0
+        filled += size
+    if start < len(sizes):
+        windows.append(range(start, len(sizes)))
+    return windows
+
 
 def kept_changes(piece: OffsetSlice, offset: int,
                  changes: list[dict[str, Any]]) -> Iterator[ScannedChange]:
@@ -169,6 +273,7 @@ def decode_state_op(payload: bytes) -> DecodedOp:
 
 __all__ = [
     "OP_SYMBOLS",
+    "WINDOW_BYTES",
     "ChunkReader",
     "DecodedOp",
     "OffsetSlice",
@@ -176,4 +281,5 @@ __all__ = [
     "SliceReader",
     "decode_state_op",
     "kept_changes",
+    "read_windows",
 ]

@@ -20,7 +20,7 @@ from .change_schema import BATCH_ROWS
 from .packing import ChangesGroup
 from .planning import ChangesTask, ReaderOptions, StateTask
 from .rows import state_batches
-from .scan import ChunkReader, SliceReader
+from .scan import WINDOW_BYTES, ChunkReader, SliceReader, read_windows
 from .timer_rows import timer_batches
 
 
@@ -30,18 +30,21 @@ def read_task(task: ChangesTask | ChangesGroup | StateTask, options: ReaderOptio
 
     ``ChangesTask``: the changes of its offset slice, in offset order (append order
     within a record); ``ChangesGroup``: those of each of its slices in turn, with one
-    consumer. ``StateTask``: its key groups' snapshot chunks, then the changelog
-    replayed on top (exactly as a restore does, with
+    consumer, a window of slices fetched at once (:meth:`~.scan.SliceReader.records_of`).
+    ``StateTask``: its key groups' snapshot chunks, then the changelog replayed on top
+    (exactly as a restore does, with
     :func:`~kafka_changelog.state.backend.restore.load_keyed_state`), as rows of its states'
     entries, or of its timers (``StateTask.timers``).
     """
     if isinstance(task, ChangesTask | ChangesGroup):
         slices = task.tasks if isinstance(task, ChangesGroup) else (task,)
         with SliceReader(options.changelog_config()) as reader:
-            for one in slices:
-                yield from column_change_batches(reader.records(one.slice), one.operator,
-                                                 one.subtask, one.slice, batch_rows,
-                                                 one.key_types)
+            for window in read_windows([t.estimated_bytes for t in slices], WINDOW_BYTES):
+                part = slices[window.start:window.stop]
+                records = reader.records_of([t.slice for t in part])
+                for one, one_records in zip(part, records, strict=True):
+                    yield from column_change_batches(one_records, one.operator, one.subtask,
+                                                     one.slice, batch_rows, one.key_types)
         return
     table = StateTable()
     snapshot = task.handle.snapshot

@@ -57,3 +57,15 @@ def test_a_python_worker_unpickling_a_task_imports_no_driver_module() -> None:
          "print('spark_integration.streaming.driver' in sys.modules)"],
         capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_the_data_source_plans_without_the_read_path_or_pandas() -> None:
+    # Spark plans a Python data source in processes of their own (its planner, and a
+    # runner process per streaming query, started anew each time): they import the data
+    # source's module and nothing of the read path.
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, spark_integration.reader.datasource; "
+         "print(sorted(m for m in ('pandas', 'spark_integration.reader.task_reading', "
+         "'spark_integration.reader.feed_reading') if m in sys.modules))"],
+        capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

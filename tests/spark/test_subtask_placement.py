@@ -25,6 +25,7 @@ import pytest
 from examples.clickstream import produce_events
 from spark_integration.streaming.worker_resources import WorkerResources
 
+from .crashing_clickstream import DRIVER_LOG_ENV
 from .jobs import Engine, Job, cluster_engine, wait_for
 from .test_streaming_exactly_once import assert_exactly_once
 
@@ -41,8 +42,11 @@ SURVIVING_SOURCES = {"reattached", "reattached-local"}
 
 
 def test_a_lost_host_moves_only_its_own_subtask_which_goes_back_when_the_host_is_back(
-    kafka_cluster: Any, spark: Any, spark_cluster: Any, tmp_path: Path
+    kafka_cluster: Any, spark: Any, spark_cluster: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(DRIVER_LOG_ENV, "INFO")  # the placement decisions, for a failure
+    job_log = tmp_path / "job.log.err"
     joined = spark_cluster.add_worker()
     try:
         summary, job = _run_losing_hosts(kafka_cluster, spark_cluster, tmp_path)
@@ -52,6 +56,15 @@ def test_a_lost_host_moves_only_its_own_subtask_which_goes_back_when_the_host_is
     batches = sorted(summary["state_sources"], key=int)
     sources = [summary["state_sources"][b] for b in batches]
     hosts = [summary["hosts"][b] for b in batches]
+    try:
+        _check_placement(sources, hosts)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_story(batches, sources, hosts, job_log)}") from None
+    assert_exactly_once(job, kafka_cluster, spark, USERS, materialized=False)
+
+
+def _check_placement(sources: list[dict[str, str]], hosts: list[dict[str, str]]) -> None:
+    """Each loss moves only the lost host's subtask, which goes back when the host does."""
     assert set(sources[0].values()) == {"fresh"}, sources
     assert len(set(hosts[0].values())) == 3, hosts[0]  # one subtask per host
     losses = [i for i, batch in enumerate(sources) if "restored" in batch.values()]
@@ -78,7 +91,21 @@ def test_a_lost_host_moves_only_its_own_subtask_which_goes_back_when_the_host_is
                   and not (i in returns and source == "caught-up")}
         # (A stage run again after the loss may roll back a store that went past its base.)
         assert set(others.values()) <= SURVIVING_SOURCES | {"rolled-back"}, (i, sources)
-    assert_exactly_once(job, kafka_cluster, spark, USERS, materialized=False)
+
+
+def _story(batches: list[str], sources: list[dict[str, str]], hosts: list[dict[str, str]],
+           job_log: Path) -> str:
+    """Every batch's subtasks (host, state source), and the driver's placement decisions."""
+    names: dict[str, str] = {}
+    lines = ["batch: subtask -> host, state source"]
+    for batch, batch_sources, batch_hosts in zip(batches, sources, hosts, strict=True):
+        where = {s: names.setdefault(h, f"host{len(names)}") for s, h in batch_hosts.items()}
+        lines.append(f"  {batch}: " + ", ".join(
+            f"{s} -> {where.get(s, '?')} {source}" for s, source in sorted(batch_sources.items())))
+    lines.append("hosts: " + ", ".join(f"{n} = {h}" for h, n in names.items()))
+    decisions = [line for line in job_log.read_text(errors="replace").splitlines()
+                 if "spark_integration" in line] if job_log.exists() else []
+    return "\n".join(lines + ["driver:"] + decisions[-40:])
 
 
 def _run_losing_hosts(kafka_cluster: Any, spark_cluster: Any, tmp_path: Path
