@@ -9,7 +9,8 @@ checkpoint is read:
 
 - in process, with one :class:`~kafka_changelog.kafka.KafkaChangelogReader` over
   every subtask's handles (every change iterated), from creating the reader to
-  closing it;
+  closing it: the baseline; also reported, the same reader's column-wise read
+  (``read_columns``, what restores use: no Python object per change);
 - with Spark, ``spark.read.format("kafka-changelog")`` in mode ``changes`` and an
   aggregate over all rows (``count(*)``, checked equal to the in-process count), at
   ``local[1]`` and ``local[2]``: the wall time of the query, planning included,
@@ -205,8 +206,10 @@ def own_pids(broker: Broker) -> list[int]:
     return sorted(pids)
 
 
-def run_in_process(broker: Broker, checkpoint: Checkpoint) -> Run:
-    """Every change of every handle with one reader."""
+def run_in_process(broker: Broker, checkpoint: Checkpoint, columns: bool = False) -> Run:
+    """Every change of every handle with one reader: iterated (``read``, a
+    ``StateChange`` each: the baseline), or with ``columns`` decoded column-wise
+    (``read_columns``, what restores use; reported, not the baseline)."""
     gc.collect()
     foreign = ForeignLoad(own_pids(broker))
     cpu0 = time.process_time()
@@ -214,10 +217,17 @@ def run_in_process(broker: Broker, checkpoint: Checkpoint) -> Run:
     count = 0
     with KafkaChangelogReader(checkpoint.changelog) as reader:
         for handle in checkpoint.handles:
-            for _ in reader.read(handle):
-                count += 1
+            if columns:
+                decoded = reader.read_columns([handle])
+                if decoded is None:
+                    raise RuntimeError(f"read_columns declined {handle}")
+                count += len(decoded)
+            else:
+                for _ in reader.read(handle):
+                    count += 1
     seconds = time.perf_counter() - start
-    return Run("in_process", count, seconds, time.process_time() - cpu0, foreign.share())
+    return Run("in_process_columns" if columns else "in_process", count, seconds,
+               time.process_time() - cpu0, foreign.share())
 
 
 def spark_options(broker: Broker, checkpoint: Checkpoint) -> dict[str, str]:
@@ -330,15 +340,17 @@ def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
     print(f"  written in {time.perf_counter() - started:.1f} s", flush=True)
     runs: list[Run] = []
     for _ in range(rounds):
-        waited = wait_for_quiet(own_pids(broker))["waited_s"]
-        result = run_in_process(broker, checkpoint)
-        result.waited_s = waited
-        if result.changes != checkpoint.changes:
-            raise RuntimeError(f"in-process reader read {result.changes} changes; the "
-                               f"checkpoint holds {checkpoint.changes}")
-        runs.append(result)
-        print(f"  in process {result.changes_per_s:>12,.0f} changes/s ({result.seconds:.1f} s, "
-              f"others used {result.foreign_cpu_share:.0%} of the CPUs)", flush=True)
+        for columns in (False, True):
+            waited = wait_for_quiet(own_pids(broker))["waited_s"]
+            result = run_in_process(broker, checkpoint, columns)
+            result.waited_s = waited
+            if result.changes != checkpoint.changes:
+                raise RuntimeError(f"{result.impl} read {result.changes} changes; the "
+                                   f"checkpoint holds {checkpoint.changes}")
+            runs.append(result)
+            print(f"  {result.impl:<18} {result.changes_per_s:>12,.0f} changes/s "
+                  f"({result.seconds:.1f} s, others used {result.foreign_cpu_share:.0%} of "
+                  "the CPUs)", flush=True)
     for parallelism in SPARK_PARALLELISM:
         runs.extend(run_spark(broker, checkpoint, parallelism, rounds))
     best = {impl: max((r for r in runs if r.impl == impl), key=lambda r: r.changes_per_s)

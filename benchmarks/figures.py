@@ -223,7 +223,7 @@ def spark_reader_figures(data: Json) -> list[Figure]:
     local = best["in_process"]
     against_local = ours["changes_per_s"] / local["changes_per_s"]
     target = data.get("target", {}).get("ratio", SPARK_READER_TARGET)
-    return [
+    figures = [
         Figure(
             "bench_spark_reader",
             f'`local[2]`, {data["changes"]:,} changes, changes/s: '
@@ -237,6 +237,15 @@ def spark_reader_figures(data: Json) -> list[Figure]:
             f"{ratio(ours['changes_per_s'] / spark['changes_per_s'])} "
             f"({ours['changes_per_s']:,.0f} against {spark['changes_per_s']:,.0f})"),
     ]
+    columns = best.get("in_process_columns")
+    if columns:
+        figures.append(Figure(
+            "bench_spark_reader",
+            '`local[2]`, changes/s: `format("kafka-changelog")` / the in-process reader\'s '
+            "column-wise read (`read_columns`)",
+            f"{ratio(ours['changes_per_s'] / columns['changes_per_s'])} "
+            f"({ours['changes_per_s']:,.0f} against {columns['changes_per_s']:,.0f})"))
+    return figures
 
 
 def change_feed_figures(data: Json) -> list[Figure]:
@@ -252,7 +261,10 @@ def change_feed_figures(data: Json) -> list[Figure]:
             f'`local[2]`, {data["changes"]:,} changes in {data["checkpoints"]} checkpoints, '
             "changes/s: the change feed (`readStream`) / mode `changes` of the latest checkpoint",
             f"{ratio(data['feed_ratio'])} ({feed['rows_per_s']:,.0f} against "
-            f"{batch['rows_per_s']:,.0f})"),
+            f"{batch['rows_per_s']:,.0f}; {feed['seconds']:.2f} against "
+            f"{batch['seconds']:.2f} s, of which a feed run with nothing new "
+            f"{data['feed_fixed_s']:.2f} s)",
+            f"≥ {data['feed_target']:g}x", "PASS" if data["feed_pass"] else "MISS"),
         Figure(
             "bench_change_feed",
             f'`local[2]`, {data["keys"]:,}-key state: full read / one-key lookup with '
