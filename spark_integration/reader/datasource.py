@@ -29,6 +29,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.types import (
@@ -153,6 +154,13 @@ class KafkaChangelogDataSource(DataSource):
         check_schema(schema, FEED_STRUCT, "readStream (the change feed)")
         groups = options.reader.min_partitions or self.default_min_partitions
         return ChangeFeedStreamReader(options, groups)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """A state write (``mode("append")``): the DataFrame's rows applied to the
+        application's latest checkpoint (``spark_integration.writer``)."""
+        from ..writer.state_writer import state_writer  # the read path never needs it
+
+        return state_writer(dict(self.options), list(schema.names), overwrite)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader; a user-given schema must equal the mode's schema."""

@@ -64,19 +64,9 @@ class StateDeclarations:
         state's evolved registration. Raises
         :class:`~kafka_changelog.state.errors.StateSchemaError` naming the application,
         operator and state when a declaration cannot read what was written."""
-        known = {name[len(STATE_PROPERTY_PREFIX):]: StateMeta.from_record(json.loads(value))
-                 for name, value in recorded.items() if name.startswith(STATE_PROPERTY_PREFIX)}
-        metas = {name: meta for name, meta in known.items() if name not in self.dropped}
-        for descriptor in self.states:
-            requested = requested_meta(descriptor)
-            try:
-                check_ttl_unchanged(known.get(descriptor.name), requested)
-                metas[descriptor.name] = evolve_meta(known.get(descriptor.name), requested)
-            except ValueError as e:
-                raise StateSchemaError(
-                    f"application {application!r}, operator {operator!r}: {e}") from e
-        return {STATE_PROPERTY_PREFIX + name: json.dumps(meta.to_record(), sort_keys=True)
-                for name, meta in sorted(metas.items())}
+        return state_properties(evolved_metas(
+            application, operator, recorded, [requested_meta(d) for d in self.states],
+            self.dropped))
 
     def apply(self, backend: ChangelogKeyedStateBackend) -> None:
         """Register the declared states on ``backend`` and delete the dropped ones'
@@ -87,4 +77,36 @@ class StateDeclarations:
             backend.drop_state(name)
 
 
-__all__ = ["STATE_PROPERTY_PREFIX", "StateDeclarations"]
+def recorded_metas(properties: Mapping[str, str]) -> dict[str, StateMeta]:
+    """The registrations a checkpoint's properties record (``state.<name>``)."""
+    return {name[len(STATE_PROPERTY_PREFIX):]: StateMeta.from_record(json.loads(value))
+            for name, value in properties.items() if name.startswith(STATE_PROPERTY_PREFIX)}
+
+
+def evolved_metas(application: str, operator: str, recorded: Mapping[str, str],
+                  requested: Sequence[StateMeta], dropped: Sequence[str] = ()
+                  ) -> dict[str, StateMeta]:
+    """The registrations of ``recorded`` (a checkpoint's properties) but ``dropped``, with
+    each of ``requested`` evolved over its recorded one (a TTL neither added nor removed);
+    :class:`~kafka_changelog.state.errors.StateSchemaError` names the application, operator
+    and state when a request cannot read what was written."""
+    known = recorded_metas(recorded)
+    metas = {name: meta for name, meta in known.items() if name not in dropped}
+    for meta in requested:
+        try:
+            check_ttl_unchanged(known.get(meta.state), meta)
+            metas[meta.state] = evolve_meta(known.get(meta.state), meta)
+        except ValueError as e:
+            raise StateSchemaError(
+                f"application {application!r}, operator {operator!r}: {e}") from e
+    return metas
+
+
+def state_properties(metas: Mapping[str, StateMeta]) -> dict[str, str]:
+    """The ``state.<name>`` checkpoint properties recording ``metas``."""
+    return {STATE_PROPERTY_PREFIX + name: json.dumps(meta.to_record(), sort_keys=True)
+            for name, meta in sorted(metas.items())}
+
+
+__all__ = ["STATE_PROPERTY_PREFIX", "StateDeclarations", "evolved_metas", "recorded_metas",
+           "state_properties"]

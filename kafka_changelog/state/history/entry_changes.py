@@ -1,0 +1,283 @@
+"""Entries written into an application's state: rows to state ops, appended to a new log.
+
+A state write (:mod:`.state_write`) applies rows of entries to an application's latest
+checkpoint. Each row names one entry of one state and what it becomes
+(:class:`EntryChange`); this module turns a task's rows into the state ops a backend
+would have logged for them, appends them with the states' registrations to a changelog
+writer of their own (one log per task) and persists it: the handle is what the task
+reports (:class:`WrittenChanges`).
+
+What a row means, by the state's kind (anything else is refused with
+:class:`StateWriteError`, naming the state, the key and the column):
+
+- value-like states (``VALUE``, ``REDUCING``, ``AGGREGATING``): one row per key; a value
+  sets it (``SET``), no value deletes the key (``DELETE``);
+- ``LIST``: the key's rows are its whole new list, ordered by ``list_index`` (needed when
+  there are several); one row without a value deletes the list;
+- ``MAP``: a row with a map key puts that entry (``MAP_PUT``), or removes it without a
+  value (``MAP_REMOVE``); a row without map key nor value deletes the key's whole map
+  (and may not come with entries of the same key).
+
+Values are the states' stored bytes without expiry; a TTL'd state's rows carry their
+expiry (``expires_at_ms``), which is stored in front of the value as the backend does.
+
+Each entry may be written once per state write: a task refuses a second row of one unit
+(``(state, key)``, or ``(state, key, map key)`` for maps), and reports a 64-bit hash of
+each unit with the index of its state, so that the driver can refuse units written by
+two tasks (:func:`colliding_units`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import ChangelogError
+from ...keygroups import KeyGroupRange, key_group_for_key
+from ...storage import StateChangelogStorage
+from ..schema.descriptors import StateKind
+from ..schema.ops import DELETE, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, StateMeta, StateOp
+from ..schema.ttl import split_serializer_name, stamp
+from ..time.timers import TIMERS_STATE
+
+#: How long a task waits for its log's records to be acknowledged.
+PERSIST_TIMEOUT_S = 600.0
+
+
+class StateWriteError(ChangelogError, ValueError):
+    """A state write refused: what was wrong (state, key, column, checkpoint) and what to
+    do instead. Nothing it wrote is referenced by any checkpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class EntryChange:
+    """One row of a state write: what one entry of ``state`` for ``key`` becomes.
+
+    ``map_key``: map states' entry (None: the whole map); ``list_index``: a list
+    element's place; ``value``: the value's stored bytes without expiry (None: delete);
+    ``expires_at_ms``: a TTL'd state's entry expiry (milliseconds since the epoch).
+    """
+
+    state: str
+    key: bytes
+    value: bytes | None
+    map_key: bytes | None = None
+    list_index: int | None = None
+    expires_at_ms: int | None = None
+
+
+@dataclass
+class WrittenChanges:
+    """What one task wrote: its log's handle (None: no row) and the units it wrote
+    (64-bit hashes, with the index in ``states`` of each unit's state)."""
+
+    handle_bytes: bytes | None
+    states: list[str] = field(default_factory=list)
+    unit_hashes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    unit_states: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    rows: int = 0
+    ops: int = 0
+
+
+def unit_hash(state: str, key: bytes, map_key: bytes | None) -> int:
+    """The 64-bit hash of an entry unit (the same in every process)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for part in (state.encode(), key, map_key if map_key is not None else b"\xff"):
+        digest.update(len(part).to_bytes(4, "big"))
+        digest.update(part)
+    return int.from_bytes(digest.digest(), "big")
+
+
+def _describe(change: EntryChange) -> str:
+    where = f"state {change.state!r} key {change.key!r}"
+    if change.map_key is not None:
+        where += f" map key {change.map_key!r}"
+    return where
+
+
+class _Units:
+    """The units of one task: each written once (a second time is refused)."""
+
+    def __init__(self, states: Sequence[str]) -> None:
+        self.index = {name: i for i, name in enumerate(states)}
+        self.seen: dict[int, int] = {}
+
+    def add(self, change: EntryChange, map_key: bytes | None, why: str) -> None:
+        unit = unit_hash(change.state, change.key, map_key)
+        if unit in self.seen:
+            raise StateWriteError(
+                f"{_describe(change)} has more than one row ({why}): each entry may be "
+                "written once per state write (drop the duplicates first)")
+        self.seen[unit] = self.index[change.state]
+
+
+def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
+              units: _Units) -> Iterator[StateOp]:
+    """The ops of ``changes`` (see the module docstring), value and map rows as they
+    come, lists once all rows are read; refuses what the module docstring refuses."""
+    lists: dict[tuple[str, bytes], list[EntryChange]] = {}
+    whole_maps: set[tuple[str, bytes]] = set()
+    map_entries: set[tuple[str, bytes]] = set()
+    for change in changes:
+        meta = _meta_of(change, metas)
+        stored = _stored_value(change, meta)
+        kind = meta.kind
+        if kind is StateKind.LIST:
+            if change.map_key is not None:
+                raise StateWriteError(f"{_describe(change)}: column map_key is for map "
+                                      "states; this state is a LIST")
+            lists.setdefault((change.state, change.key), []).append(change)
+            continue
+        if kind is StateKind.MAP:
+            if change.list_index is not None:
+                raise StateWriteError(f"{_describe(change)}: column list_index is for list "
+                                      "states; this state is a MAP")
+            if change.map_key is None:
+                if stored is not None:
+                    raise StateWriteError(
+                        f"{_describe(change)}: a map state's row with a value needs a "
+                        "map_key (a row without map key nor value deletes the whole map)")
+                units.add(change, None, "the whole map deleted")
+                whole_maps.add((change.state, change.key))
+                yield StateOp(change.state, DELETE, change.key)
+                continue
+            units.add(change, change.map_key, "the same map key")
+            map_entries.add((change.state, change.key))
+            yield (StateOp(change.state, MAP_REMOVE, change.key, map_key=change.map_key)
+                   if stored is None else
+                   StateOp(change.state, MAP_PUT, change.key, map_key=change.map_key,
+                           value=stored))
+            continue
+        if change.map_key is not None or change.list_index is not None:
+            column = "map_key" if change.map_key is not None else "list_index"
+            raise StateWriteError(f"{_describe(change)}: column {column} must be null for a "
+                                  f"{kind.value} state")
+        units.add(change, None, f"a {kind.value} state holds one value per key")
+        yield (StateOp(change.state, DELETE, change.key) if stored is None
+               else StateOp(change.state, SET, change.key, value=stored))
+    for state, key in sorted(whole_maps & map_entries):
+        raise StateWriteError(
+            f"state {state!r} key {key!r}: a row deleting the whole map and rows of its "
+            "entries in one state write (write the deletion, then the entries, in two)")
+    for (state, key), rows in lists.items():
+        yield _list_op(state, key, rows, metas[state], units)
+
+
+def _list_op(state: str, key: bytes, rows: list[EntryChange], meta: StateMeta,
+             units: _Units) -> StateOp:
+    first = rows[0]
+    units.add(first, None, "a list's rows are written together")
+    if any(row.value is None for row in rows):
+        if len(rows) > 1:
+            raise StateWriteError(
+                f"{_describe(first)}: a list row without value deletes the list and must be "
+                f"its key's only row (found {len(rows)})")
+        return StateOp(state, DELETE, key)
+    if len(rows) > 1:
+        indexes = [row.list_index for row in rows]
+        if any(index is None for index in indexes) or len(set(indexes)) != len(indexes):
+            raise StateWriteError(
+                f"{_describe(first)}: {len(rows)} list elements need distinct list_index "
+                f"values to be put in order (found {indexes})")
+        rows = sorted(rows, key=lambda row: row.list_index or 0)
+    values = tuple(_stored_value(row, meta) or b"" for row in rows)
+    return StateOp(state, LIST_REPLACE, key, values=values)
+
+
+def _meta_of(change: EntryChange, metas: Mapping[str, StateMeta]) -> StateMeta:
+    meta = metas.get(change.state)
+    if meta is not None:
+        return meta
+    if change.state == TIMERS_STATE:
+        raise StateWriteError(f"state {TIMERS_STATE!r} holds the timers, which a state write "
+                              "does not write")
+    raise StateWriteError(
+        f"state {change.state!r} is not a registered state of the application (known: "
+        f"{sorted(metas)}): declare it (states=[...]) to write it")
+
+
+def _stored_value(change: EntryChange, meta: StateMeta) -> bytes | None:
+    """The bytes stored for ``change.value``: the expiry in front for a TTL'd state."""
+    _, with_ttl = split_serializer_name(meta.value_serializer)
+    if change.value is None:
+        return None
+    if with_ttl:
+        if change.expires_at_ms is None:
+            raise StateWriteError(f"{_describe(change)}: the state has a TTL, so each row "
+                                  "with a value needs expires_at (when the entry expires)")
+        return stamp(change.expires_at_ms, change.value)
+    if change.expires_at_ms is not None:
+        raise StateWriteError(f"{_describe(change)}: column expires_at must be null: the state "
+                              "has no TTL")
+    return change.value
+
+
+def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
+                        max_parallelism: int, checkpoint_id: int,
+                        metas: Mapping[str, StateMeta],
+                        changes: Iterable[EntryChange]) -> WrittenChanges:
+    """Append the ops of ``changes`` to a new log of ``storage``, each state registered
+    before its first op, persist it for ``checkpoint_id`` and return what was written (a
+    failed persist raises; its records are referenced by nothing)."""
+    states = sorted(metas)
+    units = _Units(states)
+    writer = storage.create_writer(operator, KeyGroupRange(0, max_parallelism - 1))
+    try:
+        start = writer.initial_sequence_number()
+        registered: set[str] = set()
+        rows = ops = 0
+
+        def counted() -> Iterator[EntryChange]:
+            nonlocal rows
+            for change in changes:
+                rows += 1
+                yield change
+
+        for op in state_ops(counted(), metas, units):
+            if op.state not in registered:
+                writer.append_meta(metas[op.state].to_bytes())
+                registered.add(op.state)
+            writer.append(key_group_for_key(op.key, max_parallelism), op.to_bytes())
+            ops += 1
+        if not ops:
+            return WrittenChanges(None, states, rows=rows)
+        handle = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S)
+    finally:
+        writer.close()
+    piece = handle.job_owned
+    hashes = np.fromiter(units.seen.keys(), np.uint64, len(units.seen))
+    state_index = np.fromiter(units.seen.values(), np.int32, len(units.seen))
+    return WrittenChanges(piece.to_bytes() if piece is not None else None, states, hashes,
+                          state_index, rows, ops)
+
+
+def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None:
+    """A description of the units written by more than one task (``(task, written)``
+    pairs), None when every unit was written by one: per state, how many and by which
+    tasks."""
+    parts = [(task, w) for task, w in written if w.unit_hashes.size]
+    if len(parts) < 2:
+        return None
+    hashes = np.concatenate([w.unit_hashes for _, w in parts])
+    _, first, counts = np.unique(hashes, return_index=True, return_counts=True)
+    if not (counts > 1).any():
+        return None
+    tasks = np.concatenate([np.full(w.unit_hashes.size, task) for task, w in parts])
+    names = np.array([w.states[i] for _, w in parts for i in w.unit_states], dtype=object)
+    repeated = set(hashes[first[counts > 1]].tolist())
+    mask = np.fromiter((h in repeated for h in hashes.tolist()), np.bool_, hashes.size)
+    by_state: dict[str, set[int]] = {}
+    for name, task in zip(names[mask].tolist(), tasks[mask].tolist(), strict=True):
+        by_state.setdefault(name, set()).add(task)
+    count = int((counts > 1).sum())
+    return (f"{count} entries came from more than one Spark task (" + "; ".join(
+        f"state {name!r}: tasks {sorted(ts)}" for name, ts in sorted(by_state.items()))
+        + ")")
+
+
+__all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "colliding_units",
+           "state_ops", "unit_hash", "write_entry_changes"]

@@ -1,0 +1,162 @@
+"""A state write: rows of entries applied to a stopped application's latest checkpoint.
+
+Planned on a driver (:func:`plan_state_write`), written by tasks
+(:func:`~.entry_changes.write_entry_changes`: each task appends its rows' state ops to a
+log of its own) and committed by the driver (:func:`commit_state_write`): a new checkpoint
+``M = L + 2`` (as a rewind's copy, see :mod:`.rewind` for why not ``L + 1``) whose keyed
+handles of the written operator are the latest's with the tasks' logs appended, in task
+order, each narrowed to the subtask's key groups. Everything else is the latest's: the
+parallelism, the snapshots, the operator state, the log floors and the properties (the
+input offsets the streaming query continues from, its processing time, its Spark query
+and batch), plus :data:`STATE_WRITE_FROM_PROPERTY` and the state registrations the write
+declared.
+
+All or nothing: until ``M``'s record is durable no checkpoint names the tasks' logs, and a
+write that fails or is killed before leaves the application at ``L`` (the logs' records
+are released by the changelog's garbage collection like any unreferenced records: the
+latest's log floors lie below them, so no application's collection removes them while
+they may still be named). A live driver must not hold the application, neither when the
+write is planned nor when it commits, and ``L`` must still be the latest at the commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ...handle import ChangelogHandle
+from ..checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
+from ..checkpoints.checkpoint_store import CheckpointStore
+from .entry_changes import StateWriteError, WrittenChanges, colliding_units
+from .rewind import COPY_ID_GAP, RewindError, check_not_held
+
+#: Property of a state write's checkpoint: the checkpoint it applied its rows to.
+STATE_WRITE_FROM_PROPERTY = "state_write.from_checkpoint"
+#: Property of a state write's checkpoint: how many rows it applied.
+STATE_WRITE_ROWS_PROPERTY = "state_write.rows"
+#: Property of a state write's checkpoint: when it was committed (epoch ms).
+STATE_WRITE_AT_PROPERTY = "state_write.at_ms"
+
+
+@dataclass(frozen=True)
+class StateWritePlan:
+    """What a state write applies its rows to: ``base``, the application's latest
+    checkpoint when planned, and the keyed operator written; ``checkpoint_id`` is the
+    new checkpoint's id (``base`` + 2)."""
+
+    application: str
+    operator: str
+    base: CompletedCheckpoint
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.base.checkpoint_id + COPY_ID_GAP
+
+    @property
+    def max_parallelism(self) -> int:
+        return self.base.max_parallelism
+
+    @property
+    def changelog_topic(self) -> str:
+        """The topic the operator's state logs to (where the tasks append)."""
+        topics = sorted(self.base.topics([self.operator]).changelog)
+        if len(topics) != 1:
+            raise StateWriteError(
+                f"application {self.application!r} operator {self.operator!r}: checkpoint "
+                f"{self.base.checkpoint_id} logs to {len(topics)} changelog topics "
+                f"({topics}); a state write appends to the one its state logs to")
+        return topics[0]
+
+
+def plan_state_write(store: CheckpointStore, application: str, operator: str | None = None
+                     ) -> StateWritePlan:
+    """The plan of a state write to ``application``'s latest checkpoint (nothing written).
+
+    ``operator``: the keyed operator written (None: the checkpoint's only one). Refused
+    (:class:`StateWriteError`, naming why) when the application has no checkpoint, when a
+    live driver holds it, or when the operator is not one of its keyed operators."""
+    latest = store.latest(application)
+    if latest is None:
+        known = store.known_applications()
+        raise StateWriteError(
+            f"cannot write the state of application {application!r}: it has no checkpoint in "
+            f"the checkpoint store (applications there: {', '.join(known) or 'none'}); a "
+            "new application starts from existing state with stateful_foreach_batch("
+            "initial_state=...)")
+    _check_free(store, application)
+    keyed = [o for o in latest.operators()
+             if any(s.keyed is not None for s in latest.subtasks_of(o))]
+    if operator is None:
+        if len(keyed) != 1:
+            raise StateWriteError(
+                f"application {application!r} checkpoint {latest.checkpoint_id} has keyed "
+                f"operators {keyed}: say which one to write (option operator)")
+        operator = keyed[0]
+    elif operator not in keyed:
+        raise StateWriteError(
+            f"application {application!r} checkpoint {latest.checkpoint_id} has no keyed "
+            f"operator {operator!r} (keyed operators: {keyed})")
+    return StateWritePlan(application, operator, latest)
+
+
+def _check_free(store: CheckpointStore, application: str) -> None:
+    try:
+        check_not_held(store, application, action="write the state of")
+    except RewindError as exc:
+        raise StateWriteError(str(exc)) from None
+
+
+def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
+                       written: Sequence[tuple[int, WrittenChanges]],
+                       properties: Mapping[str, str] | None = None,
+                       now_ms: int | None = None) -> CompletedCheckpoint:
+    """Commit the checkpoint of ``plan`` with the logs the tasks wrote (``(task,
+    written)`` pairs; appended in task order) and ``properties`` over the base's.
+
+    Refused (:class:`StateWriteError`, nothing committed) when an entry was written by
+    two tasks, when a driver holds the application, or when a checkpoint was committed
+    since the plan was made."""
+    collisions = colliding_units(written)
+    if collisions is not None:
+        raise StateWriteError(
+            f"state write to application {plan.application!r}: {collisions}; each entry may "
+            "be written once per state write (drop the duplicates first)")
+    _check_free(store, plan.application)
+    latest = store.latest(plan.application)
+    if latest is None or latest.checkpoint_id != plan.base.checkpoint_id:
+        found = "none" if latest is None else str(latest.checkpoint_id)
+        raise StateWriteError(
+            f"application {plan.application!r} moved on while its state was written: the "
+            f"write applied its rows to checkpoint {plan.base.checkpoint_id}, the latest is "
+            f"now {found}; write again")
+    pieces: list[ChangelogHandle] = [
+        ChangelogHandle.from_bytes(w.handle_bytes)
+        for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
+    subtasks = tuple(_with_pieces(s, plan.operator, pieces) for s in plan.base.subtasks)
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    checkpoint = dataclasses.replace(
+        plan.base, checkpoint_id=plan.checkpoint_id, timestamp_ms=now, subtasks=subtasks,
+        properties={**plan.base.properties, **(properties or {}),
+                    STATE_WRITE_FROM_PROPERTY: str(plan.base.checkpoint_id),
+                    STATE_WRITE_ROWS_PROPERTY: str(sum(w.rows for _, w in written)),
+                    STATE_WRITE_AT_PROPERTY: str(now)})
+    store.commit(checkpoint)
+    return checkpoint
+
+
+def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle]
+                 ) -> SubtaskState:
+    keyed = subtask.keyed
+    if subtask.operator_id != operator or keyed is None:
+        return subtask
+    added = tuple(narrowed for piece in pieces
+                  if (narrowed := piece.intersection(keyed.key_group_range)) is not None)
+    # The entry count is not known any more: a restore counts the entries itself.
+    return dataclasses.replace(subtask, keyed=dataclasses.replace(
+        keyed, changelog=keyed.changelog + added, entry_count=None))
+
+
+__all__ = ["STATE_WRITE_AT_PROPERTY", "STATE_WRITE_FROM_PROPERTY", "STATE_WRITE_ROWS_PROPERTY",
+           "StateWritePlan", "commit_state_write", "plan_state_write"]

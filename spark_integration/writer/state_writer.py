@@ -1,0 +1,133 @@
+"""``df.write.format("kafka-changelog").mode("append")``: apply rows of entries to a stopped
+application's latest checkpoint, distributed over Spark tasks.
+
+The driver plans the write when Spark asks for the writer (the latest checkpoint, the
+operator, the states' registrations: recorded ones and declared ones, evolved as a
+streaming query's declarations are); each task appends its rows' state ops to a log of its
+own (:func:`~kafka_changelog.state.history.entry_changes.write_entry_changes`); the driver
+commits one new checkpoint naming every task's log once all tasks succeeded
+(:func:`~kafka_changelog.state.history.state_write.commit_state_write`). A failed or killed
+write commits nothing: the application stays at its latest checkpoint. The streaming query
+then resumes from the new checkpoint (same input offsets, same Spark batch), with every
+row applied exactly once.
+
+``mode("overwrite")`` (replacing the whole state) is refused for now, naming what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
+from kafka_changelog.state.history.entry_changes import (
+    StateWriteError,
+    WrittenChanges,
+    write_entry_changes,
+)
+from kafka_changelog.state.history.state_write import (
+    StateWritePlan,
+    commit_state_write,
+    plan_state_write,
+)
+from kafka_changelog.state.schema.ops import StateMeta
+
+from ..streaming.state_declarations import evolved_metas, state_properties
+from .options import WriterOptions, parse_writer_options
+from .rows import REQUIRED_COLUMNS, entry_changes
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskWritten(WriterCommitMessage):
+    """What one Spark task wrote (its partition id orders the logs)."""
+
+    partition: int
+    written: WrittenChanges
+
+
+class StateWriter(DataSourceArrowWriter):
+    """A state write (module docstring). Made on the driver; pickled to the tasks."""
+
+    def __init__(self, options: WriterOptions, plan: StateWritePlan,
+                 metas: dict[str, StateMeta], properties: dict[str, str]) -> None:
+        self.options = options
+        self.plan = plan
+        self.metas = metas
+        self.properties = properties
+
+    @classmethod
+    def planned(cls, raw_options: dict[str, str], column_names: list[str], overwrite: bool
+                ) -> StateWriter:
+        """Check the options and columns, and plan the write (driver)."""
+        if overwrite:
+            raise StateWriteError(
+                "format('kafka-changelog') writes with mode('append'): the rows are applied "
+                "to the application's latest checkpoint (upserts and deletes per state and "
+                "key). Replacing the whole state (mode 'overwrite') is not supported yet: "
+                "delete what should go with rows without value, or rewind the application")
+        missing = [c for c in REQUIRED_COLUMNS if c not in column_names]
+        if missing:
+            raise StateWriteError(
+                f"a state write needs the column(s) {missing}; the DataFrame has "
+                f"{column_names}")
+        options = parse_writer_options(raw_options)
+        connection = options.connection
+        with KafkaCheckpointStore(connection.checkpoint_config()) as store:
+            plan = plan_state_write(store, connection.application, connection.operator)
+        metas = evolved_metas(connection.application, plan.operator, plan.base.properties,
+                              options.requested)
+        properties = state_properties(metas) if options.requested else {}
+        logger.info("state write to application %s operator %s: applying rows to checkpoint "
+                    "%d as checkpoint %d (states %s)", plan.application, plan.operator,
+                    plan.base.checkpoint_id, plan.checkpoint_id, sorted(metas))
+        return cls(options, plan, metas, properties)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskWritten:
+        """Append this task's rows as state ops to a log of its own (task)."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        plan = self.plan
+        # The application's topic as it is: its partitions map the key groups (the
+        # lowest size and replication check nothing here).
+        config = KafkaChangelogConfig.on(
+            self.options.connection.connection(), topic=plan.changelog_topic,
+            max_parallelism=plan.max_parallelism, partitions=1, replication_factor=1)
+        with KafkaChangelogStorage(config) as storage:
+            written = write_entry_changes(storage, plan.operator, plan.max_parallelism,
+                                          plan.checkpoint_id, self.metas,
+                                          entry_changes(iterator, self.metas))
+        return TaskWritten(partition, written)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Commit the new checkpoint naming every task's log (driver)."""
+        written = [(m.partition, m.written) for m in messages if isinstance(m, TaskWritten)]
+        with KafkaCheckpointStore(self.options.connection.checkpoint_config()) as store:
+            checkpoint = commit_state_write(store, self.plan, written, self.properties)
+        logger.info("state write to application %s: checkpoint %d committed (%d rows from "
+                    "%d tasks)", self.plan.application, checkpoint.checkpoint_id,
+                    sum(w.rows for _, w in written), len(written))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to undo: no checkpoint names the tasks' logs (driver)."""
+        logger.warning("state write to application %s aborted: the application stays at "
+                       "checkpoint %d", self.plan.application, self.plan.base.checkpoint_id)
+
+
+def state_writer(options: dict[str, Any], column_names: list[str], overwrite: bool
+                 ) -> StateWriter:
+    """The writer of ``df.write.format("kafka-changelog")`` (see the module docstring)."""
+    return StateWriter.planned({str(k): str(v) for k, v in options.items()}, column_names,
+                               overwrite)
+
+
+__all__ = ["StateWriter", "TaskWritten", "state_writer"]

@@ -1,0 +1,189 @@
+"""The state writer (``df.write.format("kafka-changelog").mode("append")``) in a real
+``local[2]`` session over a real broker.
+
+A visits counter runs a few batches and stops; rows then repair its state (set some users'
+visits, delete others, add new users); the state read back and restored from Kafka alone
+is exactly the repaired one, and the counter resumes on it: every later output counts from
+the repaired values, each row applied once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+
+from kafka_changelog.state.backend.config import StateBackendConfig
+from kafka_changelog.state.history.coordinator import CheckpointCoordinator
+from kafka_changelog.state.history.state_write import (
+    STATE_WRITE_FROM_PROPERTY,
+    STATE_WRITE_ROWS_PROPERTY,
+)
+from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
+from spark_integration.streaming.worker_resources import WorkerResources
+from spark_integration.writer.options import declared_states
+from tests.kafka.test_state_kafka import USERS, Job
+from tests.state.state_helpers import (
+    COUNT,
+    EVENTS,
+    MAX_P,
+    PAGES,
+    STATS,
+    TOTAL,
+    expected_for,
+    ranges,
+    read_user,
+    users_in,
+)
+
+from .test_initial_state import (
+    EVENT_SCHEMA,
+    OUTPUT_SCHEMA,
+    VISITS,
+    app_config,
+    count,
+    restored_visits,
+)
+from .test_reader import History
+
+pytestmark = [pytest.mark.spark, pytest.mark.broker]
+
+#: Three batches of events of users u00..u09.
+BATCHES = [[{"user": f"u{(i * 3 + b) % 10:02d}", "page": f"p{i}"} for i in range(20)]
+           for b in range(3)]
+
+
+def visits_of(batches: list[list[dict[str, Any]]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for batch in batches:
+        for event in batch:
+            counts[event["user"]] = counts.get(event["user"], 0) + 1
+    return counts
+
+
+def run(spark: Any, config: StreamingStateConfig, batches: list[int],
+        outputs: dict[int, pd.DataFrame]) -> None:
+    with stateful_foreach_batch(
+            config, count, "user", OUTPUT_SCHEMA, states=[VISITS],
+            sink=lambda frame, batch_id: outputs.__setitem__(batch_id, frame.toPandas())
+    ) as processor:
+        for batch_id in batches:
+            processor(spark.createDataFrame(pd.DataFrame(BATCHES[batch_id]), EVENT_SCHEMA),
+                      batch_id)
+
+
+def writer_options(config: StreamingStateConfig) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": config.bootstrap_servers,
+            "application": config.application, "checkpoint.topic": config.checkpoint_topic}
+
+
+def int64(n: int) -> bytes:
+    return n.to_bytes(8, "big", signed=True)
+
+
+def test_rows_repair_the_state_and_the_query_resumes_on_it(
+        spark: Any, kafka_cluster: Any, tmp_path: Path) -> None:
+    config = app_config(kafka_cluster, f"write-{uuid.uuid4().hex[:8]}", 2)
+    outputs: dict[int, pd.DataFrame] = {}
+    try:
+        run(spark, config, [0, 1], outputs)
+        before = visits_of(BATCHES[:2])
+        assert restored_visits(config) == before
+        # Set u01 (bytes) and u02 (decoded text), delete u03, add u42; over three tasks.
+        rows = spark.createDataFrame(pd.DataFrame({
+            "state": ["visits"] * 4, "key": [b"u01", b"u02", b"u03", b"u42"],
+            "value": [int64(1000), None, None, int64(7)],
+            "value_decoded": [None, "2000", None, None]}),
+            "state string, key binary, value binary, value_decoded string").repartition(3)
+        rows.write.format("kafka-changelog").options(**writer_options(config)).mode(
+            "append").save()
+        repaired = {**before, "u01": 1000, "u02": 2000, "u42": 7}
+        del repaired["u03"]
+        assert restored_visits(config) == repaired
+        store = WorkerResources.coordinator(config).checkpoints
+        latest = store.latest(config.application)
+        assert latest is not None and latest.checkpoint_id == 4  # 2 + 2
+        assert latest.properties[STATE_WRITE_FROM_PROPERTY] == "2"
+        assert latest.properties[STATE_WRITE_ROWS_PROPERTY] == "4"
+        read = (spark.read.format("kafka-changelog").options(**writer_options(config))
+                .option("mode", "state").load().toPandas())
+        assert {r.key.decode(): int(r.value_decoded) for r in read.itertuples()} == repaired
+        # The counter resumes on the repaired state (its Python workers kept stores of
+        # checkpoint 2: they must not stand for checkpoint 4).
+        run(spark, config, [2], outputs)
+        want = dict(repaired)
+        for event in BATCHES[2]:
+            want[event["user"]] = want.get(event["user"], 0) + 1
+        assert restored_visits(config) == want
+        users = sorted({e["user"] for e in BATCHES[2]})
+        found = outputs[2].sort_values("user").reset_index(drop=True)
+        assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
+    finally:
+        WorkerResources.release(config)
+
+
+def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
+        spark: Any, kafka_cluster: Any, tmp_path: Path) -> None:
+    # Every kind of state (value, list, map, reducing, aggregating), a snapshot and a
+    # changelog tail; read in mode 'state' and written back unchanged.
+    job = Job(kafka_cluster)
+    model: dict[bytes, Any] = {}
+    try:
+        job.run(2, 1, model, 60, True, seed=1)
+        job.run(2, 2, model, 60, False, seed=2)
+        options = History(job, {}).options()
+        state = spark.read.format("kafka-changelog").options(**options).option(
+            "mode", "state").load()
+        kinds = {r.kind for r in state.select("kind").distinct().collect()}
+        assert kinds == {"VALUE", "LIST", "MAP", "REDUCING", "AGGREGATING"}
+        state.write.format("kafka-changelog").options(**options).option(
+            "states", declared_states([COUNT, EVENTS, PAGES, TOTAL, STATS])).mode(
+            "append").save()
+        latest = job.checkpoints.latest("app")
+        assert latest is not None and latest.checkpoint_id == 4
+        for backend_config in (StateBackendConfig("memory"),
+                               StateBackendConfig("rocksdb", str(tmp_path / "rocksdb"))):
+            coordinator = CheckpointCoordinator("app", job.checkpoints, job.snapshots,
+                                                job.storage, MAX_P, state_backend=backend_config)
+            for parallelism in (2, 3):  # as written, and rescaled
+                for key_groups in ranges(parallelism):
+                    backend = coordinator.restore_keyed("op", key_groups, latest, job.changelog)
+                    try:
+                        mine = users_in(USERS, key_groups)
+                        assert {u: read_user(backend, u) for u in mine} == expected_for(
+                            model, mine)
+                    finally:
+                        backend.close()
+        # Transformed with DataFrame operations on value_decoded (each kind's values
+        # encoded again with its serializer), written, and restored rescaled.
+        shifted = F.col("value_decoded").cast("bigint") + F.when(
+            F.col("state") == "pages", 1).otherwise(1000)
+        transformed = state.withColumn("value_decoded", F.when(
+            F.col("state").isin("count", "total", "pages"), shifted.cast("string")).when(
+            F.col("state") == "events", F.upper("value_decoded")).otherwise(
+            F.col("value_decoded"))).withColumn("value", F.when(
+                F.col("state") == "stats", F.col("value")).otherwise(
+                F.lit(None).cast("binary")))
+        transformed.write.format("kafka-changelog").options(**options).mode("append").save()
+        latest = job.checkpoints.latest("app")
+        assert latest is not None and latest.checkpoint_id == 6
+        want = {user: {"count": None if s["count"] is None else s["count"] + 1000,
+                       "events": [e.upper() for e in s["events"]],
+                       "pages": {p: n + 1 for p, n in s["pages"].items()},
+                       "total": None if s["total"] is None else s["total"] + 1000,
+                       "stats": s["stats"]} for user, s in model.items()}
+        coordinator = CheckpointCoordinator("app", job.checkpoints, job.snapshots, job.storage,
+                                            MAX_P)
+        for key_groups in ranges(3):
+            backend = coordinator.restore_keyed("op", key_groups, latest, job.changelog)
+            try:
+                mine = users_in(USERS, key_groups)
+                assert {u: read_user(backend, u) for u in mine} == expected_for(want, mine)
+            finally:
+                backend.close()
+    finally:
+        job.close()
