@@ -187,3 +187,65 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
                 backend.close()
     finally:
         job.close()
+
+
+def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
+        spark: Any, kafka_cluster: Any) -> None:
+    config = app_config(kafka_cluster, f"write-ref-{uuid.uuid4().hex[:8]}", 2)
+    outputs: dict[int, pd.DataFrame] = {}
+    schema = "state string, key binary, value binary"
+    try:
+        run(spark, config, [0], outputs)
+        before = visits_of(BATCHES[:1])
+
+        def write(frame: Any, mode: str = "append", **extra: str) -> None:
+            frame.write.format("kafka-changelog").options(**writer_options(config),
+                                                          **extra).mode(mode).save()
+
+        def refused(frame: Any, message: str, mode: str = "append", **extra: str) -> None:
+            with pytest.raises(Exception) as caught:
+                write(frame, mode, **extra)
+            assert message in str(caught.value), str(caught.value)[-3000:]
+            latest = WorkerResources.coordinator(config).checkpoints.latest(config.application)
+            assert latest is not None and latest.checkpoint_id == 1, "something was committed"
+
+        good = spark.createDataFrame([("visits", b"u01", int64(5))], schema)
+        refused(good, "Replacing the whole state (mode 'overwrite') is not supported yet",
+                mode="overwrite")
+        refused(good, "select what a read of format('kafka-changelog') reads", checkpoint="1")
+        refused(spark.createDataFrame([("visits", b"u01", int64(5), 1)], f"{schema}, n int"),
+                "a state write does not know the column(s) ['n']")
+        refused(spark.createDataFrame([("visits", "u01", int64(5))],
+                                      "state string, key string, value binary"),
+                "column 'key' must be of type binary, got string")
+        refused(spark.createDataFrame([("clicks", b"u01", int64(5))], schema),
+                "state 'clicks' is not a registered state of the application (known: "
+                "['visits'])")
+        refused(spark.createDataFrame([("visits", b"u01", None)],
+                                      "state string, key binary, value binary").selectExpr(
+            "state", "key", "value", "'x' AS value_decoded"),
+                "state 'visits' key b'u01': value_decoded 'x' is not a int64 value")
+        # The same key from two tasks; then one task's bad row after the others wrote.
+        twice = spark.createDataFrame(spark.sparkContext.parallelize(
+            [("visits", b"u01", int64(5))] * 2, 2), schema)
+        assert twice.rdd.getNumPartitions() == 2
+        refused(twice, "1 entries came from more than one Spark task (state 'visits': tasks "
+                       "[0, 1])")
+        mixed = spark.createDataFrame(
+            [("visits", f"u{i:02d}".encode(), int64(i)) for i in range(40)]
+            + [("nope", b"u99", int64(1))], schema).repartition(4)
+        refused(mixed, "state 'nope' is not a registered state")
+        # A live driver holds the application: refused while it runs, not after.
+        with stateful_foreach_batch(config, count, "user", OUTPUT_SCHEMA) as processor:
+            processor(spark.createDataFrame(pd.DataFrame(BATCHES[1]), EVENT_SCHEMA), 1)
+            latest = WorkerResources.coordinator(config).checkpoints.latest(config.application)
+            assert latest is not None and latest.checkpoint_id == 2
+            with pytest.raises(Exception, match=f"cannot write the state of application "
+                                                f"'{config.application}': .* holds it"):
+                write(good)
+        assert restored_visits(config) == visits_of(BATCHES[:2])
+        write(good)
+        assert restored_visits(config) == {**visits_of(BATCHES[:2]), "u01": 5}
+        assert before != visits_of(BATCHES[:2])
+    finally:
+        WorkerResources.release(config)
