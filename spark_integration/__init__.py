@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 # package without pyspark, and must stay that way.
 if TYPE_CHECKING:
     from .reader.datasource import KafkaChangelogDataSource as KafkaChangelogDataSource
-    from .reader.datasource import register as register
     from .sessions.connect import connect_session as connect_session
     from .sessions.session import local_session as local_session
     from .sessions.session import spark_session as spark_session
@@ -56,6 +55,8 @@ if TYPE_CHECKING:
     from .streaming.metrics import SubtaskMetrics as SubtaskMetrics
     from .streaming.output_rows import OutputColumnsError as OutputColumnsError
     from .streaming.rewind_offsets import starting_offsets as starting_offsets
+    from .writer.format import register as register
+    from .writer.options import declared_states as declared_states
 
 
 def _homes() -> dict[str, str]:

@@ -29,7 +29,6 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
-    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.types import (
@@ -155,13 +154,6 @@ class KafkaChangelogDataSource(DataSource):
         groups = options.reader.min_partitions or self.default_min_partitions
         return ChangeFeedStreamReader(options, groups)
 
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """A state write (``mode("append")``): the DataFrame's rows applied to the
-        application's latest checkpoint (``spark_integration.writer``)."""
-        from ..writer.state_writer import state_writer  # the read path never needs it
-
-        return state_writer(dict(self.options), list(schema.names), overwrite)
-
     def reader(self, schema: StructType) -> DataSourceReader:
         """A reader; a user-given schema must equal the mode's schema."""
         if is_feed_read(self.options):
@@ -260,7 +252,8 @@ def describe_task(task: ChangesTask | ChangesGroup | StateTask) -> str:
             f"{task.key_groups}")
 
 
-def register(spark: Any) -> None:
+def register(spark: Any, source: type[KafkaChangelogDataSource] = KafkaChangelogDataSource
+             ) -> None:
     """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent.
 
     Turns on ``spark.sql.python.filterPushdown.enabled`` for the session (filters on
@@ -281,14 +274,14 @@ def register(spark: Any) -> None:
         spark.conf.set(AVAILABLE_NOW_WRAPPER_CONF, "true")
     parallelism = session_parallelism(spark)
     if parallelism is None:
-        spark.dataSource.register(KafkaChangelogDataSource)
+        spark.dataSource.register(source)
         return
     # A subclass made here carries the parallelism to the workers: cloudpickle sends a
     # class that is not importable by name with its attributes.
-    source = type(KafkaChangelogDataSource.__name__, (KafkaChangelogDataSource,),
-                  {"default_min_partitions": parallelism, "__module__": __name__,
-                   "__doc__": KafkaChangelogDataSource.__doc__})
-    spark.dataSource.register(source)
+    carried = type(source.__name__, (source,),
+                   {"default_min_partitions": parallelism, "__module__": __name__,
+                    "__doc__": source.__doc__})
+    spark.dataSource.register(carried)
 
 
 def session_parallelism(spark: Any) -> int | None:

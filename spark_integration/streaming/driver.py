@@ -50,7 +50,7 @@ from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 from kafka_changelog.state.host.subtask_backend import StateSource
 from kafka_changelog.state.schema.descriptors import StateDescriptor
 
-from ..checkpoint_properties import QUERY_ID
+from ..checkpoint_properties import QUERY_ID, STATE_PROPERTY_PREFIX
 from ..keys import key_columns_of, key_sql
 from ..sessions.connect import connect_query_id, is_connect
 from ..sessions.spark_versions import (
@@ -101,7 +101,7 @@ from .kafka_sink import KafkaOutputSink
 from .key_state import BatchContext, EventTime
 from .metrics import BatchReport, SubtaskMetrics, log_batch
 from .query_stop import stops_cleanly
-from .state_declarations import STATE_PROPERTY_PREFIX, StateDeclarations
+from .state_declarations import StateDeclarations
 from .subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
 from .subtask_partitioning import (
     PLACEMENT_SETTINGS,

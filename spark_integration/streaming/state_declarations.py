@@ -12,20 +12,15 @@ logged changes: the next materialization writes the key groups without them).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
-from kafka_changelog.state.errors import StateSchemaError
 from kafka_changelog.state.schema.descriptors import StateDescriptor
-from kafka_changelog.state.schema.evolution import evolve_meta, requested_meta
-from kafka_changelog.state.schema.ops import StateMeta
+from kafka_changelog.state.schema.evolution import requested_meta
 from kafka_changelog.state.time.timers import TIMERS_STATE
-from kafka_changelog.state.time.ttl_state import check_ttl_unchanged
 
-#: Checkpoint properties ``state.<name>``: a declared state's registration (JSON).
-STATE_PROPERTY_PREFIX = "state."
+from ..checkpoint_properties import evolved_metas, state_properties
 
 
 @dataclass(frozen=True)
@@ -77,36 +72,4 @@ class StateDeclarations:
             backend.drop_state(name)
 
 
-def recorded_metas(properties: Mapping[str, str]) -> dict[str, StateMeta]:
-    """The registrations a checkpoint's properties record (``state.<name>``)."""
-    return {name[len(STATE_PROPERTY_PREFIX):]: StateMeta.from_record(json.loads(value))
-            for name, value in properties.items() if name.startswith(STATE_PROPERTY_PREFIX)}
-
-
-def evolved_metas(application: str, operator: str, recorded: Mapping[str, str],
-                  requested: Sequence[StateMeta], dropped: Sequence[str] = ()
-                  ) -> dict[str, StateMeta]:
-    """The registrations of ``recorded`` (a checkpoint's properties) but ``dropped``, with
-    each of ``requested`` evolved over its recorded one (a TTL neither added nor removed);
-    :class:`~kafka_changelog.state.errors.StateSchemaError` names the application, operator
-    and state when a request cannot read what was written."""
-    known = recorded_metas(recorded)
-    metas = {name: meta for name, meta in known.items() if name not in dropped}
-    for meta in requested:
-        try:
-            check_ttl_unchanged(known.get(meta.state), meta)
-            metas[meta.state] = evolve_meta(known.get(meta.state), meta)
-        except ValueError as e:
-            raise StateSchemaError(
-                f"application {application!r}, operator {operator!r}: {e}") from e
-    return metas
-
-
-def state_properties(metas: Mapping[str, StateMeta]) -> dict[str, str]:
-    """The ``state.<name>`` checkpoint properties recording ``metas``."""
-    return {STATE_PROPERTY_PREFIX + name: json.dumps(meta.to_record(), sort_keys=True)
-            for name, meta in sorted(metas.items())}
-
-
-__all__ = ["STATE_PROPERTY_PREFIX", "StateDeclarations", "evolved_metas", "recorded_metas",
-           "state_properties"]
+__all__ = ["StateDeclarations"]

@@ -38,7 +38,7 @@ from kafka_changelog.state.history.state_write import (
 )
 from kafka_changelog.state.schema.ops import StateMeta
 
-from ..streaming.state_declarations import evolved_metas, state_properties
+from ..checkpoint_properties import evolved_metas, state_properties
 from .options import WriterOptions, parse_writer_options
 from .rows import REQUIRED_COLUMNS, entry_changes
 

@@ -19,6 +19,7 @@ RUN_EXAMPLES = {
     "README.md",
     "docs/reading.md",
     "docs/streaming.md",
+    "docs/writing-state.md",
     "docs/time.md",
     "docs/exactly-once.md",
     "docs/operations.md",
@@ -37,6 +38,7 @@ FRAGMENTS = {"docs/kafka-storage.md"}
 SECURED = {"docs/security.md"}
 #: The documents whose links are checked.
 LINKED = ("README.md", "CHANGELOG.md", "docs/spark.md", "docs/reading.md", "docs/streaming.md",
+          "docs/writing-state.md",
           "docs/time.md", "docs/exactly-once.md", "docs/spark-connect.md",
           "docs/spark-internals.md", "docs/ARCHITECTURE.md",
           "docs/state.md", "docs/kafka-storage.md", "docs/snapshots-and-checkpoints.md",

@@ -18,6 +18,8 @@ streaming (``spark_integration/streaming/``) never import each other; both may u
 sessions (``spark_integration/sessions/``) and the modules both sides hold to, at the top
 of the package (``keys.py``, ``checkpoint_properties.py``); those import no package of
 spark, and only the package's face (``spark_integration/__init__.py``) imports them all.
+The state writer (``spark_integration/writer/``) is the reader's data source with writes
+added: it may import the reader, never the reverse.
 """
 
 from __future__ import annotations
@@ -214,14 +216,16 @@ def test_state_sub_packages_only_describe_themselves() -> None:
     assert wrong == []
 
 
-SPARK_ROLES = ("reader", "streaming", "sessions")
+SPARK_ROLES = ("reader", "streaming", "sessions", "writer")
 #: The modules at the top of ``spark_integration`` besides its face: what the reader and
 #: streaming both hold to. A new one is placed here on purpose, or goes in a role's package.
 SPARK_SHARED = ("spark_integration.keys", "spark_integration.checkpoint_properties")
 #: What each part of spark may import of spark, besides itself.
 SPARK_MAY_IMPORT = {
-    "face": {"reader", "streaming", "sessions", "shared"},
+    "face": {"reader", "streaming", "sessions", "writer", "shared"},
     "reader": {"sessions", "shared"},
+    # The state writer is the reader's data source with writes added.
+    "writer": {"reader", "sessions", "shared"},
     "streaming": {"sessions", "shared"},
     "sessions": set(),
     "shared": set(),

@@ -28,6 +28,7 @@ BROKER_DOCS = [
     "README.md",
     "docs/reading.md",
     "docs/streaming.md",
+    "docs/writing-state.md",
     "docs/time.md",
     "docs/exactly-once.md",
     "docs/operations.md",

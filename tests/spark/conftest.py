@@ -12,9 +12,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """``local_session(parallelism=2)`` with the reader registered; stopped at the end."""
+    """``local_session(parallelism=2)`` with ``format("kafka-changelog")`` registered (reads
+    and state writes); stopped at the end."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from spark_integration.reader.datasource import register
+    from spark_integration import register
     from spark_integration.sessions.session import local_session
 
     session = local_session(

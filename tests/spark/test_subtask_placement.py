@@ -105,7 +105,7 @@ def _story(batches: list[str], sources: list[dict[str, str]], hosts: list[dict[s
     lines.append("hosts: " + ", ".join(f"{n} = {h}" for h, n in names.items()))
     decisions = [line for line in job_log.read_text(errors="replace").splitlines()
                  if "spark_integration" in line] if job_log.exists() else []
-    return "\n".join(lines + ["driver:"] + decisions[-40:])
+    return "\n".join([*lines, "driver:", *decisions[-40:]])
 
 
 def _run_losing_hosts(kafka_cluster: Any, spark_cluster: Any, tmp_path: Path
