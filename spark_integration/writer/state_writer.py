@@ -1,5 +1,6 @@
-"""``df.write.format("kafka-changelog").mode("append")``: apply rows of entries to a stopped
-application's latest checkpoint, distributed over Spark tasks.
+"""``df.write.format("kafka-changelog")``: rows of entries applied to a stopped application's
+latest checkpoint (``mode("append")``) or replacing its keyed state (``mode("overwrite")``),
+distributed over Spark tasks.
 
 The driver plans the write when Spark asks for the writer (the latest checkpoint, the
 operator, the states' registrations: recorded ones and declared ones, evolved as a
@@ -10,8 +11,6 @@ commits one new checkpoint naming every task's log once all tasks succeeded
 write commits nothing: the application stays at its latest checkpoint. The streaming query
 then resumes from the new checkpoint (same input offsets, same Spark batch), with every
 row applied exactly once.
-
-``mode("overwrite")`` (replacing the whole state) is refused for now, naming what to do.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from kafka_changelog.state.history.entry_changes import (
 )
 from kafka_changelog.state.history.state_write import (
     StateWritePlan,
+    WriteMode,
     commit_state_write,
     plan_state_write,
 )
@@ -57,22 +57,19 @@ class StateWriter(DataSourceArrowWriter):
     """A state write (module docstring). Made on the driver; pickled to the tasks."""
 
     def __init__(self, options: WriterOptions, plan: StateWritePlan,
-                 metas: dict[str, StateMeta], properties: dict[str, str]) -> None:
+                 metas: dict[str, StateMeta], properties: dict[str, str],
+                 mode: WriteMode) -> None:
         self.options = options
         self.plan = plan
         self.metas = metas
         self.properties = properties
+        self.mode = mode
 
     @classmethod
     def planned(cls, raw_options: dict[str, str], column_names: list[str], overwrite: bool
                 ) -> StateWriter:
         """Check the options and columns, and plan the write (driver)."""
-        if overwrite:
-            raise StateWriteError(
-                "format('kafka-changelog') writes with mode('append'): the rows are applied "
-                "to the application's latest checkpoint (upserts and deletes per state and "
-                "key). Replacing the whole state (mode 'overwrite') is not supported yet: "
-                "delete what should go with rows without value, or rewind the application")
+        mode = WriteMode.REPLACE if overwrite else WriteMode.APPLY
         missing = [c for c in REQUIRED_COLUMNS if c not in column_names]
         if missing:
             raise StateWriteError(
@@ -85,10 +82,10 @@ class StateWriter(DataSourceArrowWriter):
         metas = evolved_metas(connection.application, plan.operator, plan.base.properties,
                               options.requested)
         properties = state_properties(metas) if options.requested else {}
-        logger.info("state write to application %s operator %s: applying rows to checkpoint "
-                    "%d as checkpoint %d (states %s)", plan.application, plan.operator,
-                    plan.base.checkpoint_id, plan.checkpoint_id, sorted(metas))
-        return cls(options, plan, metas, properties)
+        logger.info("state write to application %s operator %s (%s): rows to checkpoint %d "
+                    "as checkpoint %d (states %s)", plan.application, plan.operator,
+                    mode.value, plan.base.checkpoint_id, plan.checkpoint_id, sorted(metas))
+        return cls(options, plan, metas, properties, mode)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskWritten:
         """Append this task's rows as state ops to a log of its own (task)."""
@@ -105,14 +102,16 @@ class StateWriter(DataSourceArrowWriter):
         with KafkaChangelogStorage(config) as storage:
             written = write_entry_changes(storage, plan.operator, plan.max_parallelism,
                                           plan.checkpoint_id, self.metas,
-                                          entry_changes(iterator, self.metas))
+                                          entry_changes(iterator, self.metas),
+                                          deletes=self.mode is WriteMode.APPLY)
         return TaskWritten(partition, written)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Commit the new checkpoint naming every task's log (driver)."""
         written = [(m.partition, m.written) for m in messages if isinstance(m, TaskWritten)]
         with KafkaCheckpointStore(self.options.connection.checkpoint_config()) as store:
-            checkpoint = commit_state_write(store, self.plan, written, self.properties)
+            checkpoint = commit_state_write(store, self.plan, written, self.properties,
+                                            mode=self.mode)
         logger.info("state write to application %s: checkpoint %d committed (%d rows from "
                     "%d tasks)", self.plan.application, checkpoint.checkpoint_id,
                     sum(w.rows for _, w in written), len(written))

@@ -21,6 +21,7 @@ from kafka_changelog.state.backend.config import StateBackendConfig
 from kafka_changelog.state.history.coordinator import CheckpointCoordinator
 from kafka_changelog.state.history.state_write import (
     STATE_WRITE_FROM_PROPERTY,
+    STATE_WRITE_MODE_PROPERTY,
     STATE_WRITE_ROWS_PROPERTY,
 )
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
@@ -52,9 +53,9 @@ from .test_reader import History
 
 pytestmark = [pytest.mark.spark, pytest.mark.broker]
 
-#: Three batches of events of users u00..u09.
+#: Four batches of events of users u00..u09.
 BATCHES = [[{"user": f"u{(i * 3 + b) % 10:02d}", "page": f"p{i}"} for i in range(20)]
-           for b in range(3)]
+           for b in range(4)]
 
 
 def visits_of(batches: list[list[dict[str, Any]]]) -> dict[str, int]:
@@ -122,6 +123,19 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
         users = sorted({e["user"] for e in BATCHES[2]})
         found = outputs[2].sort_values("user").reset_index(drop=True)
         assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
+        # The whole state replaced by two users' visits; the counter resumes on them alone.
+        spark.createDataFrame([("visits", b"u00", int64(50)), ("visits", b"u05", int64(60))],
+                              "state string, key binary, value binary").write.format(
+            "kafka-changelog").options(**writer_options(config)).mode("overwrite").save()
+        assert restored_visits(config) == {"u00": 50, "u05": 60}
+        run(spark, config, [3], outputs)
+        want = {"u00": 50, "u05": 60}
+        for event in BATCHES[3]:
+            want[event["user"]] = want.get(event["user"], 0) + 1
+        assert restored_visits(config) == want
+        users = sorted({e["user"] for e in BATCHES[3]})
+        found = outputs[3].sort_values("user").reset_index(drop=True)
+        assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
     finally:
         WorkerResources.release(config)
 
@@ -129,7 +143,8 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
 def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
         spark: Any, kafka_cluster: Any, tmp_path: Path) -> None:
     # Every kind of state (value, list, map, reducing, aggregating), a snapshot and a
-    # changelog tail; read in mode 'state' and written back unchanged.
+    # changelog tail; read in mode 'state' and written back unchanged, replacing the whole
+    # state (nothing of the old one carried: a write that lost rows would show).
     job = Job(kafka_cluster)
     model: dict[bytes, Any] = {}
     try:
@@ -142,9 +157,12 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
         assert kinds == {"VALUE", "LIST", "MAP", "REDUCING", "AGGREGATING"}
         state.write.format("kafka-changelog").options(**options).option(
             "states", declared_states([COUNT, EVENTS, PAGES, TOTAL, STATS])).mode(
-            "append").save()
+            "overwrite").save()
         latest = job.checkpoints.latest("app")
         assert latest is not None and latest.checkpoint_id == 4
+        assert latest.properties[STATE_WRITE_MODE_PROPERTY] == "replace"
+        for subtask in latest.subtasks:
+            assert subtask.keyed is not None and subtask.keyed.snapshot is None
         for backend_config in (StateBackendConfig("memory"),
                                StateBackendConfig("rocksdb", str(tmp_path / "rocksdb"))):
             coordinator = CheckpointCoordinator("app", job.checkpoints, job.snapshots,
@@ -185,6 +203,23 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
                 assert {u: read_user(backend, u) for u in mine} == expected_for(want, mine)
             finally:
                 backend.close()
+        # Replaced by a part of it: the counts of users with an even count, nothing else
+        # (``state`` reads the latest checkpoint, the transformed one, when the write runs).
+        part = state.where("state = 'count' AND cast(value_decoded AS BIGINT) % 2 = 0")
+        part.write.format("kafka-changelog").options(**options).mode("overwrite").save()
+        latest = job.checkpoints.latest("app")
+        assert latest is not None and latest.checkpoint_id == 8
+        left = {user: {"count": s["count"], "events": [], "pages": {}, "total": None,
+                       "stats": None}
+                for user, s in want.items() if s["count"] is not None and s["count"] % 2 == 0}
+        assert left and len(left) < len(want)
+        for key_groups in ranges(2):
+            backend = coordinator.restore_keyed("op", key_groups, latest, job.changelog)
+            try:
+                mine = users_in(USERS, key_groups)
+                assert {u: read_user(backend, u) for u in mine} == expected_for(left, mine)
+            finally:
+                backend.close()
     finally:
         job.close()
 
@@ -210,8 +245,9 @@ def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
             assert latest is not None and latest.checkpoint_id == 1, "something was committed"
 
         good = spark.createDataFrame([("visits", b"u01", int64(5))], schema)
-        refused(good, "Replacing the whole state (mode 'overwrite') is not supported yet",
-                mode="overwrite")
+        refused(spark.createDataFrame([("visits", b"u01", None)], schema),
+                "state 'visits' key b'u01': a row without value deletes an entry, and a "
+                "write replacing the whole state has nothing to delete", mode="overwrite")
         refused(good, "select what a read of format('kafka-changelog') reads", checkpoint="1")
         refused(spark.createDataFrame([("visits", b"u01", int64(5), 1)], f"{schema}, n int"),
                 "a state write does not know the column(s) ['n']")

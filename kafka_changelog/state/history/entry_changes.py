@@ -116,15 +116,20 @@ class _Units:
 
 
 def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
-              units: _Units) -> Iterator[StateOp]:
+              units: _Units, deletes: bool = True) -> Iterator[StateOp]:
     """The ops of ``changes`` (see the module docstring), value and map rows as they
-    come, lists once all rows are read; refuses what the module docstring refuses."""
+    come, lists once all rows are read; refuses what the module docstring refuses, and
+    without ``deletes`` (a replacing write) any row without a value."""
     lists: dict[tuple[str, bytes], list[EntryChange]] = {}
     whole_maps: set[tuple[str, bytes]] = set()
     map_entries: set[tuple[str, bytes]] = set()
     for change in changes:
         meta = _meta_of(change, metas)
         stored = _stored_value(change, meta)
+        if stored is None and not deletes:
+            raise StateWriteError(
+                f"{_describe(change)}: a row without value deletes an entry, and a write "
+                "replacing the whole state has nothing to delete (leave the row out)")
         kind = meta.kind
         if kind is StateKind.LIST:
             if change.map_key is not None:
@@ -219,10 +224,12 @@ def _stored_value(change: EntryChange, meta: StateMeta) -> bytes | None:
 def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                         max_parallelism: int, checkpoint_id: int,
                         metas: Mapping[str, StateMeta],
-                        changes: Iterable[EntryChange]) -> WrittenChanges:
+                        changes: Iterable[EntryChange], deletes: bool = True
+                        ) -> WrittenChanges:
     """Append the ops of ``changes`` to a new log of ``storage``, each state registered
     before its first op, persist it for ``checkpoint_id`` and return what was written (a
-    failed persist raises; its records are referenced by nothing)."""
+    failed persist raises; its records are referenced by nothing). ``deletes``: see
+    :func:`state_ops`."""
     states = sorted(metas)
     units = _Units(states)
     writer = storage.create_writer(operator, KeyGroupRange(0, max_parallelism - 1))
@@ -237,7 +244,7 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                 rows += 1
                 yield change
 
-        for op in state_ops(counted(), metas, units):
+        for op in state_ops(counted(), metas, units, deletes):
             if op.state not in registered:
                 writer.append_meta(metas[op.state].to_bytes())
                 registered.add(op.state)

@@ -1,11 +1,13 @@
-"""A state write: rows of entries applied to a stopped application's latest checkpoint.
+"""A state write: rows of entries applied to a stopped application's latest checkpoint, or
+replacing its keyed state.
 
 Planned on a driver (:func:`plan_state_write`), written by tasks
 (:func:`~.entry_changes.write_entry_changes`: each task appends its rows' state ops to a
 log of its own) and committed by the driver (:func:`commit_state_write`): a new checkpoint
 ``M = L + 2`` (as a rewind's copy, see :mod:`.rewind` for why not ``L + 1``) whose keyed
 handles of the written operator are the latest's with the tasks' logs appended, in task
-order, each narrowed to the subtask's key groups. Everything else is the latest's: the
+order, each narrowed to the subtask's key groups (:attr:`WriteMode.APPLY`), or the tasks'
+logs alone (:attr:`WriteMode.REPLACE`). Everything else is the latest's: the
 parallelism, the snapshots, the operator state, the log floors and the properties (the
 input offsets the streaming query continues from, its processing time, its Spark query
 and batch), plus :data:`STATE_WRITE_FROM_PROPERTY` and the state registrations the write
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ...enums import StrEnum
 from ...handle import ChangelogHandle
-from ..checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
+from ..checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from ..checkpoints.checkpoint_store import CheckpointStore
 from .entry_changes import StateWriteError, WrittenChanges, colliding_units
 from .rewind import COPY_ID_GAP, RewindError, check_not_held
@@ -38,6 +42,18 @@ STATE_WRITE_FROM_PROPERTY = "state_write.from_checkpoint"
 STATE_WRITE_ROWS_PROPERTY = "state_write.rows"
 #: Property of a state write's checkpoint: when it was committed (epoch ms).
 STATE_WRITE_AT_PROPERTY = "state_write.at_ms"
+#: Property of a state write's checkpoint: ``apply`` or ``replace`` (:class:`WriteMode`).
+STATE_WRITE_MODE_PROPERTY = "state_write.mode"
+
+
+class WriteMode(StrEnum):
+    """What a state write does with the latest checkpoint's keyed state."""
+
+    #: The rows are applied on top of it (upserts and deletes per entry).
+    APPLY = "apply"
+    #: The rows are the whole keyed state of the operator: nothing of it is carried
+    #: (timers neither), its operator state and everything else are.
+    REPLACE = "replace"
 
 
 @dataclass(frozen=True)
@@ -111,9 +127,12 @@ def _check_free(store: CheckpointStore, application: str) -> None:
 def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
                        written: Sequence[tuple[int, WrittenChanges]],
                        properties: Mapping[str, str] | None = None,
-                       now_ms: int | None = None) -> CompletedCheckpoint:
+                       now_ms: int | None = None,
+                       mode: WriteMode = WriteMode.APPLY) -> CompletedCheckpoint:
     """Commit the checkpoint of ``plan`` with the logs the tasks wrote (``(task,
-    written)`` pairs; appended in task order) and ``properties`` over the base's.
+    written)`` pairs; in task order) and ``properties`` over the base's: appended to the
+    operator's keyed handles (:attr:`WriteMode.APPLY`), or as the whole of them, with new
+    backend ids and no snapshot (:attr:`WriteMode.REPLACE`).
 
     Refused (:class:`StateWriteError`, nothing committed) when an entry was written by
     two tasks, when a driver holds the application, or when a checkpoint was committed
@@ -134,29 +153,36 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     pieces: list[ChangelogHandle] = [
         ChangelogHandle.from_bytes(w.handle_bytes)
         for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
-    subtasks = tuple(_with_pieces(s, plan.operator, pieces) for s in plan.base.subtasks)
+    subtasks = tuple(_with_pieces(s, plan.operator, pieces, mode) for s in plan.base.subtasks)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     checkpoint = dataclasses.replace(
         plan.base, checkpoint_id=plan.checkpoint_id, timestamp_ms=now, subtasks=subtasks,
         properties={**plan.base.properties, **(properties or {}),
                     STATE_WRITE_FROM_PROPERTY: str(plan.base.checkpoint_id),
                     STATE_WRITE_ROWS_PROPERTY: str(sum(w.rows for _, w in written)),
+                    STATE_WRITE_MODE_PROPERTY: mode.value,
                     STATE_WRITE_AT_PROPERTY: str(now)})
     store.commit(checkpoint)
     return checkpoint
 
 
-def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle]
-                 ) -> SubtaskState:
+def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle],
+                 mode: WriteMode) -> SubtaskState:
     keyed = subtask.keyed
     if subtask.operator_id != operator or keyed is None:
         return subtask
     added = tuple(narrowed for piece in pieces
                   if (narrowed := piece.intersection(keyed.key_group_range)) is not None)
+    if mode is WriteMode.REPLACE:
+        # A backend of its own: its materializations never write chunks under the old
+        # backend's keys (as a fork's backends).
+        return dataclasses.replace(subtask, keyed=KeyedStateHandle(
+            f"{operator}-{uuid.uuid4().hex[:12]}", keyed.key_group_range, 0, None, added))
     # The entry count is not known any more: a restore counts the entries itself.
     return dataclasses.replace(subtask, keyed=dataclasses.replace(
         keyed, changelog=keyed.changelog + added, entry_count=None))
 
 
-__all__ = ["STATE_WRITE_AT_PROPERTY", "STATE_WRITE_FROM_PROPERTY", "STATE_WRITE_ROWS_PROPERTY",
-           "StateWritePlan", "commit_state_write", "plan_state_write"]
+__all__ = ["STATE_WRITE_AT_PROPERTY", "STATE_WRITE_FROM_PROPERTY", "STATE_WRITE_MODE_PROPERTY",
+           "STATE_WRITE_ROWS_PROPERTY", "StateWritePlan", "WriteMode", "commit_state_write",
+           "plan_state_write"]
