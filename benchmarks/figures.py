@@ -276,6 +276,19 @@ def change_feed_figures(data: Json) -> list[Figure]:
     ]
 
 
+def state_writer_figures(data: Json) -> list[Figure]:
+    """``bench_state_writer``: the state writer against the reader (no target)."""
+    best = data["best"]
+    writer, reader = best["writer"], best["reader"]
+    return [Figure(
+        "bench_state_writer",
+        f'`local[2]`, {data["keys"]:,}-key state, rows/s: `df.write.format("kafka-changelog")` '
+        "(replace) / mode `state` read",
+        f"{ratio(data['ratio'])} ({writer['rows_per_s']:,.0f} against "
+        f"{reader['rows_per_s']:,.0f}; {writer['seconds']:.2f} against "
+        f"{reader['seconds']:.2f} s)")]
+
+
 def large_state_figures(data: Json) -> list[Figure]:
     """``bench_large_state``: 10M keys with Python workers capped at 1 GiB."""
     large = data["large"]
@@ -441,6 +454,7 @@ SOURCES: tuple[tuple[str, Callable[[Json], list[Figure]]], ...] = (
     ("streaming_overhead.json", streaming_overhead_figures),
     ("spark_reader.json", spark_reader_figures),
     ("change_feed.json", change_feed_figures),
+    ("state_writer.json", state_writer_figures),
     ("large_state.json", large_state_figures),
     ("cluster_state.json", cluster_state_figures),
     ("host_loss.json", host_loss_figures),

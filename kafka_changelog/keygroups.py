@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .murmur3 import spark_hash_bytes
+import numpy as np
+
+from .murmur3 import spark_hash_bytes, spark_hash_many
 
 #: Highest max parallelism accepted (Flink's bound too: key groups fit in 15 bits).
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
@@ -88,6 +90,14 @@ def key_group_for_key(key: bytes, max_parallelism: int) -> int:
     """
     check_parallelism(max_parallelism)
     return spark_hash_bytes(key) % max_parallelism
+
+
+def key_groups_for_keys(offsets: np.ndarray, data: np.ndarray, max_parallelism: int
+                        ) -> np.ndarray:
+    """:func:`key_group_for_key` of many keys at once (``int64``): key ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]``, as an Arrow binary array lays its values out."""
+    check_parallelism(max_parallelism)
+    return np.mod(spark_hash_many(offsets, data).astype(np.int64), max_parallelism)
 
 
 def key_group_range_for_operator(

@@ -20,9 +20,11 @@ import struct
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from kafka_changelog.keygroups import key_groups_for_keys
 from kafka_changelog.state.history.entry_changes import EntryChange, StateWriteError
 from kafka_changelog.state.schema.avro_names import is_avro_name
 from kafka_changelog.state.schema.ops import StateMeta
@@ -67,12 +69,13 @@ def check_columns(schema: pa.Schema) -> None:
             raise StateWriteError(f"column 'expires_at' must be a timestamp, got {field.type}")
 
 
-def entry_changes(batches: Iterable[pa.RecordBatch], metas: Mapping[str, StateMeta]
-                  ) -> Iterator[EntryChange]:
-    """The rows of ``batches`` as entry changes (columns checked per batch)."""
+def entry_changes(batches: Iterable[pa.RecordBatch], metas: Mapping[str, StateMeta],
+                  max_parallelism: int) -> Iterator[EntryChange]:
+    """The rows of ``batches`` as entry changes (columns checked per batch), each with its
+    key's key group (computed for a batch at once)."""
     for batch in batches:
         check_columns(batch.schema)
-        yield from _batch_changes(batch, metas)
+        yield from _batch_changes(batch, metas, max_parallelism)
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
@@ -87,18 +90,32 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any]:
     return values
 
 
-def _batch_changes(batch: pa.RecordBatch, metas: Mapping[str, StateMeta]
-                   ) -> Iterator[EntryChange]:
+def _key_groups(batch: pa.RecordBatch, max_parallelism: int) -> list[int | None]:
+    """The key group of every row's key, computed for the whole batch at once (a null key
+    gets a placeholder: its row is refused)."""
+    keys = pc.cast(batch.column(batch.schema.get_field_index("key")), pa.large_binary())
+    keys = pc.fill_null(keys, b"")
+    offsets = np.frombuffer(keys.buffers()[1], np.int64, len(keys) + 1, keys.offset * 8)
+    data = keys.buffers()[2]
+    values = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    groups: list[int | None] = key_groups_for_keys(offsets, values, max_parallelism).tolist()
+    return groups
+
+
+def _batch_changes(batch: pa.RecordBatch, metas: Mapping[str, StateMeta],
+                   max_parallelism: int) -> Iterator[EntryChange]:
     columns = [_column(batch, name) for name in
                ("state", "key", "value", "value_decoded", "map_key", "list_index", "expires_at")]
-    for state, key, value, decoded, map_key, index, expires in zip(*columns, strict=True):
+    columns.append(_key_groups(batch, max_parallelism))
+    for state, key, value, decoded, map_key, index, expires, group in zip(*columns,
+                                                                           strict=True):
         if state is None or key is None:
             raise StateWriteError(
                 f"a state write's row has a null {'state' if state is None else 'key'} "
                 f"(state {state!r}, key {key!r}): every row names a state and a key")
         if value is None and decoded is not None:
             value = encode_decoded(state, key, decoded, metas)
-        yield EntryChange(state, key, value, map_key, index, expires)
+        yield EntryChange(state, key, value, map_key, index, expires, group)
 
 
 def encode_decoded(state: str, key: bytes, text: str, metas: Mapping[str, StateMeta]

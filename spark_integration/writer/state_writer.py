@@ -102,7 +102,8 @@ class StateWriter(DataSourceArrowWriter):
         with KafkaChangelogStorage(config) as storage:
             written = write_entry_changes(storage, plan.operator, plan.max_parallelism,
                                           plan.checkpoint_id, self.metas,
-                                          entry_changes(iterator, self.metas),
+                                          entry_changes(iterator, self.metas,
+                                                        plan.max_parallelism),
                                           deletes=self.mode is WriteMode.APPLY)
         return TaskWritten(partition, written)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from kafka_changelog import (
     key_group_range_for_operator,
     operator_index_for_key_group,
 )
+from kafka_changelog.keygroups import key_groups_for_keys
 from kafka_changelog.murmur3 import spark_hash_bytes, spark_hash_int
 
 
@@ -152,3 +155,14 @@ class TestKeyGroupAssignment:
         kg = key_group_for_key(key, max_p)
         assert 0 <= kg < max_p
         assert kg == spark_hash_bytes(key) % max_p
+
+    @given(st.lists(st.binary(max_size=23), max_size=40), st.integers(1, 1 << 15),
+           st.integers(0, 3))
+    def test_key_groups_of_many_keys_are_each_keys(self, keys: list[bytes], max_p: int,
+                                                   skip: int) -> None:
+        # As an Arrow binary array lays them out, sliced (offsets not from 0).
+        array = pa.array([b"x" * 5] * skip + keys, pa.binary()).slice(skip)
+        offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
+        data = np.frombuffer(array.buffers()[2], np.uint8)
+        assert key_groups_for_keys(offsets, data, max_p).tolist() == [
+            key_group_for_key(key, max_p) for key in keys]

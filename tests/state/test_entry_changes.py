@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kafka_changelog.keygroups import key_group_for_key
 from kafka_changelog.state.history.entry_changes import (
     EntryChange,
     StateWriteError,
@@ -41,7 +42,9 @@ METAS: dict[str, StateMeta] = {d.name: requested_meta(d) for d in (COUNT, EVENTS
 
 
 def ops(*changes: EntryChange) -> list[StateOp]:
-    return list(state_ops(changes, METAS, _Units(sorted(METAS))))
+    found = list(state_ops(changes, METAS, _Units(sorted(METAS))))
+    assert [group for group, _ in found] == [key_group_for_key(op.key, 128) for _, op in found]
+    return [op for _, op in found]
 
 
 def test_each_kind_of_row_is_the_op_a_backend_logs() -> None:

@@ -30,6 +30,7 @@ two tasks (:func:`colliding_units`).
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +60,9 @@ class EntryChange:
 
     ``map_key``: map states' entry (None: the whole map); ``list_index``: a list
     element's place; ``value``: the value's stored bytes without expiry (None: delete);
-    ``expires_at_ms``: a TTL'd state's entry expiry (milliseconds since the epoch).
+    ``expires_at_ms``: a TTL'd state's entry expiry (milliseconds since the epoch);
+    ``key_group``: the key's, when the caller computed it for many keys at once (None:
+    computed from the key).
     """
 
     state: str
@@ -68,6 +71,7 @@ class EntryChange:
     map_key: bytes | None = None
     list_index: int | None = None
     expires_at_ms: int | None = None
+    key_group: int | None = None
 
 
 @dataclass
@@ -85,11 +89,15 @@ class WrittenChanges:
 
 def unit_hash(state: str, key: bytes, map_key: bytes | None) -> int:
     """The 64-bit hash of an entry unit (the same in every process)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for part in (state.encode(), key, map_key if map_key is not None else b"\xff"):
-        digest.update(len(part).to_bytes(4, "big"))
-        digest.update(part)
+    name = state.encode()
+    # Lengths first: no two units give the same bytes; -1 for "no map key".
+    header = _UNIT_HEADER.pack(len(name), len(key), -1 if map_key is None else len(map_key))
+    digest = _blake2b(b"".join((header, name, key, map_key or b"")), digest_size=8)
     return int.from_bytes(digest.digest(), "big")
+
+
+_UNIT_HEADER = struct.Struct(">iii")
+_blake2b = hashlib.blake2b
 
 
 def _describe(change: EntryChange) -> str:
@@ -116,14 +124,18 @@ class _Units:
 
 
 def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
-              units: _Units, deletes: bool = True) -> Iterator[StateOp]:
-    """The ops of ``changes`` (see the module docstring), value and map rows as they
-    come, lists once all rows are read; refuses what the module docstring refuses, and
-    without ``deletes`` (a replacing write) any row without a value."""
+              units: _Units, deletes: bool = True, max_parallelism: int = 128
+              ) -> Iterator[tuple[int, StateOp]]:
+    """The ops of ``changes`` (see the module docstring) with their key groups, value and
+    map rows as they come, lists once all rows are read; refuses what the module
+    docstring refuses, and without ``deletes`` (a replacing write) any row without a
+    value."""
     lists: dict[tuple[str, bytes], list[EntryChange]] = {}
     whole_maps: set[tuple[str, bytes]] = set()
     map_entries: set[tuple[str, bytes]] = set()
     for change in changes:
+        group = (change.key_group if change.key_group is not None
+                 else key_group_for_key(change.key, max_parallelism))
         meta = _meta_of(change, metas)
         stored = _stored_value(change, meta)
         if stored is None and not deletes:
@@ -148,28 +160,30 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
                         "map_key (a row without map key nor value deletes the whole map)")
                 units.add(change, None, "the whole map deleted")
                 whole_maps.add((change.state, change.key))
-                yield StateOp(change.state, DELETE, change.key)
+                yield group, StateOp(change.state, DELETE, change.key)
                 continue
             units.add(change, change.map_key, "the same map key")
             map_entries.add((change.state, change.key))
-            yield (StateOp(change.state, MAP_REMOVE, change.key, map_key=change.map_key)
-                   if stored is None else
-                   StateOp(change.state, MAP_PUT, change.key, map_key=change.map_key,
-                           value=stored))
+            yield group, (StateOp(change.state, MAP_REMOVE, change.key, map_key=change.map_key)
+                          if stored is None else
+                          StateOp(change.state, MAP_PUT, change.key, map_key=change.map_key,
+                                  value=stored))
             continue
         if change.map_key is not None or change.list_index is not None:
             column = "map_key" if change.map_key is not None else "list_index"
             raise StateWriteError(f"{_describe(change)}: column {column} must be null for a "
                                   f"{kind.value} state")
         units.add(change, None, f"a {kind.value} state holds one value per key")
-        yield (StateOp(change.state, DELETE, change.key) if stored is None
-               else StateOp(change.state, SET, change.key, value=stored))
+        yield group, (StateOp(change.state, DELETE, change.key) if stored is None
+                      else StateOp(change.state, SET, change.key, value=stored))
     for state, key in sorted(whole_maps & map_entries):
         raise StateWriteError(
             f"state {state!r} key {key!r}: a row deleting the whole map and rows of its "
             "entries in one state write (write the deletion, then the entries, in two)")
     for (state, key), rows in lists.items():
-        yield _list_op(state, key, rows, metas[state], units)
+        first = rows[0].key_group
+        yield (first if first is not None else key_group_for_key(key, max_parallelism),
+               _list_op(state, key, rows, metas[state], units))
 
 
 def _list_op(state: str, key: bytes, rows: list[EntryChange], meta: StateMeta,
@@ -244,11 +258,11 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                 rows += 1
                 yield change
 
-        for op in state_ops(counted(), metas, units, deletes):
+        for key_group, op in state_ops(counted(), metas, units, deletes, max_parallelism):
             if op.state not in registered:
                 writer.append_meta(metas[op.state].to_bytes())
                 registered.add(op.state)
-            writer.append(key_group_for_key(op.key, max_parallelism), op.to_bytes())
+            writer.append(key_group, op.to_bytes())
             ops += 1
         if not ops:
             return WrittenChanges(None, states, rows=rows)

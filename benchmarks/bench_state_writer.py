@@ -1,0 +1,166 @@
+"""The state writer's throughput against the reader's, on a 1,000,000-key state.
+
+One application is written directly with the storage (four subtasks, 16 partitions): one
+checkpoint setting each of KEYS keys of an ``int64`` value state once (changelog only).
+Then, in a ``local[2]`` session:
+
+- the baseline, the reader: ``spark.read.format("kafka-changelog")`` in mode ``state``,
+  ``count(*)`` (every key restored from the changelog and turned into a row);
+- the writer: the same rows, read once and cached in Spark beforehand, written back with
+  ``df.write.format("kafka-changelog").mode("overwrite")`` (each task appends one op per
+  row to a log of its own, the driver commits the checkpoint), from the call to its return.
+
+Exactness is checked after every write: the state read back equals the rows written (no
+row missing, none added, every value the same: ``exceptAll`` both ways is empty).
+
+Each query runs once unmeasured, then ``--rounds`` times (default 2; the best counts). The
+ratio is the writer's rows/s over the reader's. No target is set: the figure says what a
+state write of a large state costs next to reading it.
+
+Run: ``PYTHONPATH=. python -m benchmarks.bench_state_writer [--json FILE] [--rounds N]``
+(default ``benchmarks/results/state_writer.json``; ``BENCH_SCALE`` scales KEYS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_change_feed import Run, options, state_batch, write_app
+from benchmarks.bench_spark_reader import own_pids
+from benchmarks.common import (
+    RESULTS_DIR,
+    Broker,
+    ForeignLoad,
+    kafka_broker,
+    machine_info,
+    scaled,
+    table,
+    wait_for_quiet,
+    write_json,
+)
+from kafka_changelog.state import INT64, value_state
+
+DEFAULT_JSON = RESULTS_DIR / "state_writer.json"
+KEYS = 1_000_000
+#: The benchmark application's one state (bench_change_feed's ``state_batch`` writes it).
+COUNT = value_state("count", INT64)
+
+
+def measure(broker: Broker, impl: str, query: Callable[[], int], rows: int,
+            rounds: int, check: Callable[[], None] | None = None) -> list[Run]:
+    """One warm-up, then ``rounds`` measured runs of ``query`` (which must give ``rows``),
+    each followed by ``check`` (not measured)."""
+    if query() != rows:
+        raise RuntimeError(f"{impl}: expected {rows} rows")
+    if check is not None:
+        check()
+    runs = []
+    for _ in range(rounds):
+        waited = wait_for_quiet(own_pids(broker))["waited_s"]
+        foreign = ForeignLoad(own_pids(broker))
+        start = time.perf_counter()
+        found = query()
+        seconds = time.perf_counter() - start
+        if found != rows:
+            raise RuntimeError(f"{impl}: {found} rows, expected {rows}")
+        run = Run(impl, found, seconds, foreign.share(), waited)
+        if check is not None:
+            check()
+        runs.append(run)
+        print(f"  {impl:<10} {run.rows_per_s:>12,.0f} rows/s ({seconds:.2f} s, others used "
+              f"{run.foreign_cpu_share:.0%} of the CPUs)", flush=True)
+    return runs
+
+
+def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
+    """Write the application, read and write its state; the JSON-able results."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    keys = int(scaled(KEYS, minimum=10_000))
+    print(f"\n[state writer] writing a {keys:,}-key state", flush=True)
+    started = time.perf_counter()
+    app = write_app(broker, "writer", state_batch(keys))
+    print(f"  written in {time.perf_counter() - started:.1f} s", flush=True)
+
+    from spark_integration import declared_states, register
+    from spark_integration.sessions.session import local_session
+
+    spark = local_session(
+        app_name="bench-state-writer", parallelism=2,
+        extra_config={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                      "spark.driver.memory": "2g", "spark.ui.showConsoleProgress": "false"})
+    runs: list[Run] = []
+    try:
+        register(spark)
+        read_options = options(broker, app, mode="state")
+        write_options = {k: v for k, v in options(broker, app).items()}
+        write_options["states"] = declared_states([COUNT])
+        rows = spark.read.format("kafka-changelog").options(**read_options).load().select(
+            "state", "key", "value").cache()
+        if rows.count() != keys:
+            raise RuntimeError(f"the state read has {rows.count()} rows, expected {keys}")
+
+        def read() -> int:
+            df = spark.read.format("kafka-changelog").options(**read_options).load()
+            return int(df.count())
+
+        def write() -> int:
+            rows.write.format("kafka-changelog").options(**write_options).mode(
+                "overwrite").save()
+            return keys
+
+        def check() -> None:
+            after = spark.read.format("kafka-changelog").options(**read_options).load().select(
+                "state", "key", "value")
+            missing, added = rows.exceptAll(after).count(), after.exceptAll(rows).count()
+            if missing or added:
+                raise RuntimeError(f"the state written differs from the rows: {missing} rows "
+                                   f"missing, {added} added")
+
+        runs += measure(broker, "reader", read, keys, rounds)
+        runs += measure(broker, "writer", write, keys, rounds, check)
+        rows.unpersist()
+    finally:
+        spark.stop()
+    best = {impl: min((r for r in runs if r.impl == impl), key=lambda r: r.seconds)
+            for impl in dict.fromkeys(r.impl for r in runs)}
+    return {
+        "name": "state_writer",
+        "keys": keys,
+        "rounds": rounds,
+        "ratio": best["writer"].rows_per_s / best["reader"].rows_per_s,
+        "best": {impl: r.as_dict() for impl, r in best.items()},
+        "runs": [r.as_dict() for r in runs],
+    }
+
+
+def report(results: dict[str, Any]) -> str:
+    rows = [[impl, str(best["rows"]), f"{best['rows_per_s']:,.0f}", f"{best['seconds']:.2f}",
+             f"{best['foreign_cpu_share']:.0%}"] for impl, best in results["best"].items()]
+    return table(["side", "rows", "rows/s", "seconds", "others' CPU"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON,
+                        help="write the results to this file")
+    parser.add_argument("--rounds", type=int, default=2, help="measured runs of each side")
+    args = parser.parse_args(argv)
+    with kafka_broker() as broker:
+        results = run(broker, rounds=args.rounds)
+        results["machine"] = machine_info()
+    print(f"\nstate writer against the reader, a {results['keys']:,}-key state; best run of "
+          "each")
+    print(report(results))
+    print(f"writer / reader, rows/s: {results['ratio']:.3f}x (no target)")
+    write_json(args.json, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
