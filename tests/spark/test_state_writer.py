@@ -9,6 +9,12 @@ the repaired values, each row applied once.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,7 @@ from tests.state.state_helpers import (
     users_in,
 )
 
+from .jobs import REPO
 from .test_initial_state import (
     EVENT_SCHEMA,
     OUTPUT_SCHEMA,
@@ -283,5 +290,48 @@ def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
         write(good)
         assert restored_visits(config) == {**visits_of(BATCHES[:2]), "u01": 5}
         assert before != visits_of(BATCHES[:2])
+    finally:
+        WorkerResources.release(config)
+
+
+def test_a_killed_write_leaves_nothing_visible(spark: Any, kafka_cluster: Any,
+                                               tmp_path: Path) -> None:
+    config = app_config(kafka_cluster, f"write-kill-{uuid.uuid4().hex[:8]}", 2)
+    outputs: dict[int, pd.DataFrame] = {}
+    marker = tmp_path / "stalled"
+    try:
+        run(spark, config, [0], outputs)
+        before = visits_of(BATCHES[:1])
+        # A driver of its own, killed -9 with its workers while its second task writes
+        # (the first task's log is persisted by then).
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.killed_state_write",
+             json.dumps(writer_options(config)), str(marker)],
+            cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not marker.exists():
+                assert writer.poll() is None, writer.communicate()[1][-3000:]
+                assert time.monotonic() < deadline, "the write never reached its second task"
+                time.sleep(0.2)
+        finally:
+            os.killpg(writer.pid, signal.SIGKILL)
+            writer.wait(60)
+        store = WorkerResources.coordinator(config).checkpoints
+        latest = store.latest(config.application)
+        assert latest is not None and latest.checkpoint_id == 1
+        assert restored_visits(config) == before
+        # The next write and the query go on from checkpoint 1: none of the killed write's
+        # rows appear, the new ones do.
+        spark.createDataFrame([("visits", b"u01", int64(5))],
+                              "state string, key binary, value binary").write.format(
+            "kafka-changelog").options(**writer_options(config)).mode("append").save()
+        assert restored_visits(config) == {**before, "u01": 5}
+        run(spark, config, [1], outputs)
+        want = {**before, "u01": 5}
+        for event in BATCHES[1]:
+            want[event["user"]] = want.get(event["user"], 0) + 1
+        assert restored_visits(config) == want
     finally:
         WorkerResources.release(config)
