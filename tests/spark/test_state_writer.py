@@ -272,8 +272,10 @@ def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
         twice = spark.createDataFrame(spark.sparkContext.parallelize(
             [("visits", b"u01", int64(5))] * 2, 2), schema)
         assert twice.rdd.getNumPartitions() == 2
-        refused(twice, "1 entries came from more than one Spark task (state 'visits': tasks "
+        refused(twice, "1 entry has more than one row (state 'visits': in Spark task(s) "
                        "[0, 1])")
+        refused(spark.createDataFrame([("visits", b"u01", int64(5))] * 2, schema).coalesce(1),
+                "1 entry has more than one row (state 'visits': in Spark task(s) [0])")
         mixed = spark.createDataFrame(
             [("visits", f"u{i:02d}".encode(), int64(i)) for i in range(40)]
             + [("nope", b"u99", int64(1))], schema).repartition(4)

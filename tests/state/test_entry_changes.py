@@ -68,12 +68,6 @@ def test_each_kind_of_row_is_the_op_a_backend_logs() -> None:
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ([EntryChange("count", b"u1", b"1"), EntryChange("count", b"u1", b"2")],
-     r"state 'count' key b'u1' has more than one row \(a VALUE state holds one value per "
-     r"key\)"),
-    ([EntryChange("pages", b"u1", b"1", map_key=b"m"),
-      EntryChange("pages", b"u1", b"2", map_key=b"m")],
-     r"state 'pages' key b'u1' map key b'm' has more than one row \(the same map key\)"),
     ([EntryChange("pages", b"u1", None), EntryChange("pages", b"u1", b"2", map_key=b"m")],
      "state 'pages' key b'u1': a row deleting the whole map and rows of its entries"),
     ([EntryChange("pages", b"u1", b"2")],
@@ -104,7 +98,7 @@ def test_rows_that_do_not_say_one_thing_are_refused_naming_why(
         ops(*changes)
 
 
-def test_units_written_by_two_tasks_are_named_by_state_and_task() -> None:
+def test_entries_written_twice_are_named_by_state_and_task() -> None:
     def written(*units: tuple[str, bytes, bytes | None]) -> WrittenChanges:
         states = sorted(METAS)
         return WrittenChanges(b"", states, np.array([unit_hash(*u) for u in units], np.uint64),
@@ -117,6 +111,17 @@ def test_units_written_by_two_tasks_are_named_by_state_and_task() -> None:
     assert colliding_units(apart) is None
     both = [*apart, (3, written(("count", b"u2", None), ("pages", b"u1", b"m")))]
     assert colliding_units(both) == (
-        "2 entries came from more than one Spark task (state 'count': tasks [1, 3]; "
-        "state 'pages': tasks [0, 3])")
+        "2 entries have more than one row (state 'count': in Spark task(s) [1, 3]; "
+        "state 'pages': in Spark task(s) [0, 3])")
+    # Twice in one task: a value's key, a map entry (the ops are made; the driver refuses).
+    units = _Units(sorted(METAS))
+    list(state_ops([EntryChange("count", b"u1", b"1"), EntryChange("count", b"u1", b"2"),
+                    EntryChange("pages", b"u1", b"1", map_key=b"m"),
+                    EntryChange("pages", b"u1", b"2", map_key=b"m"),
+                    EntryChange("pages", b"u1", b"2", map_key=b"n")], METAS, units))
+    one = WrittenChanges(b"", sorted(METAS), np.frombuffer(units.hashes, np.uint64),
+                         np.frombuffer(units.states, np.int32))
+    assert colliding_units([(5, one)]) == (
+        "2 entries have more than one row (state 'count': in Spark task(s) [5]; "
+        "state 'pages': in Spark task(s) [5])")
     assert unit_hash("a", b"b", None) != unit_hash("a", b"b", b"")

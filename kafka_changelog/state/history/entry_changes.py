@@ -21,16 +21,17 @@ What a row means, by the state's kind (anything else is refused with
 Values are the states' stored bytes without expiry; a TTL'd state's rows carry their
 expiry (``expires_at_ms``), which is stored in front of the value as the backend does.
 
-Each entry may be written once per state write: a task refuses a second row of one unit
-(``(state, key)``, or ``(state, key, map key)`` for maps), and reports a 64-bit hash of
-each unit with the index of its state, so that the driver can refuse units written by
-two tasks (:func:`colliding_units`).
+Each entry may be written once per state write: a task reports a 64-bit hash of each unit
+it wrote (``(state, key)``, or ``(state, key, map key)`` for maps) with the index of its
+state, 12 bytes a row, and the driver refuses a unit written twice, by one task or by two
+(:func:`colliding_units`), before anything is committed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,19 +109,16 @@ def _describe(change: EntryChange) -> str:
 
 
 class _Units:
-    """The units of one task: each written once (a second time is refused)."""
+    """The units one task wrote, as compact arrays (its message to the driver)."""
 
     def __init__(self, states: Sequence[str]) -> None:
         self.index = {name: i for i, name in enumerate(states)}
-        self.seen: dict[int, int] = {}
+        self.hashes = array("Q")
+        self.states = array("i")
 
-    def add(self, change: EntryChange, map_key: bytes | None, why: str) -> None:
-        unit = unit_hash(change.state, change.key, map_key)
-        if unit in self.seen:
-            raise StateWriteError(
-                f"{_describe(change)} has more than one row ({why}): each entry may be "
-                "written once per state write (drop the duplicates first)")
-        self.seen[unit] = self.index[change.state]
+    def add(self, change: EntryChange, map_key: bytes | None) -> None:
+        self.hashes.append(unit_hash(change.state, change.key, map_key))
+        self.states.append(self.index[change.state])
 
 
 def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
@@ -158,11 +156,11 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
                     raise StateWriteError(
                         f"{_describe(change)}: a map state's row with a value needs a "
                         "map_key (a row without map key nor value deletes the whole map)")
-                units.add(change, None, "the whole map deleted")
+                units.add(change, None)
                 whole_maps.add((change.state, change.key))
                 yield group, StateOp(change.state, DELETE, change.key)
                 continue
-            units.add(change, change.map_key, "the same map key")
+            units.add(change, change.map_key)
             map_entries.add((change.state, change.key))
             yield group, (StateOp(change.state, MAP_REMOVE, change.key, map_key=change.map_key)
                           if stored is None else
@@ -173,7 +171,7 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
             column = "map_key" if change.map_key is not None else "list_index"
             raise StateWriteError(f"{_describe(change)}: column {column} must be null for a "
                                   f"{kind.value} state")
-        units.add(change, None, f"a {kind.value} state holds one value per key")
+        units.add(change, None)
         yield group, (StateOp(change.state, DELETE, change.key) if stored is None
                       else StateOp(change.state, SET, change.key, value=stored))
     for state, key in sorted(whole_maps & map_entries):
@@ -189,7 +187,7 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
 def _list_op(state: str, key: bytes, rows: list[EntryChange], meta: StateMeta,
              units: _Units) -> StateOp:
     first = rows[0]
-    units.add(first, None, "a list's rows are written together")
+    units.add(first, None)
     if any(row.value is None for row in rows):
         if len(rows) > 1:
             raise StateWriteError(
@@ -270,33 +268,36 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
     finally:
         writer.close()
     piece = handle.job_owned
-    hashes = np.fromiter(units.seen.keys(), np.uint64, len(units.seen))
-    state_index = np.fromiter(units.seen.values(), np.int32, len(units.seen))
+    hashes = np.frombuffer(units.hashes, np.uint64).copy()
+    state_index = np.frombuffer(units.states, np.int32).copy()
     return WrittenChanges(piece.to_bytes() if piece is not None else None, states, hashes,
                           state_index, rows, ops)
 
 
 def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None:
-    """A description of the units written by more than one task (``(task, written)``
-    pairs), None when every unit was written by one: per state, how many and by which
-    tasks."""
+    """A description of the units written more than once (``(task, written)`` pairs), by
+    one task or by several; None when every unit was written once: how many, and per
+    state the tasks that wrote them."""
     parts = [(task, w) for task, w in written if w.unit_hashes.size]
-    if len(parts) < 2:
+    if not parts:
         return None
     hashes = np.concatenate([w.unit_hashes for _, w in parts])
-    _, first, counts = np.unique(hashes, return_index=True, return_counts=True)
-    if not (counts > 1).any():
+    ordered = np.sort(hashes)
+    again = ordered[1:] == ordered[:-1]
+    if not again.any():
         return None
-    tasks = np.concatenate([np.full(w.unit_hashes.size, task) for task, w in parts])
-    names = np.array([w.states[i] for _, w in parts for i in w.unit_states], dtype=object)
-    repeated = set(hashes[first[counts > 1]].tolist())
-    mask = np.fromiter((h in repeated for h in hashes.tolist()), np.bool_, hashes.size)
+    repeated = np.unique(ordered[1:][again])
+    mask = np.isin(hashes, repeated)
     by_state: dict[str, set[int]] = {}
-    for name, task in zip(names[mask].tolist(), tasks[mask].tolist(), strict=True):
-        by_state.setdefault(name, set()).add(task)
-    count = int((counts > 1).sum())
-    return (f"{count} entries came from more than one Spark task (" + "; ".join(
-        f"state {name!r}: tasks {sorted(ts)}" for name, ts in sorted(by_state.items()))
+    start = 0
+    for task, w in parts:
+        mine = mask[start:start + w.unit_hashes.size]
+        start += w.unit_hashes.size
+        for index in np.unique(w.unit_states[mine]).tolist():
+            by_state.setdefault(w.states[index], set()).add(task)
+    count = f"{repeated.size} entries have" if repeated.size > 1 else "1 entry has"
+    return (f"{count} more than one row (" + "; ".join(
+        f"state {name!r}: in Spark task(s) {sorted(ts)}" for name, ts in sorted(by_state.items()))
         + ")")
 
 

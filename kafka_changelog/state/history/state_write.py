@@ -134,8 +134,8 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     operator's keyed handles (:attr:`WriteMode.APPLY`), or as the whole of them, with new
     backend ids and no snapshot (:attr:`WriteMode.REPLACE`).
 
-    Refused (:class:`StateWriteError`, nothing committed) when an entry was written by
-    two tasks, when a driver holds the application, or when a checkpoint was committed
+    Refused (:class:`StateWriteError`, nothing committed) when an entry was written more
+    than once, when a driver holds the application, or when a checkpoint was committed
     since the plan was made."""
     collisions = colliding_units(written)
     if collisions is not None:
