@@ -3,11 +3,12 @@ driver.
 
 The reader's connection options (``kafka.*``, ``application``, ``checkpoint.topic``,
 ``request.timeout.s`` ...) plus ``operator`` (the keyed operator written; default: the
-application's only one) and ``states``: the states' declarations as JSON
+application's only one), ``states``: the states' declarations as JSON
 (:func:`declared_states`), for states the latest checkpoint records no registration of, or
-to evolve one as a streaming query's ``states=[...]`` would. Options that select what a
-read reads (``checkpoint``, ``mode``, slices, ``startingCheckpoint`` ...) are refused: a
-state write applies to the latest checkpoint.
+to evolve one as a streaming query's ``states=[...]`` would, and ``parallelism``: the
+operator's in the new checkpoint (replacing writes; default: the latest's). Options that
+select what a read reads (``checkpoint``, ``mode``, slices, ``startingCheckpoint`` ...) are
+refused: a state write applies to the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from ..reader.planning import FORMAT, ReaderOptionError, ReaderOptions, parse_op
 
 #: Option: the declarations of the states written (JSON, see :func:`declared_states`).
 STATES_OPTION = "states"
+#: Option: the operator's parallelism in the new checkpoint (replacing writes only).
+PARALLELISM_OPTION = "parallelism"
 #: Reader options that say what to read: meaningless for a write.
 READ_ONLY_OPTIONS = ("checkpoint", "mode", "slice.offsets", "slice.keygroups",
                      "minpartitions", "startingcheckpoint", "endingcheckpoint", "pushdown",
@@ -37,6 +40,8 @@ class WriterOptions:
     connection: ReaderOptions
     #: The requested registrations of declared states (none: the recorded ones only).
     requested: tuple[StateMeta, ...] = ()
+    #: The operator's parallelism in the new checkpoint (None: the latest's).
+    parallelism: int | None = None
 
     @property
     def application(self) -> str:
@@ -67,7 +72,16 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
             raise ReaderOptionError(
                 f"option {STATES_OPTION} must be the JSON of declared_states([...]) (a list "
                 f"of state registrations); {exc}: {states_raw[:200]!r}") from None
-    return WriterOptions(parse_options(lowered), requested)
+    parallelism_raw = lowered.pop(PARALLELISM_OPTION, "").strip()
+    parallelism: int | None = None
+    if parallelism_raw:
+        try:
+            parallelism = int(parallelism_raw)
+        except ValueError:
+            raise ReaderOptionError(f"option {PARALLELISM_OPTION} must be an integer, got "
+                                    f"{parallelism_raw!r}") from None
+    return WriterOptions(parse_options(lowered), requested, parallelism)
 
 
-__all__ = ["STATES_OPTION", "WriterOptions", "declared_states", "parse_writer_options"]
+__all__ = ["PARALLELISM_OPTION", "STATES_OPTION", "WriterOptions", "declared_states",
+           "parse_writer_options"]

@@ -78,7 +78,8 @@ class StateWriter(DataSourceArrowWriter):
         options = parse_writer_options(raw_options)
         connection = options.connection
         with KafkaCheckpointStore(connection.checkpoint_config()) as store:
-            plan = plan_state_write(store, connection.application, connection.operator)
+            plan = plan_state_write(store, connection.application, connection.operator,
+                                    mode, options.parallelism)
         metas = evolved_metas(connection.application, plan.operator, plan.base.properties,
                               options.requested)
         properties = state_properties(metas) if options.requested else {}

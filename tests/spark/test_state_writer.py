@@ -130,10 +130,14 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
         users = sorted({e["user"] for e in BATCHES[2]})
         found = outputs[2].sort_values("user").reset_index(drop=True)
         assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
-        # The whole state replaced by two users' visits; the counter resumes on them alone.
+        # The whole state replaced by two users' visits, at parallelism 3; the counter (at
+        # 2) resumes on them alone.
         spark.createDataFrame([("visits", b"u00", int64(50)), ("visits", b"u05", int64(60))],
                               "state string, key binary, value binary").write.format(
-            "kafka-changelog").options(**writer_options(config)).mode("overwrite").save()
+            "kafka-changelog").options(**writer_options(config)).option(
+            "parallelism", "3").mode("overwrite").save()
+        latest = WorkerResources.coordinator(config).checkpoints.latest(config.application)
+        assert latest is not None and len(latest.subtasks) == 3
         assert restored_visits(config) == {"u00": 50, "u05": 60}
         run(spark, config, [3], outputs)
         want = {"u00": 50, "u05": 60}
@@ -256,6 +260,10 @@ def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
                 "state 'visits' key b'u01': a row without value deletes an entry, and a "
                 "write replacing the whole state has nothing to delete", mode="overwrite")
         refused(good, "select what a read of format('kafka-changelog') reads", checkpoint="1")
+        refused(good, "runs at parallelism 2 (checkpoint 1): a write applying rows keeps it",
+                parallelism="3")
+        refused(good, "parallelism must be in [1, max parallelism 128], got 0",
+                mode="overwrite", parallelism="0")
         refused(spark.createDataFrame([("visits", b"u01", int64(5), 1)], f"{schema}, n int"),
                 "a state write does not know the column(s) ['n']")
         refused(spark.createDataFrame([("visits", "u01", int64(5))],

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ...enums import StrEnum
 from ...handle import ChangelogHandle
+from ...keygroups import key_group_range_for_operator
 from ..checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from ..checkpoints.checkpoint_store import CheckpointStore
 from .entry_changes import StateWriteError, WrittenChanges, colliding_units
@@ -65,6 +66,13 @@ class StateWritePlan:
     application: str
     operator: str
     base: CompletedCheckpoint
+    #: The operator's parallelism in the new checkpoint (None: the base's).
+    parallelism: int | None = None
+
+    @property
+    def base_parallelism(self) -> int:
+        """The operator's parallelism in the base checkpoint."""
+        return len(self.base.subtasks_of(self.operator))
 
     @property
     def checkpoint_id(self) -> int:
@@ -86,13 +94,17 @@ class StateWritePlan:
         return topics[0]
 
 
-def plan_state_write(store: CheckpointStore, application: str, operator: str | None = None
+def plan_state_write(store: CheckpointStore, application: str, operator: str | None = None,
+                     mode: WriteMode = WriteMode.APPLY, parallelism: int | None = None
                      ) -> StateWritePlan:
     """The plan of a state write to ``application``'s latest checkpoint (nothing written).
 
-    ``operator``: the keyed operator written (None: the checkpoint's only one). Refused
+    ``operator``: the keyed operator written (None: the checkpoint's only one);
+    ``parallelism``: the operator's in the new checkpoint (None: the latest's; another
+    only when replacing a state without operator state). Refused
     (:class:`StateWriteError`, naming why) when the application has no checkpoint, when a
-    live driver holds it, or when the operator is not one of its keyed operators."""
+    live driver holds it, when the operator is not one of its keyed operators, or when
+    the parallelism cannot change."""
     latest = store.latest(application)
     if latest is None:
         known = store.known_applications()
@@ -114,7 +126,27 @@ def plan_state_write(store: CheckpointStore, application: str, operator: str | N
         raise StateWriteError(
             f"application {application!r} checkpoint {latest.checkpoint_id} has no keyed "
             f"operator {operator!r} (keyed operators: {keyed})")
-    return StateWritePlan(application, operator, latest)
+    plan = StateWritePlan(application, operator, latest, parallelism)
+    if parallelism is not None and parallelism != plan.base_parallelism:
+        _check_rescale(plan, mode, parallelism)
+    return plan
+
+
+def _check_rescale(plan: StateWritePlan, mode: WriteMode, parallelism: int) -> None:
+    where = (f"application {plan.application!r} operator {plan.operator!r} runs at "
+             f"parallelism {plan.base_parallelism} (checkpoint {plan.base.checkpoint_id})")
+    if mode is not WriteMode.REPLACE:
+        raise StateWriteError(
+            f"{where}: a write applying rows keeps it (they go on top of each subtask's "
+            f"state); to write at parallelism {parallelism}, replace the state, or let the "
+            "query rescale when it restarts")
+    if not 1 <= parallelism <= plan.max_parallelism:
+        raise StateWriteError(f"{where}: parallelism must be in [1, max parallelism "
+                              f"{plan.max_parallelism}], got {parallelism}")
+    if any(s.operator is not None for s in plan.base.subtasks_of(plan.operator)):
+        raise StateWriteError(
+            f"{where} and has operator state, which a state write does not redistribute: "
+            f"write at parallelism {plan.base_parallelism}, and let the query rescale")
 
 
 def _check_free(store: CheckpointStore, application: str) -> None:
@@ -153,7 +185,11 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     pieces: list[ChangelogHandle] = [
         ChangelogHandle.from_bytes(w.handle_bytes)
         for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
-    subtasks = tuple(_with_pieces(s, plan.operator, pieces, mode) for s in plan.base.subtasks)
+    if mode is WriteMode.REPLACE and plan.parallelism not in (None, plan.base_parallelism):
+        subtasks = _rescaled(plan, pieces)
+    else:
+        subtasks = tuple(_with_pieces(s, plan.operator, pieces, mode)
+                         for s in plan.base.subtasks)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     checkpoint = dataclasses.replace(
         plan.base, checkpoint_id=plan.checkpoint_id, timestamp_ms=now, subtasks=subtasks,
@@ -164,6 +200,22 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
                     STATE_WRITE_AT_PROPERTY: str(now)})
     store.commit(checkpoint)
     return checkpoint
+
+
+def _rescaled(plan: StateWritePlan, pieces: Sequence[ChangelogHandle]
+              ) -> tuple[SubtaskState, ...]:
+    """The base's subtasks, the written operator's replaced by ``plan.parallelism`` new ones
+    holding the tasks' logs (checked: it has no operator state)."""
+    parallelism = plan.parallelism or plan.base_parallelism
+    kept = tuple(s for s in plan.base.subtasks if s.operator_id != plan.operator)
+    made = []
+    for index in range(parallelism):
+        key_groups = key_group_range_for_operator(plan.max_parallelism, parallelism, index)
+        added = tuple(narrowed for piece in pieces
+                      if (narrowed := piece.intersection(key_groups)) is not None)
+        made.append(SubtaskState(plan.operator, index, parallelism, KeyedStateHandle(
+            f"{plan.operator}-{uuid.uuid4().hex[:12]}", key_groups, 0, None, added), None))
+    return kept + tuple(made)
 
 
 def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle],
