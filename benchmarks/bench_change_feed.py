@@ -222,7 +222,7 @@ def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
 
     from pyspark.sql import functions as F
 
-    from spark_integration.reader.datasource import register
+    from spark_integration import register
     from spark_integration.sessions.session import local_session
 
     spark = local_session(

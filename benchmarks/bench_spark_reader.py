@@ -264,7 +264,8 @@ def run_spark(broker: Broker, checkpoint: Checkpoint, parallelism: int,
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import functions as F
 
-    from spark_integration.reader.datasource import input_partitions, register
+    from spark_integration import register
+    from spark_integration.reader.datasource import input_partitions
     from spark_integration.reader.planning import parse_options, plan_read
     from spark_integration.sessions.session import local_session
 

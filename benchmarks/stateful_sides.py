@@ -189,7 +189,7 @@ def ours_state_rows(ctx: RunContext, permille: int, states: Sequence[str] = ()
                     ) -> pd.DataFrame:
     """The sampled users' state rows at the latest checkpoint, through our Spark reader:
     ``user, state, map_key, list_index, value_decoded`` (of ``states`` only, if given)."""
-    from spark_integration.reader.datasource import register as register_reader
+    from spark_integration import register as register_reader
 
     config = ctx.state_config or {}
     register_reader(ctx.spark)

@@ -252,9 +252,10 @@ def describe_task(task: ChangesTask | ChangesGroup | StateTask) -> str:
             f"{task.key_groups}")
 
 
-def register(spark: Any, source: type[KafkaChangelogDataSource] = KafkaChangelogDataSource
-             ) -> None:
-    """Register ``format("kafka-changelog")`` with ``spark`` (a SparkSession); idempotent.
+def register_source(spark: Any, source: type[KafkaChangelogDataSource]) -> None:
+    """Register ``source`` as ``format("kafka-changelog")`` with ``spark`` (a SparkSession);
+    idempotent. Applications call :func:`spark_integration.register`, which registers the
+    format that reads and writes (``spark_integration.writer.format``).
 
     Turns on ``spark.sql.python.filterPushdown.enabled`` for the session (filters on
     keys read only their key groups; PySpark 4.1+), and before PySpark 4.2
@@ -308,6 +309,6 @@ __all__ = [
     "KafkaChangelogDataSource",
     "TaskPartition",
     "input_partitions",
-    "register",
+    "register_source",
     "session_parallelism",
 ]

@@ -8,8 +8,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceWriter
 from pyspark.sql.types import StructType
 
-from ..reader.datasource import KafkaChangelogDataSource
-from ..reader.datasource import register as register_source
+from ..reader.datasource import KafkaChangelogDataSource, register_source
 
 
 class KafkaChangelogFormat(KafkaChangelogDataSource):
@@ -25,7 +24,7 @@ class KafkaChangelogFormat(KafkaChangelogDataSource):
 
 def register(spark: Any) -> None:
     """Register ``format("kafka-changelog")`` with ``spark``, for reads and state writes
-    (see :func:`spark_integration.reader.datasource.register`); idempotent."""
+    (see :func:`spark_integration.reader.datasource.register_source`); idempotent."""
     register_source(spark, KafkaChangelogFormat)
 
 

@@ -15,7 +15,7 @@ import pickle
 import sys
 from typing import Any
 
-from spark_integration.reader.datasource import register
+from spark_integration import register
 from spark_integration.sessions.session import spark_session
 
 

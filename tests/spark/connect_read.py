@@ -13,7 +13,7 @@ import json
 import pickle
 import sys
 
-from spark_integration.reader.datasource import register
+from spark_integration import register
 from spark_integration.sessions.connect import is_connect
 from spark_integration.sessions.session import spark_session
 from tests.spark.cluster_read import plain

@@ -71,7 +71,7 @@ def test_default_topics_are_read_by_the_reader_and_the_cli_without_naming_them(
     topics = set(AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers})
                  .list_topics(timeout=30).topics)
     assert {f"kafka-changelog-{app}-changelog", f"kafka-changelog-{app}-snapshots"} <= topics
-    from spark_integration.reader.datasource import register
+    from spark_integration import register
 
     register(spark)
     state = (spark.read.format("kafka-changelog")

@@ -27,7 +27,7 @@ from examples.clickstream import (
 from examples.events import events
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
 from kafka_changelog.testing.pytest_plugin import SECURE_USERS
-from spark_integration.reader.datasource import register
+from spark_integration import register
 from tests.spark.jobs import REPO, Job
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.security]

@@ -204,7 +204,7 @@ def test_long_user_ids_and_composite_keys_through_the_reader(spark: Any,
     expected: dict[tuple[str, int], int] = {}
     for region, user, seq in events:
         expected[(region, user)] = expected.get((region, user), 0) + (2 if seq < 30 else 1)
-    from spark_integration.reader.datasource import register
+    from spark_integration import register
 
     register(spark)
     reader = (spark.read.format("kafka-changelog")
