@@ -186,12 +186,14 @@ def options(broker: Broker, app: App, **extra: str) -> dict[str, str]:
 
 
 def measure(broker: Broker, impl: str, query: Callable[[], int], expected: int,
-            rounds: int) -> list[Run]:
+            rounds: int, check: Callable[[], None] | None = None) -> list[Run]:
     """One warm-up, then ``rounds`` measured runs of ``query`` (which must give
-    ``expected`` rows)."""
+    ``expected`` rows), each followed by ``check`` (not measured; None: no check)."""
     found = query()
     if found != expected:
         raise RuntimeError(f"{impl}: {found} rows, expected {expected}")
+    if check is not None:
+        check()
     runs = []
     for _ in range(rounds):
         waited = wait_for_quiet(own_pids(broker))["waited_s"]
@@ -202,6 +204,8 @@ def measure(broker: Broker, impl: str, query: Callable[[], int], expected: int,
         if found != expected:
             raise RuntimeError(f"{impl}: {found} rows, expected {expected}")
         run = Run(impl, found, seconds, foreign.share(), waited)
+        if check is not None:
+            check()
         runs.append(run)
         print(f"  {impl:<22} {run.rows_per_s:>12,.0f} rows/s ({seconds:.2f} s, others used "
               f"{run.foreign_cpu_share:.0%} of the CPUs)", flush=True)

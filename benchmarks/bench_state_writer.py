@@ -27,21 +27,16 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_change_feed import Run, options, state_batch, write_app
-from benchmarks.bench_spark_reader import own_pids
+from benchmarks.bench_change_feed import Run, measure, options, report, state_batch, write_app
 from benchmarks.common import (
     RESULTS_DIR,
     Broker,
-    ForeignLoad,
     kafka_broker,
     machine_info,
     scaled,
-    table,
-    wait_for_quiet,
     write_json,
 )
 from kafka_changelog.state import INT64, value_state
@@ -50,32 +45,6 @@ DEFAULT_JSON = RESULTS_DIR / "state_writer.json"
 KEYS = 1_000_000
 #: The benchmark application's one state (bench_change_feed's ``state_batch`` writes it).
 COUNT = value_state("count", INT64)
-
-
-def measure(broker: Broker, impl: str, query: Callable[[], int], rows: int,
-            rounds: int, check: Callable[[], None] | None = None) -> list[Run]:
-    """One warm-up, then ``rounds`` measured runs of ``query`` (which must give ``rows``),
-    each followed by ``check`` (not measured)."""
-    if query() != rows:
-        raise RuntimeError(f"{impl}: expected {rows} rows")
-    if check is not None:
-        check()
-    runs = []
-    for _ in range(rounds):
-        waited = wait_for_quiet(own_pids(broker))["waited_s"]
-        foreign = ForeignLoad(own_pids(broker))
-        start = time.perf_counter()
-        found = query()
-        seconds = time.perf_counter() - start
-        if found != rows:
-            raise RuntimeError(f"{impl}: {found} rows, expected {rows}")
-        run = Run(impl, found, seconds, foreign.share(), waited)
-        if check is not None:
-            check()
-        runs.append(run)
-        print(f"  {impl:<10} {run.rows_per_s:>12,.0f} rows/s ({seconds:.2f} s, others used "
-              f"{run.foreign_cpu_share:.0%} of the CPUs)", flush=True)
-    return runs
 
 
 def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
@@ -137,12 +106,6 @@ def run(broker: Broker, rounds: int = 2) -> dict[str, Any]:
         "best": {impl: r.as_dict() for impl, r in best.items()},
         "runs": [r.as_dict() for r in runs],
     }
-
-
-def report(results: dict[str, Any]) -> str:
-    rows = [[impl, str(best["rows"]), f"{best['rows_per_s']:,.0f}", f"{best['seconds']:.2f}",
-             f"{best['foreign_cpu_share']:.0%}"] for impl, best in results["best"].items()]
-    return table(["side", "rows", "rows/s", "seconds", "others' CPU"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,11 +84,8 @@ def test_pushdown_on_a_spark_without_it_reads_every_key_group_and_says_so(
 @pytest.mark.spark
 def test_register_turns_on_what_each_release_needs(
         spark: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spark_integration.reader.datasource import (
-        AVAILABLE_NOW_WRAPPER_CONF,
-        PUSHDOWN_CONF,
-        register,
-    )
+    from spark_integration import register
+    from spark_integration.reader.datasource import AVAILABLE_NOW_WRAPPER_CONF, PUSHDOWN_CONF
     from spark_integration.sessions import spark_versions
 
     conf = spark.conf  # type: ignore[attr-defined]

@@ -84,6 +84,19 @@ def run(spark: Any, config: StreamingStateConfig, batches: list[int],
                       batch_id)
 
 
+def resumes_on(spark: Any, config: StreamingStateConfig, state: dict[str, int], batch: int,
+               outputs: dict[int, pd.DataFrame]) -> None:
+    """The counter runs ``batch`` on ``state``: its state and outputs count from it."""
+    run(spark, config, [batch], outputs)
+    want = dict(state)
+    for event in BATCHES[batch]:
+        want[event["user"]] = want.get(event["user"], 0) + 1
+    assert restored_visits(config) == want
+    users = sorted({e["user"] for e in BATCHES[batch]})
+    found = outputs[batch].sort_values("user").reset_index(drop=True)
+    assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
+
+
 def writer_options(config: StreamingStateConfig) -> dict[str, str]:
     return {"kafka.bootstrap.servers": config.bootstrap_servers,
             "application": config.application, "checkpoint.topic": config.checkpoint_topic}
@@ -122,14 +135,7 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
         assert {r.key.decode(): int(r.value_decoded) for r in read.itertuples()} == repaired
         # The counter resumes on the repaired state (its Python workers kept stores of
         # checkpoint 2: they must not stand for checkpoint 4).
-        run(spark, config, [2], outputs)
-        want = dict(repaired)
-        for event in BATCHES[2]:
-            want[event["user"]] = want.get(event["user"], 0) + 1
-        assert restored_visits(config) == want
-        users = sorted({e["user"] for e in BATCHES[2]})
-        found = outputs[2].sort_values("user").reset_index(drop=True)
-        assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
+        resumes_on(spark, config, repaired, 2, outputs)
         # The whole state replaced by two users' visits, at parallelism 3; the counter (at
         # 2) resumes on them alone.
         spark.createDataFrame([("visits", b"u00", int64(50)), ("visits", b"u05", int64(60))],
@@ -139,16 +145,21 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
         latest = WorkerResources.coordinator(config).checkpoints.latest(config.application)
         assert latest is not None and len(latest.subtasks) == 3
         assert restored_visits(config) == {"u00": 50, "u05": 60}
-        run(spark, config, [3], outputs)
-        want = {"u00": 50, "u05": 60}
-        for event in BATCHES[3]:
-            want[event["user"]] = want.get(event["user"], 0) + 1
-        assert restored_visits(config) == want
-        users = sorted({e["user"] for e in BATCHES[3]})
-        found = outputs[3].sort_values("user").reset_index(drop=True)
-        assert found.to_dict("list") == {"user": users, "visits": [want[u] for u in users]}
+        resumes_on(spark, config, {"u00": 50, "u05": 60}, 3, outputs)
     finally:
         WorkerResources.release(config)
+
+
+def assert_restored(job: Job, coordinator: CheckpointCoordinator, checkpoint: Any,
+                    parallelism: int, model: dict[bytes, Any]) -> None:
+    """Every subtask of ``checkpoint`` restored at ``parallelism`` holds ``model``'s users."""
+    for key_groups in ranges(parallelism):
+        backend = coordinator.restore_keyed("op", key_groups, checkpoint, job.changelog)
+        try:
+            mine = users_in(USERS, key_groups)
+            assert {u: read_user(backend, u) for u in mine} == expected_for(model, mine)
+        finally:
+            backend.close()
 
 
 def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
@@ -179,14 +190,7 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
             coordinator = CheckpointCoordinator("app", job.checkpoints, job.snapshots,
                                                 job.storage, MAX_P, state_backend=backend_config)
             for parallelism in (2, 3):  # as written, and rescaled
-                for key_groups in ranges(parallelism):
-                    backend = coordinator.restore_keyed("op", key_groups, latest, job.changelog)
-                    try:
-                        mine = users_in(USERS, key_groups)
-                        assert {u: read_user(backend, u) for u in mine} == expected_for(
-                            model, mine)
-                    finally:
-                        backend.close()
+                assert_restored(job, coordinator, latest, parallelism, model)
         # Transformed with DataFrame operations on value_decoded (each kind's values
         # encoded again with its serializer), written, and restored rescaled.
         shifted = F.col("value_decoded").cast("bigint") + F.when(
@@ -207,13 +211,7 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
                        "stats": s["stats"]} for user, s in model.items()}
         coordinator = CheckpointCoordinator("app", job.checkpoints, job.snapshots, job.storage,
                                             MAX_P)
-        for key_groups in ranges(3):
-            backend = coordinator.restore_keyed("op", key_groups, latest, job.changelog)
-            try:
-                mine = users_in(USERS, key_groups)
-                assert {u: read_user(backend, u) for u in mine} == expected_for(want, mine)
-            finally:
-                backend.close()
+        assert_restored(job, coordinator, latest, 3, want)
         # Replaced by a part of it: the counts of users with an even count, nothing else
         # (``state`` reads the latest checkpoint, the transformed one, when the write runs).
         part = state.where("state = 'count' AND cast(value_decoded AS BIGINT) % 2 = 0")
@@ -224,13 +222,7 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
                        "stats": None}
                 for user, s in want.items() if s["count"] is not None and s["count"] % 2 == 0}
         assert left and len(left) < len(want)
-        for key_groups in ranges(2):
-            backend = coordinator.restore_keyed("op", key_groups, latest, job.changelog)
-            try:
-                mine = users_in(USERS, key_groups)
-                assert {u: read_user(backend, u) for u in mine} == expected_for(left, mine)
-            finally:
-                backend.close()
+        assert_restored(job, coordinator, latest, 2, left)
     finally:
         job.close()
 
@@ -338,10 +330,6 @@ def test_a_killed_write_leaves_nothing_visible(spark: Any, kafka_cluster: Any,
                               "state string, key binary, value binary").write.format(
             "kafka-changelog").options(**writer_options(config)).mode("append").save()
         assert restored_visits(config) == {**before, "u01": 5}
-        run(spark, config, [1], outputs)
-        want = {**before, "u01": 5}
-        for event in BATCHES[1]:
-            want[event["user"]] = want.get(event["user"], 0) + 1
-        assert restored_visits(config) == want
+        resumes_on(spark, config, {**before, "u01": 5}, 1, outputs)
     finally:
         WorkerResources.release(config)
