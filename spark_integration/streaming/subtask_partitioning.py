@@ -112,6 +112,20 @@ def subtask_markers(spark: Any, subtask_column: str, marker_column: str,
         F.col("id").cast("int").alias(subtask_column), F.lit(True).alias(marker_column))
 
 
+#: How long each marker task of a placement waits on a cluster (paid when a placement is
+#: computed: the first batch, hosts joining or lost).
+MARKER_WAIT_MS = 300
+
+
+def _on_cluster(spark: Any) -> bool:
+    """Whether ``spark`` runs on a cluster (not ``local[...]``; the same for the whole
+    application, so the placement's plan never changes with it)."""
+    try:
+        return not str(spark.sparkContext.master).startswith("local")
+    except Exception:  # Spark Connect: no SparkContext; the server's tasks go as they go
+        return False
+
+
 def subtask_placement(spark: Any, subtask_column: str, marker_column: str,
                       parallelism: int) -> Any:
     """The placement of ``parallelism`` subtasks (module docstring): the
@@ -121,8 +135,15 @@ def subtask_placement(spark: Any, subtask_column: str, marker_column: str,
     :func:`placement_possible`."""
     from pyspark.storagelevel import StorageLevel
 
-    placement = _slotted(subtask_markers(spark, subtask_column, marker_column, parallelism),
-                         subtask_column, parallelism)
+    markers = subtask_markers(spark, subtask_column, marker_column, parallelism)
+    if _on_cluster(spark):
+        # Each cached partition's task runs where its marker's task ran (its shuffle input
+        # is all there), so the markers' tasks must take an executor each: a task done at
+        # once lets its executor take the next marker before an idle one is offered it
+        # (seen: a host left without a subtask). Waiting a moment, they start together.
+        markers = markers.where(
+            f"reflect('java.lang.Thread', 'sleep', CAST({MARKER_WAIT_MS} AS BIGINT)) IS NULL")
+    placement = _slotted(markers, subtask_column, parallelism)
     # The same rows make the same plan: cached once, found again by later batches.
     if placement.storageLevel == StorageLevel.NONE:
         placement = placement.cache()
