@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import sys
 import time
@@ -402,6 +403,11 @@ def _processed_offsets(query: Any) -> int:
                for offset in partitions.values())
 
 
+#: Set to a level name (``INFO``) to have the library's log on stderr (placement
+#: decisions, restores): a test that asserts where subtasks ran shows it when it fails.
+DRIVER_LOG_ENV = "CLICKSTREAM_DRIVER_LOG"
+
+
 def main(argv: list[str] | None = None, listener: BatchListener | None = None,
          fn: StatefulFunction = update_user, task_listener: TaskListener | None = None,
          sink: Any = None, initial_state: Any = None, on_initial_state: Any = None) -> int:
@@ -412,6 +418,9 @@ def main(argv: list[str] | None = None, listener: BatchListener | None = None,
     replaces the Kafka output sink; ``initial_state``/``on_initial_state`` bootstrap a new
     application's state.
     """
+    if os.environ.get(DRIVER_LOG_ENV):
+        logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("spark_integration").setLevel(os.environ[DRIVER_LOG_ENV])
     parser = job_parser("the clickstream streaming query", "clickstream", "clicks",
                         "user-totals", 2000)
     parser.add_argument("--vectorized", action="store_true",

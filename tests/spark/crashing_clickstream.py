@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
@@ -208,16 +207,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return split_arguments(parser, argv)
 
 
-#: Set to a level name (``INFO``) to have the driver's ``spark_integration`` log on stderr:
-#: a test that asserts where subtasks ran shows the placement decisions when it fails.
-DRIVER_LOG_ENV = "CLICKSTREAM_DRIVER_LOG"
-
-
 if __name__ == "__main__":
     faults, job_args = parse(sys.argv[1:])
-    if os.environ.get(DRIVER_LOG_ENV):
-        logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-        logging.getLogger("spark_integration").setLevel(os.environ[DRIVER_LOG_ENV])
     listener = driver_kill(faults)
     fn: StatefulFunction = update_user
     task_listener: TaskListener | None = None

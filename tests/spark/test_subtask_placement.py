@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from examples.clickstream import produce_events
+from examples.clickstream import DRIVER_LOG_ENV, produce_events
 from spark_integration.streaming.worker_resources import WorkerResources
 
-from .crashing_clickstream import DRIVER_LOG_ENV
 from .jobs import Engine, Job, cluster_engine, wait_for
 from .test_streaming_exactly_once import assert_exactly_once
 
