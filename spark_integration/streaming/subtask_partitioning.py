@@ -89,15 +89,21 @@ def placement_possible(spark: Any) -> bool:
 
 
 def executor_count(spark: Any) -> int | None:
-    """Block managers registered with ``spark``'s application (its executors and the
-    driver's), or None where the session has no SparkContext (Spark Connect)."""
+    """Executors of ``spark``'s application and its driver: block managers registered, or
+    executors the scheduler knows when more (None where the session has no SparkContext:
+    Spark Connect)."""
     if is_connect(spark):
         return None
     try:
-        context = spark.sparkContext
-        return int(context._jsc.sc().getExecutorMemoryStatus().size())
+        context = spark.sparkContext._jsc.sc()
+        with_blocks = int(context.getExecutorMemoryStatus().size())
+        # The scheduler runs tasks on an executor as soon as it registers, before its
+        # block manager does (seen: a host back, used by a batch the count missed): the
+        # executors it knows, and the driver, count too.
+        scheduled = int(context.getExecutorIds().size()) + 1
     except (AttributeError, NotImplementedError):  # Connect's NotImplementedError
         return None
+    return max(with_blocks, scheduled)
 
 
 def subtask_markers(spark: Any, subtask_column: str, marker_column: str,
