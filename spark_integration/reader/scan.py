@@ -130,7 +130,8 @@ class SliceReader(KafkaChangelogReader):
                 partition, run.start, run.end, _range_of(first), 0), first.log_id,
                 position, error)
 
-        keys = {pieces[i].log_id.encode() for run in runs for i in run.slices}
+        log_keys = {i: pieces[i].log_id.encode() for run in runs for i in run.slices}
+        keys = set(log_keys.values())
         for message in consume_ranges(self._consumer, topic,
                                       [(r.partition, r.start, r.end) for r in runs],
                                       self._timeout, on_error, batch=self._batch):
@@ -142,8 +143,7 @@ class SliceReader(KafkaChangelogReader):
             value: bytes | None = None
             for index in by_partition[partition].slices:
                 piece = pieces[index]
-                if (piece.start_offset <= offset < piece.end_offset
-                        and piece.log_id.encode() == key):
+                if piece.start_offset <= offset < piece.end_offset and log_keys[index] == key:
                     if value is None:
                         value = self._checked_value(topic, partition, offset, message)
                     found[index].append((offset, value))

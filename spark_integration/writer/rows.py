@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kafka_changelog.keygroups import key_groups_for_keys
-from kafka_changelog.state.history.entry_changes import EntryChange, StateWriteError
+from kafka_changelog.state.history.entry_changes import EntryChange, StateWriteError, meta_of
 from kafka_changelog.state.schema.avro_names import is_avro_name
 from kafka_changelog.state.schema.ops import StateMeta
 from kafka_changelog.state.schema.ttl import split_serializer_name
@@ -121,11 +121,7 @@ def _batch_changes(batch: pa.RecordBatch, metas: Mapping[str, StateMeta],
 def encode_decoded(state: str, key: bytes, text: str, metas: Mapping[str, StateMeta]
                    ) -> bytes:
     """``text`` (a ``value_decoded``) as the stored bytes of ``state``'s serializer."""
-    meta = metas.get(state)
-    if meta is None:
-        raise StateWriteError(
-            f"state {state!r} is not a registered state of the application (known: "
-            f"{sorted(metas)}): declare it (option states) to write it")
+    meta = meta_of(EntryChange(state, key, None), metas)
     serializer, _ = split_serializer_name(meta.value_serializer)
     try:
         if serializer == "utf8":

@@ -128,13 +128,13 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
     map rows as they come, lists once all rows are read; refuses what the module
     docstring refuses, and without ``deletes`` (a replacing write) any row without a
     value."""
-    lists: dict[tuple[str, bytes], list[EntryChange]] = {}
+    lists: dict[tuple[str, bytes], list[tuple[EntryChange, bytes | None]]] = {}
     whole_maps: set[tuple[str, bytes]] = set()
     map_entries: set[tuple[str, bytes]] = set()
     for change in changes:
         group = (change.key_group if change.key_group is not None
                  else key_group_for_key(change.key, max_parallelism))
-        meta = _meta_of(change, metas)
+        meta = meta_of(change, metas)
         stored = _stored_value(change, meta)
         if stored is None and not deletes:
             raise StateWriteError(
@@ -145,7 +145,7 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
             if change.map_key is not None:
                 raise StateWriteError(f"{_describe(change)}: column map_key is for map "
                                       "states; this state is a LIST")
-            lists.setdefault((change.state, change.key), []).append(change)
+            lists.setdefault((change.state, change.key), []).append((change, stored))
             continue
         if kind is StateKind.MAP:
             if change.list_index is not None:
@@ -179,33 +179,34 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
             f"state {state!r} key {key!r}: a row deleting the whole map and rows of its "
             "entries in one state write (write the deletion, then the entries, in two)")
     for (state, key), rows in lists.items():
-        first = rows[0].key_group
+        first = rows[0][0].key_group
         yield (first if first is not None else key_group_for_key(key, max_parallelism),
-               _list_op(state, key, rows, metas[state], units))
+               _list_op(state, key, rows, units))
 
 
-def _list_op(state: str, key: bytes, rows: list[EntryChange], meta: StateMeta,
+def _list_op(state: str, key: bytes, rows: list[tuple[EntryChange, bytes | None]],
              units: _Units) -> StateOp:
-    first = rows[0]
+    """The op of a list's rows (each with its stored value)."""
+    first = rows[0][0]
     units.add(first, None)
-    if any(row.value is None for row in rows):
+    if any(stored is None for _, stored in rows):
         if len(rows) > 1:
             raise StateWriteError(
                 f"{_describe(first)}: a list row without value deletes the list and must be "
                 f"its key's only row (found {len(rows)})")
         return StateOp(state, DELETE, key)
     if len(rows) > 1:
-        indexes = [row.list_index for row in rows]
+        indexes = [row.list_index for row, _ in rows]
         if any(index is None for index in indexes) or len(set(indexes)) != len(indexes):
             raise StateWriteError(
                 f"{_describe(first)}: {len(rows)} list elements need distinct list_index "
                 f"values to be put in order (found {indexes})")
-        rows = sorted(rows, key=lambda row: row.list_index or 0)
-    values = tuple(_stored_value(row, meta) or b"" for row in rows)
-    return StateOp(state, LIST_REPLACE, key, values=values)
+        rows = sorted(rows, key=lambda pair: pair[0].list_index or 0)
+    return StateOp(state, LIST_REPLACE, key, values=tuple(stored or b"" for _, stored in rows))
 
 
-def _meta_of(change: EntryChange, metas: Mapping[str, StateMeta]) -> StateMeta:
+def meta_of(change: EntryChange, metas: Mapping[str, StateMeta]) -> StateMeta:
+    """The registration of ``change``'s state; refused naming the known ones."""
     meta = metas.get(change.state)
     if meta is not None:
         return meta
@@ -301,5 +302,5 @@ def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None
         + ")")
 
 
-__all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "colliding_units",
+__all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "colliding_units", "meta_of",
            "state_ops", "unit_hash", "write_entry_changes"]
