@@ -8,7 +8,9 @@ and checkpoint topics (``kafka_changelog.state``); each owner validates the
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 import time
 from dataclasses import dataclass
 
@@ -220,3 +222,26 @@ def check_size(info: TopicInfo, purpose: str, partitions: int,
         raise TopicConfigError(
             f"{purpose} {info.name} has replication factor {info.replication_factor}; "
             f"expected at least {replication_factor}")
+
+
+#: Characters Kafka allows in a topic name.
+_TOPIC_CHARACTERS = re.compile(r"[^a-zA-Z0-9._-]")
+#: Kafka's longest topic name.
+_MAX_TOPIC_LENGTH = 249
+
+
+def application_topics(application: str) -> tuple[str, str]:
+    """The default changelog and snapshot topics of ``application``:
+    ``kafka-changelog-<application>-changelog`` and ``...-snapshots``.
+
+    An application of its own topics pins only its own records: a stopped application that
+    was never reset keeps what its checkpoints need, and no other application's log grows
+    for it. Characters Kafka does not allow become ``-``, and an application name changed
+    that way, or too long, gets a hash of the name, so two names never share topics.
+    """
+    name = _TOPIC_CHARACTERS.sub("-", application)
+    longest = _MAX_TOPIC_LENGTH - len("kafka-changelog--snapshots") - 9
+    if name != application or len(name) > longest:
+        digest = hashlib.sha256(application.encode()).hexdigest()[:8]
+        name = f"{name[:longest]}-{digest}"
+    return f"kafka-changelog-{name}-changelog", f"kafka-changelog-{name}-snapshots"

@@ -38,6 +38,11 @@ from .transaction_calls import (
     transaction_error,
 )
 
+#: Causes of a failed abort that mean another producer of the transactional id took over
+#: (``_FATAL``: a fatal error whose cause was not reported, taken as the same).
+_TAKEN_OVER = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+               KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FATAL)
+
 
 @dataclass(frozen=True)
 class OutputRecord:
@@ -75,27 +80,8 @@ class TransactionalCommitter:
         # unrelated errors, "conflicting call in progress"): every commit says so at once.
         self._fenced: KafkaError | None = None
         self.timeout_s = timeout_s if timeout_s is not None else store.config.request_timeout_s
-        self._producer = new_producer({
-            **TRANSACTIONAL_PRODUCER_DEFAULTS,
-            **store.config.common(),
-            "transactional.id": transactional_id,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            **(producer_config or {}),
-            "error_cb": self._on_client_error,
-        }, f"checkpoint commits of {transactional_id}")
-        try:
-            # Fences any earlier producer of this id and aborts its open transaction.
-            init_transactions_retrying(self._producer, transactional_id, self.timeout_s,
-                                       store.config.retry_bound_s)
-        except KafkaException as exc:
-            error = self._error("starting transactions", exc.args[0])
-            let_go(self._producer)
-            raise error from exc
-        except BaseException:
-            let_go(self._producer)
-            raise
+        self._producer_config = dict(producer_config or {})
+        self._producer = self._started_producer()
         self.commits = 0
 
     def commit(
@@ -126,6 +112,32 @@ class TransactionalCommitter:
 
         return persist
 
+    def _started_producer(self) -> Any:
+        """A transactional producer of :attr:`transactional_id` whose transactions are
+        initialized: that fences any earlier producer of the id and aborts its open
+        transaction."""
+        producer = new_producer({
+            **TRANSACTIONAL_PRODUCER_DEFAULTS,
+            **self.store.config.common(),
+            "transactional.id": self.transactional_id,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            **self._producer_config,
+            "error_cb": self._on_client_error,
+        }, f"checkpoint commits of {self.transactional_id}")
+        try:
+            init_transactions_retrying(producer, self.transactional_id, self.timeout_s,
+                                       self.store.config.retry_bound_s)
+        except KafkaException as exc:
+            error = self._error("starting transactions", exc.args[0])
+            let_go(producer)
+            raise error from exc
+        except BaseException:
+            let_go(producer)
+            raise
+        return producer
+
     def _run_transaction(self, checkpoint: CompletedCheckpoint, outputs: list[OutputRecord],
                          before_commit: Callable[[], None] | None) -> None:
         what = (f"checkpoint {checkpoint.checkpoint_id} of application "
@@ -147,12 +159,13 @@ class TransactionalCommitter:
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if error.txn_requires_abort():
-                self._abort()
+                self._abort_after(exc)
                 raise TransactionAbortedError(
                     f"{what} was aborted, nothing of it is visible: {describe(error)}") from exc
             raise self._error(f"committing {what}", error) from exc
-        except Exception:
-            self._abort()  # e.g. before_commit failed: leave no transaction open
+        except Exception as exc:
+            # E.g. before_commit failed: leave no transaction open, and say what failed.
+            self._abort_after(exc)
             raise
         self.commits += 1
 
@@ -164,11 +177,26 @@ class TransactionalCommitter:
         commit_transaction_retrying(self._producer, self.timeout_s, self.transactional_id,
                                     self.store.config.retry_bound_s)
 
-    def _abort(self) -> None:
+    def _abort_after(self, failure: Exception) -> None:
+        """Abort the open transaction because ``failure`` happened in it. When librdkafka
+        cannot abort it (seen: INVALID_TXN_STATE right after a coordinator moved, its
+        issue #4849), a new producer of the id aborts it on the broker as it starts, and
+        ``failure`` stays the error to report; a producer fenced for real stays fenced."""
         try:
             self._producer.abort_transaction(self.timeout_s)
+            return
         except KafkaException as exc:
-            raise self._error("aborting a transaction", exc.args[0]) from exc
+            error: KafkaError = exc.args[0]
+            if error.code() == KafkaError._FATAL:
+                self._producer.poll(0)  # serve the error callback that names the cause
+            cause = self._fatal or error
+            if cause.code() in _TAKEN_OVER or is_access_error(cause):
+                # A successor took over (a new producer would fence it in turn), or an
+                # ACL refuses: nothing a new producer could mend.
+                raise self._error("aborting a transaction", error) from failure
+        self._fatal = None
+        let_go(self._producer)
+        self._producer = self._started_producer()
 
     def _on_client_error(self, error: KafkaError) -> None:
         if error.fatal():

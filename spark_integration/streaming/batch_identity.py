@@ -11,8 +11,10 @@ is then one of:
   by Spark after a crash between our commit and Spark's: state starts from the
   checkpoint before it, nothing is committed again (outputs were committed with it);
 * **new query** — a query with another id (a fresh or cleared ``checkpointLocation``,
-  a redeployed job): the application's state carries over: state starts from the
-  latest checkpoint and the batch commits latest + 1, whatever its batch id;
+  a redeployed job), or any query after a state write made the application's first
+  checkpoint (a bootstrap, which no query committed): the application's state carries
+  over: state starts from the latest checkpoint and the batch commits latest + 1,
+  whatever its batch id;
 * **rolled back** — the same query at a batch *before* the one that committed the
   latest checkpoint (its ``checkpointLocation`` was restored from an older copy):
   refused with :class:`BatchOrderError`, since its input was already applied;
@@ -56,6 +58,7 @@ from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoints.checkpoint_store import CheckpointStore
 from kafka_changelog.state.checkpoints.source_offsets import SOURCE_OFFSETS_PROPERTY
 from kafka_changelog.state.history.rewind import REWOUND_FROM_PROPERTY
+from kafka_changelog.state.history.state_write import STATE_WRITE_MODE_PROPERTY
 
 from ..checkpoint_properties import BATCH_ID, QUERY_ID
 
@@ -133,6 +136,11 @@ def _plan(store: CheckpointStore, application: str, query_id: str, batch_id: int
         return BatchPlan(1, None, True, BatchKind.FIRST)
     recorded_query = latest.properties.get(QUERY_ID)
     if recorded_query is None:
+        if STATE_WRITE_MODE_PROPERTY in latest.properties:
+            # A state write's first checkpoint of the application (a bootstrap): no
+            # query committed it, every query's batch is a new query's.
+            return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True,
+                             BatchKind.NEW_QUERY)
         return _plan_after_legacy(store, application, latest, batch_id)
     if recorded_query != query_id:
         return BatchPlan(latest.checkpoint_id + 1, latest.checkpoint_id, True, BatchKind.NEW_QUERY)

@@ -6,9 +6,7 @@ importing one another.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +16,7 @@ from kafka_changelog.kafka import KafkaChangelogConfig
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig
 from kafka_changelog.kafka.client_settings import KafkaConnection
 from kafka_changelog.kafka.snapshot_store import SnapshotStoreConfig
+from kafka_changelog.kafka.topics import application_topics
 from kafka_changelog.state.backend.config import BackendKind
 from kafka_changelog.state.checkpoints.driver_claim import DEFAULT_DRIVER_LEASE_S
 from kafka_changelog.state.host.local_cleanup import DEFAULT_IDLE_STORE_RETENTION_S
@@ -28,28 +27,6 @@ from kafka_changelog.state.snapshots.chunk_sweep import (
 )
 
 from ..sessions.kafka_options import java_kafka_options, reader_options
-
-#: Characters Kafka allows in a topic name.
-_TOPIC_CHARACTERS = re.compile(r"[^a-zA-Z0-9._-]")
-#: Kafka's longest topic name.
-_MAX_TOPIC_LENGTH = 249
-
-
-def application_topics(application: str) -> tuple[str, str]:
-    """The default changelog and snapshot topics of ``application``:
-    ``kafka-changelog-<application>-changelog`` and ``...-snapshots``.
-
-    An application of its own topics pins only its own records: a stopped application that
-    was never reset keeps what its checkpoints need, and no other application's log grows
-    for it. Characters Kafka does not allow become ``-``, and an application name changed
-    that way, or too long, gets a hash of the name, so two names never share topics.
-    """
-    name = _TOPIC_CHARACTERS.sub("-", application)
-    longest = _MAX_TOPIC_LENGTH - len("kafka-changelog--snapshots") - 9
-    if name != application or len(name) > longest:
-        digest = hashlib.sha256(application.encode()).hexdigest()[:8]
-        name = f"{name[:longest]}-{digest}"
-    return f"kafka-changelog-{name}-changelog", f"kafka-changelog-{name}-snapshots"
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ from .state_declarations import StateDeclarations
 from .subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
 from .subtask_partitioning import (
     PLACEMENT_SETTINGS,
-    executor_count,
+    executor_ids,
     partition_by_subtask,
     placement_possible,
     subtask_markers,
@@ -236,9 +236,9 @@ class StatefulProcessor:
         #: Batches this processor ran (its reports beyond the window included).
         self.batches_run = 0
         self._struct: Any = None
-        #: The subtask placement: (parallelism, cached DataFrame, the fewest executors
-        #: registered since it was made: None where unknown).
-        self._placement_of: tuple[int, Any, int | None] | None = None
+        #: The subtask placement: (parallelism, cached DataFrame, the executors the
+        #: scheduler knew when it was made: None where unknown).
+        self._placement_of: tuple[int, Any, frozenset[str] | None] | None = None
         #: Which subtask each partition of the placement runs (None: in order), and the
         #: hosts each subtask ran on (from the tasks' reports).
         self._partition_subtasks: tuple[int, ...] | None = None
@@ -304,42 +304,45 @@ class StatefulProcessor:
         batch's placement reads the same cached partitions), and which subtask each of
         its partitions runs (None: partition i runs subtask i). The placement of another
         parallelism is dropped, and so is the placement when executors joined since it
-        was made (more are registered than the fewest seen since): the new one is
+        was made (an executor the scheduler did not know then): the new one is
         computed first, and each partition gets a subtask that ran on its host before
         (:mod:`spark_integration.streaming.subtask_hosts`)."""
-        executors = executor_count(spark)
-        fewest = executors
+        executors = executor_ids(spark)
         if self._placement_of is not None:
-            made_at, _, seen = self._placement_of
+            made_at, _, known = self._placement_of
+            joined = (executors - known if executors is not None and known is not None
+                      else frozenset())
             if made_at != parallelism:
                 self._drop_placement()
-            elif seen is not None and executors is not None and executors > seen:
-                # Executors joined (a host back, a worker added): place the subtasks
-                # anew, over every executor, rather than keep them where they were.
-                logger.info("executors went from %d to %d: subtasks are placed anew",
-                            seen, executors)
+            elif joined:
+                # Executors joined (a host back, a worker added; maybe while others
+                # left): place the subtasks anew, over every executor, rather than keep
+                # them where they were.
+                logger.info("executor(s) %s joined (%d now): subtasks are placed anew",
+                            ", ".join(sorted(joined)), len(executors or ()))
                 self._drop_placement()
-            elif seen is not None and executors is not None:
-                fewest = min(seen, executors)
+        # Executors only left: the placement stays (the lost hosts' partitions are
+        # computed again elsewhere), and so do the executors it was made on.
+        known = self._placement_of[2] if self._placement_of is not None else executors
         if self._subtask_hosts is None or self._subtask_hosts.parallelism != parallelism:
             self._subtask_hosts = SubtaskHosts(parallelism)
         placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
         if self._placement_of is None:
             self._partition_subtasks = None
-            # On a cluster (the driver's block manager and two executors at least), the
-            # placement is computed in a job of its own: its small tasks spread over the
-            # idle executors (in the batch's job they would follow its input), and they
-            # say where each partition is, for the subtasks that ran there before.
-            if executors is not None and executors > 2:
+            # On a cluster (two executors at least), the placement is computed in a job
+            # of its own: its small tasks spread over the idle executors (in the batch's
+            # job they would follow its input), and they say where each partition is,
+            # for the subtasks that ran there before.
+            if executors is not None and len(executors) > 1:
                 placement, hosts = _spread_placement(spark, placement, parallelism, config,
-                                                     executors - 1)
+                                                     len(executors))
                 if hosts is not None and self._subtask_hosts.last_ran:
                     self._partition_subtasks = assign(hosts, self._subtask_hosts)
                 if hosts is not None:
                     logger.info("subtask placement: partition -> (subtask, host) %s", {
                         q: (self._partition_subtasks[q] if self._partition_subtasks
                             else q, hosts.get(q)) for q in range(parallelism)})
-        self._placement_of = (parallelism, placement, fewest)
+        self._placement_of = (parallelism, placement, known)
         return placement, self._partition_subtasks
 
     def _declared_properties(self, coordinator: CheckpointCoordinator, base: int | None

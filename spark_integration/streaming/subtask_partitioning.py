@@ -19,7 +19,7 @@ the placement's partition ``i``, which is where subtask ``i``'s task first ran. 
 delay scheduling (``spark.locality.wait``) then runs the task there whenever that host
 frees a core in time. A lost executor loses its cached partitions, and the next batch
 places those subtasks anew. When executors join (a host back, a worker added), the
-driver drops the placement (:func:`executor_count`), so that the next batch spreads the
+driver drops the placement (:func:`executor_ids`), so that the next batch spreads the
 subtasks over every executor again. Plain DataFrame operations: the same in classic
 Spark and under Spark Connect (where the driver sees no executors, and joins are not
 noticed).
@@ -88,22 +88,21 @@ def placement_possible(spark: Any) -> bool:
                for key, default in PLACEMENT_SETTINGS.items())
 
 
-def executor_count(spark: Any) -> int | None:
-    """Executors of ``spark``'s application and its driver: block managers registered, or
-    executors the scheduler knows when more (None where the session has no SparkContext:
-    Spark Connect)."""
+def executor_ids(spark: Any) -> frozenset[str] | None:
+    """The executors ``spark``'s scheduler knows (empty in local mode; None where the
+    session has no SparkContext: Spark Connect).
+
+    Identities, not a count: executor ids are never reused, so an executor that joined
+    is seen even when another left at the same time (a host back while another is lost:
+    a count stays the same). The scheduler's list, not the block managers': it runs
+    tasks on an executor as soon as it registers, before its block manager does."""
     if is_connect(spark):
         return None
     try:
-        context = spark.sparkContext._jsc.sc()
-        with_blocks = int(context.getExecutorMemoryStatus().size())
-        # The scheduler runs tasks on an executor as soon as it registers, before its
-        # block manager does (seen: a host back, used by a batch the count missed): the
-        # executors it knows, and the driver, count too.
-        scheduled = int(context.getExecutorIds().size()) + 1
+        known = spark.sparkContext._jsc.sc().getExecutorIds()
+        return frozenset(str(known.apply(i)) for i in range(int(known.size())))
     except (AttributeError, NotImplementedError):  # Connect's NotImplementedError
         return None
-    return max(with_blocks, scheduled)
 
 
 def subtask_markers(spark: Any, subtask_column: str, marker_column: str,

@@ -23,14 +23,18 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
+from kafka_changelog.gc_types import LogFloor
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
+from kafka_changelog.kafka.topics import application_topics
+from kafka_changelog.state.checkpoints.source_offsets import source_offsets_property
 from kafka_changelog.state.history.entry_changes import (
     StateWriteError,
     WrittenChanges,
     write_entry_changes,
 )
 from kafka_changelog.state.history.state_write import (
+    NewApplication,
     StateWritePlan,
     WriteMode,
     commit_state_write,
@@ -39,7 +43,8 @@ from kafka_changelog.state.history.state_write import (
 from kafka_changelog.state.schema.ops import StateMeta
 
 from ..checkpoint_properties import evolved_metas, state_properties
-from .options import WriterOptions, parse_writer_options
+from .input_offsets import written_input_offsets
+from .options import DEFAULT_MAX_PARALLELISM, WriterOptions, parse_writer_options
 from .rows import REQUIRED_COLUMNS, entry_changes
 
 logger = logging.getLogger(__name__)
@@ -58,12 +63,14 @@ class StateWriter(DataSourceArrowWriter):
 
     def __init__(self, options: WriterOptions, plan: StateWritePlan,
                  metas: dict[str, StateMeta], properties: dict[str, str],
-                 mode: WriteMode) -> None:
+                 mode: WriteMode, log_floors: tuple[LogFloor, ...] = ()) -> None:
         self.options = options
         self.plan = plan
         self.metas = metas
         self.properties = properties
         self.mode = mode
+        #: A bootstrap's: the changelog's end offsets before the tasks wrote.
+        self.log_floors = log_floors
 
     @classmethod
     def planned(cls, raw_options: dict[str, str], column_names: list[str], overwrite: bool
@@ -79,14 +86,28 @@ class StateWriter(DataSourceArrowWriter):
         connection = options.connection
         with KafkaCheckpointStore(connection.checkpoint_config()) as store:
             plan = plan_state_write(store, connection.application, connection.operator,
-                                    mode, options.parallelism)
+                                    mode, options.parallelism, _new_application(options))
+        if options.max_parallelism not in (None, plan.max_parallelism):
+            raise StateWriteError(
+                f"application {plan.application!r} has max parallelism "
+                f"{plan.max_parallelism} (checkpoint {plan.base.checkpoint_id}), not "
+                f"{options.max_parallelism}: key groups are fixed for an application's life")
         metas = evolved_metas(connection.application, plan.operator, plan.base.properties,
                               options.requested)
         properties = state_properties(metas) if options.requested else {}
-        logger.info("state write to application %s operator %s (%s): rows to checkpoint %d "
+        if options.starting_offsets is not None:
+            properties.update(source_offsets_property(
+                written_input_offsets(options.starting_offsets, connection)))
+        floors: tuple[LogFloor, ...] = ()
+        if plan.new is not None:
+            with KafkaChangelogStorage(_changelog_config(options, plan, options.partitions)
+                                       ) as storage:  # creates the topic when missing
+                floors = tuple(storage.uncommitted_floors())
+        logger.info("state write to application %s operator %s (%s): rows to checkpoint %s "
                     "as checkpoint %d (states %s)", plan.application, plan.operator,
-                    mode.value, plan.base.checkpoint_id, plan.checkpoint_id, sorted(metas))
-        return cls(options, plan, metas, properties, mode)
+                    mode.value, "none (a new application)" if plan.new else
+                    plan.base.checkpoint_id, plan.checkpoint_id, sorted(metas))
+        return cls(options, plan, metas, properties, mode, floors)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskWritten:
         """Append this task's rows as state ops to a log of its own (task)."""
@@ -95,12 +116,8 @@ class StateWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         plan = self.plan
-        # The application's topic as it is: its partitions map the key groups (the
-        # lowest size and replication check nothing here).
-        config = KafkaChangelogConfig.on(
-            self.options.connection.connection(), topic=plan.changelog_topic,
-            max_parallelism=plan.max_parallelism, partitions=1, replication_factor=1)
-        with KafkaChangelogStorage(config) as storage:
+        # The application's topic as it is (the driver made a new application's).
+        with KafkaChangelogStorage(_changelog_config(self.options, plan)) as storage:
             written = write_entry_changes(storage, plan.operator, plan.max_parallelism,
                                           plan.checkpoint_id, self.metas,
                                           entry_changes(iterator, self.metas,
@@ -113,7 +130,7 @@ class StateWriter(DataSourceArrowWriter):
         written = [(m.partition, m.written) for m in messages if isinstance(m, TaskWritten)]
         with KafkaCheckpointStore(self.options.connection.checkpoint_config()) as store:
             checkpoint = commit_state_write(store, self.plan, written, self.properties,
-                                            mode=self.mode)
+                                            mode=self.mode, log_floors=self.log_floors)
         logger.info("state write to application %s: checkpoint %d committed (%d rows from "
                     "%d tasks)", self.plan.application, checkpoint.checkpoint_id,
                     sum(w.rows for _, w in written), len(written))
@@ -121,7 +138,31 @@ class StateWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to undo: no checkpoint names the tasks' logs (driver)."""
         logger.warning("state write to application %s aborted: the application stays at "
-                       "checkpoint %d", self.plan.application, self.plan.base.checkpoint_id)
+                       "%s", self.plan.application, "no checkpoint" if self.plan.new else
+                       f"checkpoint {self.plan.base.checkpoint_id}")
+
+
+def _new_application(options: WriterOptions) -> NewApplication | None:
+    """The layout of the application's first checkpoint, when the options give one
+    (``operator`` and ``parallelism``); used only if it has no checkpoint."""
+    connection = options.connection
+    if connection.operator is None or options.parallelism is None:
+        return None
+    return NewApplication(
+        connection.operator, options.parallelism,
+        options.max_parallelism or DEFAULT_MAX_PARALLELISM,
+        connection.changelog_topic or application_topics(connection.application)[0])
+
+
+def _changelog_config(options: WriterOptions, plan: StateWritePlan, partitions: int = 1
+                      ) -> KafkaChangelogConfig:
+    """The changelog storage's config of the write: ``partitions`` for a topic created
+    (only a new application's is: the driver makes it), else the topic as it is (its
+    partitions map the key groups; the lowest size and replication check nothing)."""
+    return KafkaChangelogConfig.on(
+        options.connection.connection(), topic=plan.changelog_topic,
+        max_parallelism=plan.max_parallelism, partitions=partitions,
+        **({} if plan.new is not None else {"replication_factor": 1}))
 
 
 def state_writer(options: dict[str, Any], column_names: list[str], overwrite: bool

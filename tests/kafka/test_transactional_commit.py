@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
 from kafka_changelog.kafka.transaction_calls import TransactionFencedError
@@ -95,6 +95,66 @@ def test_a_failing_step_aborts_its_outputs(kafka_cluster: Any, make_topic: Any) 
         committer.commit(checkpoint(2), outputs(topic, 3))
     assert read_all(kafka_cluster, topic) == [
         f"step {s} row {i}".encode() for s in (1, 3) for i in range(3)]
+
+
+class _AbortFails:
+    """A committer's real producer whose next ``abort_transaction`` fails with ``error``
+    (as librdkafka's does with INVALID_TXN_STATE after a coordinator moved, its issue
+    #4849): everything else goes to the broker."""
+
+    def __init__(self, producer: Any, error: KafkaError) -> None:
+        self._producer, self._error = producer, error
+
+    def abort_transaction(self, *_args: Any) -> None:
+        raise KafkaException(self._error)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def test_a_step_whose_abort_fails_reports_its_own_error_and_the_next_commits(
+    kafka_cluster: Any, make_topic: Any
+) -> None:
+    config = store_config(kafka_cluster)
+    topic = make_topic()
+
+    def fail() -> None:
+        raise RuntimeError("the sink's check failed")
+
+    with KafkaCheckpointStore(config) as store, TransactionalCommitter(
+        store, f"tx-{config.topic}"
+    ) as committer:
+        committer.commit(checkpoint(1), outputs(topic, 1))
+        first = committer._producer
+        committer._producer = _AbortFails(first, KafkaError(
+            KafkaError.INVALID_TXN_STATE, "abort in a state it cannot", fatal=True))
+        with pytest.raises(RuntimeError, match="the sink's check failed"):
+            committer.commit(checkpoint(2), outputs(topic, 2), before_commit=fail)
+        assert committer._producer is not first  # a new one aborted what was open
+        assert store.latest("app") == checkpoint(1)
+        committer.commit(checkpoint(2), outputs(topic, 3))
+    assert read_all(kafka_cluster, topic) == [
+        f"step {s} row {i}".encode() for s in (1, 3) for i in range(3)]
+
+
+def test_an_abort_refused_as_fenced_stays_fenced(kafka_cluster: Any, make_topic: Any) -> None:
+    config = store_config(kafka_cluster)
+    topic = make_topic()
+
+    def fail() -> None:
+        raise RuntimeError("the sink's check failed")
+
+    with KafkaCheckpointStore(config) as store, TransactionalCommitter(
+        store, f"tx-{config.topic}"
+    ) as committer:
+        committer._producer = _AbortFails(committer._producer, KafkaError(
+            KafkaError.PRODUCER_FENCED, "fenced by a newer producer", fatal=True))
+        with pytest.raises(TransactionFencedError, match="aborting a transaction") as caught:
+            committer.commit(checkpoint(1), outputs(topic, 1), before_commit=fail)
+        assert isinstance(caught.value.__cause__, RuntimeError)
+        with pytest.raises(TransactionFencedError):
+            committer.commit(checkpoint(1), outputs(topic, 1))
+    assert read_all(kafka_cluster, topic) == []
 
 
 CRASHING_CHILD = textwrap.dedent("""

@@ -20,10 +20,10 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from kafka_changelog.kafka.topic_owners import SharedTopicError
+from kafka_changelog.kafka.topics import application_topics
 from kafka_changelog.state.schema.descriptors import value_state
 from kafka_changelog.state.schema.serializers import INT64
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
-from spark_integration.streaming.config import application_topics
 from spark_integration.streaming.worker_resources import WorkerResources
 
 REPO = Path(__file__).resolve().parents[2]

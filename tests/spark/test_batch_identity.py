@@ -7,6 +7,7 @@ import pytest
 from kafka_changelog.keys import KEY_TYPES_PROPERTY, KeyTypeError
 from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint, SubtaskState
 from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
+from kafka_changelog.state.history.state_write import STATE_WRITE_MODE_PROPERTY
 from spark_integration.checkpoint_properties import BATCH_ID, QUERY_ID
 from spark_integration.streaming.batch_identity import (
     BatchOrderError,
@@ -47,6 +48,15 @@ def test_a_fresh_checkpoint_location_continues_from_the_latest_checkpoint() -> N
     # Its own re-run is recognised, with the other query's checkpoint as base.
     assert plan_batch(store, APP, "q2", 0) == BatchPlan(4, 3, False, "rerun")
     assert plan_batch(store, APP, "q2", 1) == BatchPlan(5, 4, True, "new")
+
+
+def test_a_state_writes_first_checkpoint_is_continued_by_any_query_as_a_new_one() -> None:
+    store = InMemoryCheckpointStore()
+    store.commit(CompletedCheckpoint(APP, 1, 0, 128, (),
+                                     properties={STATE_WRITE_MODE_PROPERTY: "apply"}))
+    # Batch 0 of a query is not a re-run of checkpoint 1 (no query committed it).
+    assert plan_batch(store, APP, "q1", 0) == BatchPlan(2, 1, True, "new-query")
+    assert plan_batch(store, APP, "q1", 5) == BatchPlan(2, 1, True, "new-query")
 
 
 def test_a_rolled_back_checkpoint_location_is_refused() -> None:

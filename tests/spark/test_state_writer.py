@@ -254,8 +254,10 @@ def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
         refused(good, "select what a read of format('kafka-changelog') reads", checkpoint="1")
         refused(good, "runs at parallelism 2 (checkpoint 1): a write applying rows keeps it",
                 parallelism="3")
-        refused(good, "parallelism must be in [1, max parallelism 128], got 0",
-                mode="overwrite", parallelism="0")
+        refused(good, "parallelism must be in [1, max parallelism 128], got 200",
+                mode="overwrite", parallelism="200")
+        refused(good, "option parallelism must be at least 1, got 0", mode="overwrite",
+                parallelism="0")
         refused(spark.createDataFrame([("visits", b"u01", int64(5), 1)], f"{schema}, n int"),
                 "a state write does not know the column(s) ['n']")
         refused(spark.createDataFrame([("visits", "u01", int64(5))],

@@ -30,10 +30,11 @@ from .test_streaming_exactly_once import assert_exactly_once
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.spark_cluster]
 
-#: The input, written in three parts (100 events a batch): the first before the query
-#: starts, each other one once a lost host runs an executor again, so that batches run
-#: on three hosts, on two, and on three again, whatever the time a host takes to come back.
-PARTS = (500, 400, 300)
+#: The input (100 events a batch): written before the query starts, then for each lost
+#: host once it is lost (read on the hosts left) and once it is back (read on all three
+#: again), so that batches run on three hosts, on two, and on three again, whatever the
+#: time a host takes to come back.
+FIRST, AWAY, BACK = 500, 300, 500
 USERS = 30
 #: The workers lost, one after the other (the third host is added by the test).
 LOST = (1, 2)
@@ -107,22 +108,35 @@ def _story(batches: list[str], sources: list[dict[str, str]], hosts: list[dict[s
     return "\n".join([*lines, "driver:", *decisions[-40:]])
 
 
+def _joins_seen(log: Path) -> int:
+    """How many times the job's driver logged executors joining (its placement made anew)."""
+    err = Path(f"{log}.err")
+    text = err.read_text(errors="replace") if err.exists() else ""
+    return sum("subtasks are placed anew" in line for line in text.splitlines())
+
+
+def _joined_since(log: Path, seen: int) -> Callable[[], bool | None]:
+    """Whether the job's driver logged an executor joining since it had logged ``seen``."""
+    return lambda: _joins_seen(log) > seen or None
+
+
 def _run_losing_hosts(kafka_cluster: Any, spark_cluster: Any, tmp_path: Path
                       ) -> tuple[dict[str, Any], Job]:
     """Run the query on every host of ``spark_cluster``, losing each worker of
-    :data:`LOST` in turn after a few batches and bringing it back once the query has
-    read what was written; the query's summary and the job."""
+    :data:`LOST` in turn after a few batches and bringing it back once the query has run
+    three batches without it (the next is lost once the driver has seen it join); the
+    query's summary and the job."""
     base = cluster_engine(spark_cluster)
     engine = Engine(base.name, base.master, {
         **base.spark_config, "spark.cores.max": str(spark_cluster.cores),
         "spark.scheduler.minRegisteredResourcesRatio": "1.0", "spark.locality.wait": "30s"})
-    total = sum(PARTS)
+    total = FIRST + len(LOST) * (AWAY + BACK)
     # No materialization while a subtask is away: its store's changelog is the start of
     # the checkpoint it comes back to.
     job = Job(f"hosts-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
               tmp_path / "checkpoint", total, engine, per_batch=100, materialization_s=3600)
     settings = kafka_cluster.client_config()
-    produce_events(settings, job.input_topic, total, USERS, end=PARTS[0])
+    produce_events(settings, job.input_topic, total, USERS, end=FIRST)
     checkpoints = WorkerResources.coordinator(job.config()).checkpoints
     log = tmp_path / "job.log"
     proc = job.start(3, None, log)
@@ -134,20 +148,31 @@ def _run_losing_hosts(kafka_cluster: Any, spark_cluster: Any, tmp_path: Path
         def checkpointed(count: int) -> Callable[[], bool | None]:
             return lambda: latest() >= count or None
 
-        written = PARTS[0]
-        for part, worker in zip(PARTS[1:], LOST, strict=True):
+        written = FIRST
+
+        def produce(count: int) -> None:
+            nonlocal written
+            produce_events(settings, job.input_topic, total, USERS, start=written,
+                           end=written + count)
+            written += count
+
+        for worker in LOST:
             wait_for("two batches on every host", checkpointed(latest() + 2), proc, log)
             spark_cluster.kill_worker(worker)
             lost = worker
-            # Everything written so far is read on the hosts left (100 events a batch).
-            wait_for(f"the batches without worker {worker}",
-                     checkpointed(written // 100), proc, log)
+            at_loss = latest()
+            produce(AWAY)
+            wait_for(f"three batches without worker {worker}", checkpointed(at_loss + 3),
+                     proc, log)
+            joins = _joins_seen(log)
             spark_cluster.restart_worker(worker)
             lost = None
             spark_cluster.wait_for_executor(worker)
-            produce_events(settings, job.input_topic, total, USERS, start=written,
-                           end=written + part)
-            written += part
+            produce(BACK)
+            # The executor may register with the driver batches after the master lists
+            # it: the next host is lost only once the driver has seen this one join.
+            wait_for(f"the driver seeing worker {worker}'s executor join",
+                     _joined_since(log, joins), proc, log)
         assert proc.wait(600) == 0, Path(f"{log}.err").read_text()[-3000:]
     finally:
         if proc.poll() is None:

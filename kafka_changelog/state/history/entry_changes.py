@@ -86,6 +86,8 @@ class WrittenChanges:
     unit_states: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     rows: int = 0
     ops: int = 0
+    #: The list states of ``states`` (a list's rows are one unit: they must be in one task).
+    list_states: tuple[str, ...] = ()
 
 
 def unit_hash(state: str, key: bytes, map_key: bytes | None) -> int:
@@ -263,8 +265,9 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                 registered.add(op.state)
             writer.append(key_group, op.to_bytes())
             ops += 1
+        lists = tuple(n for n in states if metas[n].kind is StateKind.LIST)
         if not ops:
-            return WrittenChanges(None, states, rows=rows)
+            return WrittenChanges(None, states, rows=rows, list_states=lists)
         handle = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S)
     finally:
         writer.close()
@@ -272,7 +275,7 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
     hashes = np.frombuffer(units.hashes, np.uint64).copy()
     state_index = np.frombuffer(units.states, np.int32).copy()
     return WrittenChanges(piece.to_bytes() if piece is not None else None, states, hashes,
-                          state_index, rows, ops)
+                          state_index, rows, ops, lists)
 
 
 def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None:
@@ -297,9 +300,15 @@ def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None
         for index in np.unique(w.unit_states[mine]).tolist():
             by_state.setdefault(w.states[index], set()).add(task)
     count = f"{repeated.size} entries have" if repeated.size > 1 else "1 entry has"
-    return (f"{count} more than one row (" + "; ".join(
+    described = (f"{count} more than one row (" + "; ".join(
         f"state {name!r}: in Spark task(s) {sorted(ts)}" for name, ts in sorted(by_state.items()))
         + ")")
+    lists = sorted({n for _, w in parts for n in w.list_states} & set(by_state))
+    if lists:
+        # A list's rows are grouped in their task: a list seen twice was split over tasks.
+        described += (f"; the rows of a list (state(s) {lists}) must all be in one Spark "
+                      "task: partition the rows by key first, e.g. df.repartition('key')")
+    return described
 
 
 __all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "colliding_units", "meta_of",

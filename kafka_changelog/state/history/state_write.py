@@ -13,6 +13,11 @@ input offsets the streaming query continues from, its processing time, its Spark
 and batch), plus :data:`STATE_WRITE_FROM_PROPERTY` and the state registrations the write
 declared.
 
+An application that has no checkpoint yet gets its first one from a write (a bootstrap,
+:class:`NewApplication`): checkpoint 1, the operator's subtasks at the parallelism given,
+each holding the tasks' logs narrowed to its key groups, and the input offsets the user
+gives (the streaming query continues from them).
+
 All or nothing: until ``M``'s record is durable no checkpoint names the tasks' logs, and a
 write that fails or is killed before leaves the application at ``L`` (the logs' records
 are released by the changelog's garbage collection like any unreferenced records: the
@@ -30,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ...enums import StrEnum
+from ...gc_types import LogFloor
 from ...handle import ChangelogHandle
 from ...keygroups import key_group_range_for_operator
 from ..checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
@@ -58,24 +64,58 @@ class WriteMode(StrEnum):
 
 
 @dataclass(frozen=True)
+class NewApplication:
+    """The layout of an application's first checkpoint, written by a state write (a
+    bootstrap): what its streaming query's ``StreamingStateConfig`` says."""
+
+    #: The keyed operator (the query's ``operator_id``).
+    operator: str
+    #: Its subtasks (the query rescales from it when it runs at another).
+    parallelism: int
+    #: Key groups in all: fixed for the life of the application.
+    max_parallelism: int
+    #: The changelog topic its state logs to (created when missing).
+    changelog_topic: str
+
+    def __post_init__(self) -> None:
+        if not self.operator:
+            raise StateWriteError("a new application's operator must not be empty")
+        if not 1 <= self.parallelism <= self.max_parallelism:
+            raise StateWriteError(
+                f"a new application's parallelism must be in [1, max parallelism "
+                f"{self.max_parallelism}], got {self.parallelism}")
+
+
+#: The id of an application's first checkpoint when a state write makes it.
+FIRST_CHECKPOINT_ID = 1
+
+
+@dataclass(frozen=True)
 class StateWritePlan:
     """What a state write applies its rows to: ``base``, the application's latest
     checkpoint when planned, and the keyed operator written; ``checkpoint_id`` is the
-    new checkpoint's id (``base`` + 2)."""
+    new checkpoint's id (``base`` + 2). For a bootstrap (``new``), ``base`` is an empty
+    checkpoint of id 0 that was never committed, and the new checkpoint is the first."""
 
     application: str
     operator: str
     base: CompletedCheckpoint
     #: The operator's parallelism in the new checkpoint (None: the base's).
     parallelism: int | None = None
+    #: The application's layout when it has no checkpoint (a bootstrap).
+    new: NewApplication | None = None
 
     @property
     def base_parallelism(self) -> int:
-        """The operator's parallelism in the base checkpoint."""
+        """The operator's parallelism in the base checkpoint (a new application's)."""
+        if self.new is not None:
+            return self.new.parallelism
         return len(self.base.subtasks_of(self.operator))
 
     @property
     def checkpoint_id(self) -> int:
+        if self.new is not None:
+            return FIRST_CHECKPOINT_ID
         return self.base.checkpoint_id + COPY_ID_GAP
 
     @property
@@ -85,6 +125,8 @@ class StateWritePlan:
     @property
     def changelog_topic(self) -> str:
         """The topic the operator's state logs to (where the tasks append)."""
+        if self.new is not None:
+            return self.new.changelog_topic
         topics = sorted(self.base.topics([self.operator]).changelog)
         if len(topics) != 1:
             raise StateWriteError(
@@ -95,24 +137,36 @@ class StateWritePlan:
 
 
 def plan_state_write(store: CheckpointStore, application: str, operator: str | None = None,
-                     mode: WriteMode = WriteMode.APPLY, parallelism: int | None = None
-                     ) -> StateWritePlan:
+                     mode: WriteMode = WriteMode.APPLY, parallelism: int | None = None,
+                     new: NewApplication | None = None) -> StateWritePlan:
     """The plan of a state write to ``application``'s latest checkpoint (nothing written).
 
     ``operator``: the keyed operator written (None: the checkpoint's only one);
     ``parallelism``: the operator's in the new checkpoint (None: the latest's; another
-    only when replacing a state without operator state). Refused
-    (:class:`StateWriteError`, naming why) when the application has no checkpoint, when a
-    live driver holds it, when the operator is not one of its keyed operators, or when
-    the parallelism cannot change."""
+    only when replacing a state without operator state); ``new``: the layout of the
+    application's first checkpoint, used only when it has none (a bootstrap). Refused
+    (:class:`StateWriteError`, naming why) when the application has no checkpoint and no
+    ``new`` is given, when a live driver holds it, when the operator is not one of its
+    keyed operators, or when the parallelism cannot change."""
     latest = store.latest(application)
     if latest is None:
-        known = store.known_applications()
-        raise StateWriteError(
-            f"cannot write the state of application {application!r}: it has no checkpoint in "
-            f"the checkpoint store (applications there: {', '.join(known) or 'none'}); a "
-            "new application starts from existing state with stateful_foreach_batch("
-            "initial_state=...)")
+        if new is None:
+            known = store.known_applications()
+            raise StateWriteError(
+                f"cannot write the state of application {application!r}: it has no "
+                f"checkpoint in the checkpoint store (applications there: "
+                f"{', '.join(known) or 'none'}); to start it from the rows, give its layout "
+                "(options operator and parallelism, see docs/writing-state.md), or let its "
+                "query start from them with stateful_foreach_batch(initial_state=...)")
+        _check_free(store, application)
+        if operator is not None and operator != new.operator:
+            raise StateWriteError(
+                f"a new application's operator is {new.operator!r}, not {operator!r}")
+        if parallelism is not None and parallelism != new.parallelism:
+            raise StateWriteError(
+                f"a new application's parallelism is {new.parallelism}, not {parallelism}")
+        empty = CompletedCheckpoint(application, 0, 0, new.max_parallelism, ())
+        return StateWritePlan(application, new.operator, empty, new.parallelism, new)
     _check_free(store, application)
     keyed = [o for o in latest.operators()
              if any(s.keyed is not None for s in latest.subtasks_of(o))]
@@ -160,15 +214,19 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
                        written: Sequence[tuple[int, WrittenChanges]],
                        properties: Mapping[str, str] | None = None,
                        now_ms: int | None = None,
-                       mode: WriteMode = WriteMode.APPLY) -> CompletedCheckpoint:
+                       mode: WriteMode = WriteMode.APPLY,
+                       log_floors: Sequence[LogFloor] = ()) -> CompletedCheckpoint:
     """Commit the checkpoint of ``plan`` with the logs the tasks wrote (``(task,
     written)`` pairs; in task order) and ``properties`` over the base's: appended to the
     operator's keyed handles (:attr:`WriteMode.APPLY`), or as the whole of them, with new
     backend ids and no snapshot (:attr:`WriteMode.REPLACE`).
 
+    ``log_floors``: a bootstrap's (the changelog's end offsets before the tasks wrote;
+    a write to an existing application keeps the base's).
+
     Refused (:class:`StateWriteError`, nothing committed) when an entry was written more
     than once, when a driver holds the application, or when a checkpoint was committed
-    since the plan was made."""
+    since the plan was made (for a bootstrap: any checkpoint)."""
     collisions = colliding_units(written)
     if collisions is not None:
         raise StateWriteError(
@@ -176,7 +234,13 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
             "be written once per state write (drop the duplicates first)")
     _check_free(store, plan.application)
     latest = store.latest(plan.application)
-    if latest is None or latest.checkpoint_id != plan.base.checkpoint_id:
+    if plan.new is not None:
+        if latest is not None:
+            raise StateWriteError(
+                f"application {plan.application!r} got checkpoint {latest.checkpoint_id} "
+                "while its first state was written (a query or another write started it); "
+                "write again, to apply the rows to it")
+    elif latest is None or latest.checkpoint_id != plan.base.checkpoint_id:
         found = "none" if latest is None else str(latest.checkpoint_id)
         raise StateWriteError(
             f"application {plan.application!r} moved on while its state was written: the "
@@ -185,7 +249,8 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     pieces: list[ChangelogHandle] = [
         ChangelogHandle.from_bytes(w.handle_bytes)
         for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
-    if mode is WriteMode.REPLACE and plan.parallelism not in (None, plan.base_parallelism):
+    if plan.new is not None or (mode is WriteMode.REPLACE
+                                and plan.parallelism not in (None, plan.base_parallelism)):
         subtasks = _rescaled(plan, pieces)
     else:
         subtasks = tuple(_with_pieces(s, plan.operator, pieces, mode)
@@ -193,8 +258,10 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     now = int(time.time() * 1000) if now_ms is None else now_ms
     checkpoint = dataclasses.replace(
         plan.base, checkpoint_id=plan.checkpoint_id, timestamp_ms=now, subtasks=subtasks,
+        log_floors=plan.base.log_floors if plan.new is None else tuple(log_floors),
         properties={**plan.base.properties, **(properties or {}),
-                    STATE_WRITE_FROM_PROPERTY: str(plan.base.checkpoint_id),
+                    **({STATE_WRITE_FROM_PROPERTY: str(plan.base.checkpoint_id)}
+                       if plan.new is None else {}),
                     STATE_WRITE_ROWS_PROPERTY: str(sum(w.rows for _, w in written)),
                     STATE_WRITE_MODE_PROPERTY: mode.value,
                     STATE_WRITE_AT_PROPERTY: str(now)})
@@ -235,6 +302,15 @@ def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[Changelo
         keyed, changelog=keyed.changelog + added, entry_count=None))
 
 
-__all__ = ["STATE_WRITE_AT_PROPERTY", "STATE_WRITE_FROM_PROPERTY", "STATE_WRITE_MODE_PROPERTY",
-           "STATE_WRITE_ROWS_PROPERTY", "StateWritePlan", "WriteMode", "commit_state_write",
-           "plan_state_write"]
+__all__ = [
+    "FIRST_CHECKPOINT_ID",
+    "STATE_WRITE_AT_PROPERTY",
+    "STATE_WRITE_FROM_PROPERTY",
+    "STATE_WRITE_MODE_PROPERTY",
+    "STATE_WRITE_ROWS_PROPERTY",
+    "NewApplication",
+    "StateWritePlan",
+    "WriteMode",
+    "commit_state_write",
+    "plan_state_write",
+]
