@@ -7,8 +7,9 @@ Then, in a ``local[2]`` session:
 - the baseline, the reader: ``spark.read.format("kafka-changelog")`` in mode ``state``,
   ``count(*)`` (every key restored from the changelog and turned into a row);
 - the writer: the same rows, read once and cached in Spark beforehand, written back with
-  ``df.write.format("kafka-changelog").mode("overwrite")`` (each task appends one op per
-  row to a log of its own, the driver commits the checkpoint), from the call to its return.
+  ``df.write.format("kafka-changelog").mode("overwrite")`` (each task writes its rows'
+  entries as snapshot layers of the new backends, a layer per key group it has rows of;
+  the driver commits the checkpoint naming them), from the call to its return.
 
 Exactness is checked after every write: the state read back equals the rows written (no
 row missing, none added, every value the same: ``exceptAll`` both ways is empty).

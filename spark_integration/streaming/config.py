@@ -172,10 +172,12 @@ class StreamingStateConfig:
         return java_kafka_options(self.bootstrap_servers, self.client_config, java_overrides)
 
     def reader_options(self) -> dict[str, str]:
-        """The options of ``format("kafka-changelog")`` for this application: the brokers,
-        ``client_config`` and the application."""
+        """The options of ``format("kafka-changelog")`` for this application, to read its
+        state or write it: the brokers, ``client_config``, the application and its topics
+        (a write puts its logs and snapshot layers there)."""
         return {**reader_options(self.bootstrap_servers, self.client_config),
-                "application": self.application, "checkpoint.topic": self.checkpoint_topic}
+                "application": self.application, "checkpoint.topic": self.checkpoint_topic,
+                "changelog.topic": self.changelog_topic, "snapshot.topic": self.snapshot_topic}
 
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""

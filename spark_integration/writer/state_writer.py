@@ -25,7 +25,9 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from kafka_changelog.gc_types import LogFloor
 from kafka_changelog.kafka import KafkaChangelogConfig, KafkaChangelogStorage
+from kafka_changelog.kafka.access import connect_admin
 from kafka_changelog.kafka.checkpoint_store import KafkaCheckpointStore
+from kafka_changelog.kafka.snapshot_store import KafkaSnapshotStore, SnapshotStoreConfig
 from kafka_changelog.kafka.topics import application_topics
 from kafka_changelog.state.checkpoints.source_offsets import source_offsets_property
 from kafka_changelog.state.history.entry_changes import (
@@ -33,6 +35,7 @@ from kafka_changelog.state.history.entry_changes import (
     WrittenChanges,
     write_entry_changes,
 )
+from kafka_changelog.state.history.state_layers import LayerTarget, write_entry_layers
 from kafka_changelog.state.history.state_write import (
     NewApplication,
     StateWritePlan,
@@ -63,7 +66,8 @@ class StateWriter(DataSourceArrowWriter):
 
     def __init__(self, options: WriterOptions, plan: StateWritePlan,
                  metas: dict[str, StateMeta], properties: dict[str, str],
-                 mode: WriteMode, log_floors: tuple[LogFloor, ...] = ()) -> None:
+                 mode: WriteMode, log_floors: tuple[LogFloor, ...] = (),
+                 snapshot_partitions: int = 0) -> None:
         self.options = options
         self.plan = plan
         self.metas = metas
@@ -71,6 +75,8 @@ class StateWriter(DataSourceArrowWriter):
         self.mode = mode
         #: A bootstrap's: the changelog's end offsets before the tasks wrote.
         self.log_floors = log_floors
+        #: A replacing write's: the partitions of the snapshot topic (as it is).
+        self.snapshot_partitions = snapshot_partitions
 
     @classmethod
     def planned(cls, raw_options: dict[str, str], column_names: list[str], overwrite: bool
@@ -85,8 +91,11 @@ class StateWriter(DataSourceArrowWriter):
         options = parse_writer_options(raw_options)
         connection = options.connection
         with KafkaCheckpointStore(connection.checkpoint_config()) as store:
-            plan = plan_state_write(store, connection.application, connection.operator,
-                                    mode, options.parallelism, _new_application(options))
+            own_changelog, own_snapshots = application_topics(connection.application)
+            plan = plan_state_write(
+                store, connection.application, connection.operator, mode, options.parallelism,
+                _new_application(options), connection.snapshot_topic or own_snapshots,
+                connection.changelog_topic or own_changelog)
         if options.max_parallelism not in (None, plan.max_parallelism):
             raise StateWriteError(
                 f"application {plan.application!r} has max parallelism "
@@ -103,11 +112,17 @@ class StateWriter(DataSourceArrowWriter):
             with KafkaChangelogStorage(_changelog_config(options, plan, options.partitions)
                                        ) as storage:  # creates the topic when missing
                 floors = tuple(storage.uncommitted_floors())
+        partitions = 0
+        if plan.layers is not None:
+            partitions = _snapshot_partitions(options, plan.layers.snapshot_topic)
+            with KafkaSnapshotStore(_snapshot_config(options, plan.layers, partitions)):
+                pass  # the topic created when missing, checked when there
+
         logger.info("state write to application %s operator %s (%s): rows to checkpoint %s "
                     "as checkpoint %d (states %s)", plan.application, plan.operator,
                     mode.value, "none (a new application)" if plan.new else
                     plan.base.checkpoint_id, plan.checkpoint_id, sorted(metas))
-        return cls(options, plan, metas, properties, mode, floors)
+        return cls(options, plan, metas, properties, mode, floors, partitions)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskWritten:
         """Append this task's rows as state ops to a log of its own (task)."""
@@ -116,13 +131,16 @@ class StateWriter(DataSourceArrowWriter):
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         plan = self.plan
+        changes = entry_changes(iterator, self.metas, plan.max_parallelism)
+        if plan.layers is not None:  # a new materialization: snapshot layers
+            config = _snapshot_config(self.options, plan.layers, self.snapshot_partitions)
+            with KafkaSnapshotStore(config) as snapshots:
+                return TaskWritten(partition, write_entry_layers(
+                    snapshots, plan.layers, partition, self.metas, changes))
         # The application's topic as it is (the driver made a new application's).
         with KafkaChangelogStorage(_changelog_config(self.options, plan)) as storage:
             written = write_entry_changes(storage, plan.operator, plan.max_parallelism,
-                                          plan.checkpoint_id, self.metas,
-                                          entry_changes(iterator, self.metas,
-                                                        plan.max_parallelism),
-                                          deletes=self.mode is WriteMode.APPLY)
+                                          plan.checkpoint_id, self.metas, changes)
         return TaskWritten(partition, written)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -163,6 +181,25 @@ def _changelog_config(options: WriterOptions, plan: StateWritePlan, partitions: 
         options.connection.connection(), topic=plan.changelog_topic,
         max_parallelism=plan.max_parallelism, partitions=partitions,
         **({} if plan.new is not None else {"replication_factor": 1}))
+
+
+def _snapshot_partitions(options: WriterOptions, topic: str) -> int:
+    """The partitions of snapshot topic ``topic``: as it is, or ``partitions`` when the
+    write creates it."""
+    connection = options.connection
+    admin, metadata = connect_admin(connection.connection().admin(),
+                                    connection.request_timeout_s, f"snapshot topic {topic}")
+    del admin
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        return options.partitions
+    return len(found.partitions)
+
+
+def _snapshot_config(options: WriterOptions, target: LayerTarget, partitions: int
+                     ) -> SnapshotStoreConfig:
+    return SnapshotStoreConfig.on(options.connection.connection(), topic=target.snapshot_topic,
+                                  partitions=partitions, max_parallelism=target.max_parallelism)
 
 
 def state_writer(options: dict[str, Any], column_names: list[str], overwrite: bool

@@ -87,4 +87,6 @@ def test_the_config_gives_both_connectors_the_same_security() -> None:
         "kafka.bootstrap.servers": SERVERS, "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "PLAIN", "kafka.sasl.username": "u",
         "kafka.sasl.password": "p", "kafka.ssl.ca.pem": "CA", "application": "shop",
-        "checkpoint.topic": "kafka-changelog-checkpoints"}
+        "checkpoint.topic": "kafka-changelog-checkpoints",
+        "changelog.topic": "kafka-changelog-shop-changelog",
+        "snapshot.topic": "kafka-changelog-shop-snapshots"}

@@ -76,8 +76,9 @@ def test_a_new_application_starts_from_written_state_and_its_query_continues_exa
     rows = spark.createDataFrame(state_rows(expected_state(iter(held))), ROW_SCHEMA)
     offsets = json.dumps({input_topic: {"0": 20, "1": 20}})
     # A list's rows spread over tasks (round robin) cannot be written: refused, naming why.
-    with pytest.raises(Exception, match=r"the rows of a list \(state\(s\) \['last_pages'\]\) "
-                                        r"must all be in one Spark task"):
+    with pytest.raises(Exception, match=r"the rows of one key of state\(s\) \['last_pages'\] "
+                                        r"\(a list, or a map the write replaces\) must all be "
+                                        r"in one Spark task"):
         (rows.repartition(3).write.format("kafka-changelog").options(**layout(config, 3))
          .option("startingOffsets", offsets).mode("append").save())
     assert WorkerResources.coordinator(config).checkpoints.latest(config.application) is None

@@ -30,6 +30,7 @@ from kafka_changelog.state.history.state_write import (
     STATE_WRITE_MODE_PROPERTY,
     STATE_WRITE_ROWS_PROPERTY,
 )
+from kafka_changelog.state.snapshots.chunk_sweep import ChunkKey
 from spark_integration.streaming import StreamingStateConfig, stateful_foreach_batch
 from spark_integration.streaming.worker_resources import WorkerResources
 from spark_integration.writer.options import declared_states
@@ -98,8 +99,17 @@ def resumes_on(spark: Any, config: StreamingStateConfig, state: dict[str, int], 
 
 
 def writer_options(config: StreamingStateConfig) -> dict[str, str]:
-    return {"kafka.bootstrap.servers": config.bootstrap_servers,
-            "application": config.application, "checkpoint.topic": config.checkpoint_topic}
+    return config.reader_options()
+
+
+def unnamed_chunks(config: StreamingStateConfig) -> int:
+    """Live snapshot chunks of the application's topic whose backend no checkpoint names."""
+    coordinator = WorkerResources.coordinator(config)
+    named = {s.keyed.backend_id for c in coordinator.checkpoints.all_checkpoints()
+             for s in c.subtasks if s.keyed is not None}
+    return sum(1 for key in coordinator.snapshots.live_keys()
+               if (parts := ChunkKey.parse(key.key)) is not None
+               and parts.backend_id not in named)
 
 
 def int64(n: int) -> bytes:
@@ -136,16 +146,24 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
         # The counter resumes on the repaired state (its Python workers kept stores of
         # checkpoint 2: they must not stand for checkpoint 4).
         resumes_on(spark, config, repaired, 2, outputs)
-        # The whole state replaced by two users' visits, at parallelism 3; the counter (at
-        # 2) resumes on them alone.
-        spark.createDataFrame([("visits", b"u00", int64(50)), ("visits", b"u05", int64(60))],
-                              "state string, key binary, value binary").write.format(
+        # The whole state replaced by 1,000 members' visits spread over four tasks (a key
+        # group's rows in several: each task writes its own layer of it), at parallelism 3;
+        # the counter (at 2) resumes on them alone.
+        members = {f"m{i:04d}": i * 3 for i in range(1000)}
+        spark.createDataFrame([("visits", k.encode(), int64(v)) for k, v in members.items()],
+                              "state string, key binary, value binary").repartition(4).write.format(
             "kafka-changelog").options(**writer_options(config)).option(
             "parallelism", "3").mode("overwrite").save()
         latest = WorkerResources.coordinator(config).checkpoints.latest(config.application)
         assert latest is not None and len(latest.subtasks) == 3
-        assert restored_visits(config) == {"u00": 50, "u05": 60}
-        resumes_on(spark, config, {"u00": 50, "u05": 60}, 3, outputs)
+        snapshots = [s.keyed.snapshot for s in latest.subtasks
+                     if s.keyed is not None and s.keyed.snapshot is not None]
+        assert len(snapshots) == 3 and all(s.keyed.changelog == () for s in latest.subtasks
+                                           if s.keyed is not None)
+        assert max(len(snapshot.layers_of(kg)) for snapshot in snapshots
+                   for kg in snapshot.key_groups) == 4
+        assert restored_visits(config) == members
+        resumes_on(spark, config, members, 3, outputs)
     finally:
         WorkerResources.release(config)
 
@@ -183,8 +201,11 @@ def test_state_read_and_written_back_restores_the_same_at_any_parallelism(
         latest = job.checkpoints.latest("app")
         assert latest is not None and latest.checkpoint_id == 4
         assert latest.properties[STATE_WRITE_MODE_PROPERTY] == "replace"
+        # A new materialization: snapshots of new backends, no changelog.
         for subtask in latest.subtasks:
-            assert subtask.keyed is not None and subtask.keyed.snapshot is None
+            keyed = subtask.keyed
+            assert keyed is not None and keyed.snapshot is not None and keyed.changelog == ()
+            assert keyed.snapshot.backend_id == keyed.backend_id
         for backend_config in (StateBackendConfig("memory"),
                                StateBackendConfig("rocksdb", str(tmp_path / "rocksdb"))):
             coordinator = CheckpointCoordinator("app", job.checkpoints, job.snapshots,
@@ -298,8 +319,9 @@ def test_bad_writes_are_refused_naming_why_and_leave_the_application_as_it_was(
         WorkerResources.release(config)
 
 
+@pytest.mark.parametrize("mode", ["append", "overwrite"])
 def test_a_killed_write_leaves_nothing_visible(spark: Any, kafka_cluster: Any,
-                                               tmp_path: Path) -> None:
+                                               tmp_path: Path, mode: str) -> None:
     config = app_config(kafka_cluster, f"write-kill-{uuid.uuid4().hex[:8]}", 2)
     outputs: dict[int, pd.DataFrame] = {}
     marker = tmp_path / "stalled"
@@ -307,10 +329,10 @@ def test_a_killed_write_leaves_nothing_visible(spark: Any, kafka_cluster: Any,
         run(spark, config, [0], outputs)
         before = visits_of(BATCHES[:1])
         # A driver of its own, killed -9 with its workers while its second task writes
-        # (the first task's log is persisted by then).
+        # (the first task's log is persisted by then, or its snapshot layers written).
         writer = subprocess.Popen(
             [sys.executable, "-m", "tests.spark.killed_state_write",
-             json.dumps(writer_options(config)), str(marker)],
+             json.dumps(writer_options(config)), str(marker), mode],
             cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True)
         try:
@@ -326,6 +348,16 @@ def test_a_killed_write_leaves_nothing_visible(spark: Any, kafka_cluster: Any,
         latest = store.latest(config.application)
         assert latest is not None and latest.checkpoint_id == 1
         assert restored_visits(config) == before
+        if mode == "overwrite":
+            # The first task's layers are chunks of backends no checkpoint names: the
+            # sweep removes them once older than its grace (here: at once).
+            left = unnamed_chunks(config)
+            assert left > 0
+            coordinator = CheckpointCoordinator(
+                config.application, store, WorkerResources.coordinator(config).snapshots,
+                WorkerResources.coordinator(config).storage, MAX_P, sweep_grace_s=0.0)
+            assert coordinator.sweep_chunks().swept == left
+            assert unnamed_chunks(config) == 0
         # The next write and the query go on from checkpoint 1: none of the killed write's
         # rows appear, the new ones do.
         spark.createDataFrame([("visits", b"u01", int64(5))],

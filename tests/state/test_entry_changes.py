@@ -15,7 +15,7 @@ from kafka_changelog.state.history.entry_changes import (
     EntryChange,
     StateWriteError,
     WrittenChanges,
-    _Units,
+    WrittenUnits,
     colliding_units,
     state_ops,
     unit_hash,
@@ -42,7 +42,7 @@ METAS: dict[str, StateMeta] = {d.name: requested_meta(d) for d in (COUNT, EVENTS
 
 
 def ops(*changes: EntryChange) -> list[StateOp]:
-    found = list(state_ops(changes, METAS, _Units(sorted(METAS))))
+    found = list(state_ops(changes, METAS, WrittenUnits(sorted(METAS))))
     assert [group for group, _ in found] == [key_group_for_key(op.key, 128) for _, op in found]
     return [op for _, op in found]
 
@@ -112,9 +112,10 @@ def test_entries_written_twice_are_named_by_state_and_task() -> None:
     both = [*apart, (3, written(("count", b"u2", None), ("pages", b"u1", b"m")))]
     assert colliding_units(both) == (
         "2 entries have more than one row (state 'count': in Spark task(s) [1, 3]; "
-        "state 'pages': in Spark task(s) [0, 3])")
+        "state 'pages': in Spark task(s) [0, 3]); each entry may be written once per state "
+        "write (drop the duplicates)")
     # Twice in one task: a value's key, a map entry (the ops are made; the driver refuses).
-    units = _Units(sorted(METAS))
+    units = WrittenUnits(sorted(METAS))
     list(state_ops([EntryChange("count", b"u1", b"1"), EntryChange("count", b"u1", b"2"),
                     EntryChange("pages", b"u1", b"1", map_key=b"m"),
                     EntryChange("pages", b"u1", b"2", map_key=b"m"),
@@ -123,5 +124,6 @@ def test_entries_written_twice_are_named_by_state_and_task() -> None:
                          np.frombuffer(units.states, np.int32))
     assert colliding_units([(5, one)]) == (
         "2 entries have more than one row (state 'count': in Spark task(s) [5]; "
-        "state 'pages': in Spark task(s) [5])")
+        "state 'pages': in Spark task(s) [5]); each entry may be written once per state "
+        "write (drop the duplicates)")
     assert unit_hash("a", b"b", None) != unit_hash("a", b"b", b"")

@@ -86,8 +86,13 @@ class WrittenChanges:
     unit_states: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
     rows: int = 0
     ops: int = 0
-    #: The list states of ``states`` (a list's rows are one unit: they must be in one task).
-    list_states: tuple[str, ...] = ()
+    #: The states of ``states`` whose rows of a key are one unit, which must be in one
+    #: task: lists, and maps when the write replaces the state (their layers replace a
+    #: key's whole map, see :mod:`.state_layers`).
+    whole_states: tuple[str, ...] = ()
+    #: A replacing write's snapshot layers: (subtask, ``SnapshotHandle`` bytes) of the
+    #: chunks this task wrote, per subtask of the new checkpoint it wrote key groups of.
+    layers: tuple[tuple[int, bytes], ...] = ()
 
 
 def unit_hash(state: str, key: bytes, map_key: bytes | None) -> int:
@@ -110,7 +115,7 @@ def _describe(change: EntryChange) -> str:
     return where
 
 
-class _Units:
+class WrittenUnits:
     """The units one task wrote, as compact arrays (its message to the driver)."""
 
     def __init__(self, states: Sequence[str]) -> None:
@@ -123,8 +128,16 @@ class _Units:
         self.states.append(self.index[change.state])
 
 
+def whole_states(metas: Mapping[str, StateMeta], deletes: bool) -> tuple[str, ...]:
+    """The states whose rows of one key form one unit (see
+    :attr:`WrittenChanges.whole_states`): lists; maps too in a replacing write
+    (``deletes`` false)."""
+    whole = (StateKind.LIST,) if deletes else (StateKind.LIST, StateKind.MAP)
+    return tuple(sorted(n for n, meta in metas.items() if meta.kind in whole))
+
+
 def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
-              units: _Units, deletes: bool = True, max_parallelism: int = 128
+              units: WrittenUnits, deletes: bool = True, max_parallelism: int = 128
               ) -> Iterator[tuple[int, StateOp]]:
     """The ops of ``changes`` (see the module docstring) with their key groups, value and
     map rows as they come, lists once all rows are read; refuses what the module
@@ -180,6 +193,10 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
         raise StateWriteError(
             f"state {state!r} key {key!r}: a row deleting the whole map and rows of its "
             "entries in one state write (write the deletion, then the entries, in two)")
+    if not deletes:
+        # A replacing write's layers hold a key's whole map: one task's rows of it.
+        for state, key in sorted(map_entries):
+            units.add(EntryChange(state, key, None), None)
     for (state, key), rows in lists.items():
         first = rows[0][0].key_group
         yield (first if first is not None else key_group_for_key(key, max_parallelism),
@@ -187,7 +204,7 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
 
 
 def _list_op(state: str, key: bytes, rows: list[tuple[EntryChange, bytes | None]],
-             units: _Units) -> StateOp:
+             units: WrittenUnits) -> StateOp:
     """The op of a list's rows (each with its stored value)."""
     first = rows[0][0]
     units.add(first, None)
@@ -246,7 +263,7 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
     failed persist raises; its records are referenced by nothing). ``deletes``: see
     :func:`state_ops`."""
     states = sorted(metas)
-    units = _Units(states)
+    units = WrittenUnits(states)
     writer = storage.create_writer(operator, KeyGroupRange(0, max_parallelism - 1))
     try:
         start = writer.initial_sequence_number()
@@ -265,9 +282,9 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                 registered.add(op.state)
             writer.append(key_group, op.to_bytes())
             ops += 1
-        lists = tuple(n for n in states if metas[n].kind is StateKind.LIST)
+        lists = whole_states(metas, deletes)
         if not ops:
-            return WrittenChanges(None, states, rows=rows, list_states=lists)
+            return WrittenChanges(None, states, rows=rows, whole_states=lists)
         handle = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S)
     finally:
         writer.close()
@@ -303,13 +320,16 @@ def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None
     described = (f"{count} more than one row (" + "; ".join(
         f"state {name!r}: in Spark task(s) {sorted(ts)}" for name, ts in sorted(by_state.items()))
         + ")")
-    lists = sorted({n for _, w in parts for n in w.list_states} & set(by_state))
-    if lists:
-        # A list's rows are grouped in their task: a list seen twice was split over tasks.
-        described += (f"; the rows of a list (state(s) {lists}) must all be in one Spark "
-                      "task: partition the rows by key first, e.g. df.repartition('key')")
+    wholes = sorted({n for _, w in parts for n in w.whole_states} & set(by_state))
+    if wholes:
+        # Such rows are grouped in their task: a unit seen twice was split over tasks.
+        described += (f"; the rows of one key of state(s) {wholes} (a list, or a map the "
+                      "write replaces) must all be in one Spark task: partition the rows by "
+                      "key first, e.g. df.repartition('key')")
+    if set(by_state) - set(wholes):
+        described += "; each entry may be written once per state write (drop the duplicates)"
     return described
 
 
-__all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "colliding_units", "meta_of",
-           "state_ops", "unit_hash", "write_entry_changes"]
+__all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "WrittenUnits", "colliding_units",
+           "meta_of", "state_ops", "unit_hash", "whole_states", "write_entry_changes"]

@@ -6,8 +6,10 @@ Planned on a driver (:func:`plan_state_write`), written by tasks
 log of its own) and committed by the driver (:func:`commit_state_write`): a new checkpoint
 ``M = L + 2`` (as a rewind's copy, see :mod:`.rewind` for why not ``L + 1``) whose keyed
 handles of the written operator are the latest's with the tasks' logs appended, in task
-order, each narrowed to the subtask's key groups (:attr:`WriteMode.APPLY`), or the tasks'
-logs alone (:attr:`WriteMode.REPLACE`). Everything else is the latest's: the
+order, each narrowed to the subtask's key groups (:attr:`WriteMode.APPLY`), or, replacing
+the operator's keyed state (:attr:`WriteMode.REPLACE`), a new materialization: backends of
+their own whose snapshots are the layers the tasks wrote (:mod:`.state_layers`) and
+nothing else. Everything else is the latest's: the
 parallelism, the snapshots, the operator state, the log floors and the properties (the
 input offsets the streaming query continues from, its processing time, its Spark query
 and batch), plus :data:`STATE_WRITE_FROM_PROPERTY` and the state registrations the write
@@ -42,6 +44,7 @@ from ..checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle, Subt
 from ..checkpoints.checkpoint_store import CheckpointStore
 from .entry_changes import StateWriteError, WrittenChanges, colliding_units
 from .rewind import COPY_ID_GAP, RewindError, check_not_held
+from .state_layers import LayerTarget, joined_snapshot, layers_by_subtask
 
 #: Property of a state write's checkpoint: the checkpoint it applied its rows to.
 STATE_WRITE_FROM_PROPERTY = "state_write.from_checkpoint"
@@ -104,6 +107,10 @@ class StateWritePlan:
     parallelism: int | None = None
     #: The application's layout when it has no checkpoint (a bootstrap).
     new: NewApplication | None = None
+    #: A replacing write's: where its tasks write their snapshot layers.
+    layers: LayerTarget | None = None
+    #: The changelog topic when ``base`` names none (its state is all in snapshots).
+    default_changelog_topic: str | None = None
 
     @property
     def base_parallelism(self) -> int:
@@ -128,6 +135,8 @@ class StateWritePlan:
         if self.new is not None:
             return self.new.changelog_topic
         topics = sorted(self.base.topics([self.operator]).changelog)
+        if not topics and self.default_changelog_topic is not None:
+            return self.default_changelog_topic
         if len(topics) != 1:
             raise StateWriteError(
                 f"application {self.application!r} operator {self.operator!r}: checkpoint "
@@ -138,13 +147,18 @@ class StateWritePlan:
 
 def plan_state_write(store: CheckpointStore, application: str, operator: str | None = None,
                      mode: WriteMode = WriteMode.APPLY, parallelism: int | None = None,
-                     new: NewApplication | None = None) -> StateWritePlan:
+                     new: NewApplication | None = None, snapshot_topic: str | None = None,
+                     changelog_topic: str | None = None) -> StateWritePlan:
     """The plan of a state write to ``application``'s latest checkpoint (nothing written).
 
     ``operator``: the keyed operator written (None: the checkpoint's only one);
     ``parallelism``: the operator's in the new checkpoint (None: the latest's; another
     only when replacing a state without operator state); ``new``: the layout of the
-    application's first checkpoint, used only when it has none (a bootstrap). Refused
+    application's first checkpoint, used only when it has none (a bootstrap);
+    ``snapshot_topic``: where a replacing write's layers go when the latest checkpoint
+    names no snapshot topic of the operator (none materialized yet); ``changelog_topic``:
+    where an applying write's logs go when it names no changelog (all its state in
+    snapshots, as a replacing write leaves it). Refused
     (:class:`StateWriteError`, naming why) when the application has no checkpoint and no
     ``new`` is given, when a live driver holds it, when the operator is not one of its
     keyed operators, or when the parallelism cannot change."""
@@ -166,7 +180,8 @@ def plan_state_write(store: CheckpointStore, application: str, operator: str | N
             raise StateWriteError(
                 f"a new application's parallelism is {new.parallelism}, not {parallelism}")
         empty = CompletedCheckpoint(application, 0, 0, new.max_parallelism, ())
-        return StateWritePlan(application, new.operator, empty, new.parallelism, new)
+        return _with_layers(StateWritePlan(application, new.operator, empty, new.parallelism,
+                                           new), mode, snapshot_topic)
     _check_free(store, application)
     keyed = [o for o in latest.operators()
              if any(s.keyed is not None for s in latest.subtasks_of(o))]
@@ -180,10 +195,34 @@ def plan_state_write(store: CheckpointStore, application: str, operator: str | N
         raise StateWriteError(
             f"application {application!r} checkpoint {latest.checkpoint_id} has no keyed "
             f"operator {operator!r} (keyed operators: {keyed})")
-    plan = StateWritePlan(application, operator, latest, parallelism)
+    plan = StateWritePlan(application, operator, latest, parallelism,
+                          default_changelog_topic=changelog_topic)
     if parallelism is not None and parallelism != plan.base_parallelism:
         _check_rescale(plan, mode, parallelism)
-    return plan
+    return _with_layers(plan, mode, snapshot_topic)
+
+
+def _with_layers(plan: StateWritePlan, mode: WriteMode, snapshot_topic: str | None
+                 ) -> StateWritePlan:
+    """``plan`` with the target of its snapshot layers when it replaces the state."""
+    if mode is not WriteMode.REPLACE:
+        return plan
+    topics = sorted(plan.base.topics([plan.operator]).snapshot)
+    if len(topics) > 1:
+        raise StateWriteError(
+            f"application {plan.application!r} operator {plan.operator!r}: checkpoint "
+            f"{plan.base.checkpoint_id} has snapshots in {len(topics)} topics ({topics}); a "
+            "replacing write writes one")
+    topic = topics[0] if topics else snapshot_topic
+    if topic is None:
+        raise StateWriteError(
+            f"application {plan.application!r} operator {plan.operator!r} has no snapshot "
+            "topic yet: name the one its query uses (option snapshot.topic)")
+    used = [s.keyed.materialization_id for s in plan.base.subtasks_of(plan.operator)
+            if s.keyed is not None]
+    return dataclasses.replace(plan, layers=LayerTarget.planned(
+        plan.operator, plan.parallelism or plan.base_parallelism, plan.max_parallelism, topic,
+        max(used, default=0)))
 
 
 def _check_rescale(plan: StateWritePlan, mode: WriteMode, parallelism: int) -> None:
@@ -216,10 +255,11 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
                        now_ms: int | None = None,
                        mode: WriteMode = WriteMode.APPLY,
                        log_floors: Sequence[LogFloor] = ()) -> CompletedCheckpoint:
-    """Commit the checkpoint of ``plan`` with the logs the tasks wrote (``(task,
-    written)`` pairs; in task order) and ``properties`` over the base's: appended to the
-    operator's keyed handles (:attr:`WriteMode.APPLY`), or as the whole of them, with new
-    backend ids and no snapshot (:attr:`WriteMode.REPLACE`).
+    """Commit the checkpoint of ``plan`` with what the tasks wrote (``(task, written)``
+    pairs) and ``properties`` over the base's: their logs appended to the operator's keyed
+    handles in task order (:attr:`WriteMode.APPLY`), or their snapshot layers as the
+    operator's whole keyed state, under the plan's new backends (:attr:`WriteMode.REPLACE`,
+    see :mod:`.state_layers`).
 
     ``log_floors``: a bootstrap's (the changelog's end offsets before the tasks wrote;
     a write to an existing application keeps the base's).
@@ -229,9 +269,7 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     since the plan was made (for a bootstrap: any checkpoint)."""
     collisions = colliding_units(written)
     if collisions is not None:
-        raise StateWriteError(
-            f"state write to application {plan.application!r}: {collisions}; each entry may "
-            "be written once per state write (drop the duplicates first)")
+        raise StateWriteError(f"state write to application {plan.application!r}: {collisions}")
     _check_free(store, plan.application)
     latest = store.latest(plan.application)
     if plan.new is not None:
@@ -249,12 +287,12 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     pieces: list[ChangelogHandle] = [
         ChangelogHandle.from_bytes(w.handle_bytes)
         for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
-    if plan.new is not None or (mode is WriteMode.REPLACE
-                                and plan.parallelism not in (None, plan.base_parallelism)):
+    if plan.layers is not None:
+        subtasks = _replaced(plan, plan.layers, written)
+    elif plan.new is not None:
         subtasks = _rescaled(plan, pieces)
     else:
-        subtasks = tuple(_with_pieces(s, plan.operator, pieces, mode)
-                         for s in plan.base.subtasks)
+        subtasks = tuple(_with_pieces(s, plan.operator, pieces) for s in plan.base.subtasks)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     checkpoint = dataclasses.replace(
         plan.base, checkpoint_id=plan.checkpoint_id, timestamp_ms=now, subtasks=subtasks,
@@ -272,7 +310,7 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
 def _rescaled(plan: StateWritePlan, pieces: Sequence[ChangelogHandle]
               ) -> tuple[SubtaskState, ...]:
     """The base's subtasks, the written operator's replaced by ``plan.parallelism`` new ones
-    holding the tasks' logs (checked: it has no operator state)."""
+    holding the tasks' logs (a bootstrap: there are none of it)."""
     parallelism = plan.parallelism or plan.base_parallelism
     kept = tuple(s for s in plan.base.subtasks if s.operator_id != plan.operator)
     made = []
@@ -285,18 +323,34 @@ def _rescaled(plan: StateWritePlan, pieces: Sequence[ChangelogHandle]
     return kept + tuple(made)
 
 
-def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle],
-                 mode: WriteMode) -> SubtaskState:
+def _replaced(plan: StateWritePlan, target: LayerTarget,
+              written: Sequence[tuple[int, WrittenChanges]]) -> tuple[SubtaskState, ...]:
+    """The base's subtasks with the written operator's keyed state replaced by the tasks'
+    layers (its subtasks at the target's parallelism: their operator state kept when it
+    is the base's, none otherwise, which the plan checked)."""
+    by_subtask = layers_by_subtask(written)
+    same = {s.subtask_index: s for s in plan.base.subtasks_of(plan.operator)
+            if s.parallelism == target.parallelism}
+    kept = tuple(s for s in plan.base.subtasks if s.operator_id != plan.operator)
+    made = []
+    for index in range(target.parallelism):
+        snapshot = joined_snapshot(target, index, by_subtask.get(index, []))
+        keyed = KeyedStateHandle(
+            target.backend_ids[index], target.key_groups_of(index),
+            snapshot.materialization_id if snapshot is not None else 0, snapshot, ())
+        base = same.get(index)
+        made.append(dataclasses.replace(base, keyed=keyed) if base is not None else
+                    SubtaskState(plan.operator, index, target.parallelism, keyed, None))
+    return kept + tuple(made)
+
+
+def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle]
+                 ) -> SubtaskState:
     keyed = subtask.keyed
     if subtask.operator_id != operator or keyed is None:
         return subtask
     added = tuple(narrowed for piece in pieces
                   if (narrowed := piece.intersection(keyed.key_group_range)) is not None)
-    if mode is WriteMode.REPLACE:
-        # A backend of its own: its materializations never write chunks under the old
-        # backend's keys (as a fork's backends).
-        return dataclasses.replace(subtask, keyed=KeyedStateHandle(
-            f"{operator}-{uuid.uuid4().hex[:12]}", keyed.key_group_range, 0, None, added))
     # The entry count is not known any more: a restore counts the entries itself.
     return dataclasses.replace(subtask, keyed=dataclasses.replace(
         keyed, changelog=keyed.changelog + added, entry_count=None))
