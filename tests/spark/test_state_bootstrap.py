@@ -13,6 +13,7 @@ model's over all events, each applied once.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,59 @@ def test_latest_offsets_are_resolved_and_bad_bootstraps_are_refused_naming_why(
     with pytest.raises(Exception, match=r"has max parallelism 128 \(checkpoint \d+\), not "
                                         r"64: key groups are fixed for an application's life"):
         write(**layout(config, 2), maxParallelism="64")
+
+
+def test_a_bootstrapped_job_killed_in_its_first_batch_applies_its_input_once(
+    spark: Any, kafka_cluster: Any, tmp_path: Path
+) -> None:
+    """The clickstream job (exactly-once outputs), its application started by a write of
+    users' earlier totals holding none of the input (``-2``: each partition's earliest
+    offset); in its first batch a task's worker is killed -9 in its transaction, then the
+    driver after the tasks committed, before the checkpoint. Run again, every user's state
+    is its totals plus its events, and every batch's outputs are in the output topic once."""
+    import signal
+
+    from confluent_kafka.admin import AdminClient
+
+    from examples.clickstream import output_problems, produce_events, read_outputs
+
+    from .jobs import Job, state_of
+
+    events_in, per_batch, users = 600, 300, 12
+    job = Job(f"boot-kill-{uuid.uuid4().hex[:8]}", kafka_cluster.bootstrap_servers,
+              tmp_path / "spark-checkpoint", events_in, per_batch=per_batch)
+    settings = kafka_cluster.client_config()
+    produce_events(settings, job.input_topic, events_in, users)
+    config = job.config()
+    totals = {f"user-{i:04d}": (i + 1, round(i * 1.25 + 0.5, 2)) for i in range(users)}
+    rows = spark.createDataFrame(
+        [("events", u.encode(), None, None, str(n)) for u, (n, _) in totals.items()]
+        + [("spent", u.encode(), None, None, repr(s)) for u, (_, s) in totals.items()],
+        ROW_SCHEMA)
+    partitions = AdminClient(settings).list_topics(job.input_topic, timeout=30).topics[
+        job.input_topic].partitions
+    (rows.write.format("kafka-changelog").options(**layout(config, 2))
+     .option("startingOffsets", json.dumps({job.input_topic: {str(p): -2 for p in partitions}}))
+     .mode("append").save())
+    try:
+        faults = tmp_path / "faults"
+        faults.mkdir()
+        done = job.run(2, "before_commit:0", task_kills=("subtask_in_transaction:0:1",),
+                       fault_dir=faults, master="local[2,4]")
+        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+        assert (faults / "killed-subtask_in_transaction-0-1").exists()
+        done = job.run(2)
+        assert done.returncode == 0, done.stderr[-3000:]
+        expected: dict[str, dict[str, Any]] = {
+            user: {"events": n, "spent": spent, "kinds": {}, "last_pages": []}
+            for user, (n, spent) in totals.items()}
+        for event in events(events_in, users):
+            state = expected[event["user"]]
+            state["events"] += 1
+            state["spent"] = round(state["spent"] + event["amount"], 2)
+            state["kinds"][event["kind"]] = state["kinds"].get(event["kind"], 0) + 1
+            state["last_pages"] = [*state["last_pages"], event["page"]][-5:]
+        assert state_of(config, sorted(expected)) == expected
+        assert output_problems(read_outputs(settings, job.output_topic), expected) == []
+    finally:
+        WorkerResources.release(config)
