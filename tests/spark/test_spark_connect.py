@@ -33,10 +33,12 @@ from typing import Any
 
 import pytest
 
+from examples.clickstream import EVENTS as CLICK_EVENTS
 from examples.clickstream import expected_state, produce_events
 from examples.events import events
 from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming.worker_resources import WorkerResources
+from spark_integration.writer.options import declared_states
 
 from .cluster_read import plain
 from .connect_server import LocalConnectServer
@@ -205,3 +207,27 @@ def test_reader_from_connect_returns_what_classic_returns(
     assert {row[9]: int(row[8]) for row in state if row[2] == "events"} == {
         user: s["events"] for user, s in expected.items()}
     assert changes, "the latest checkpoint has no changelog tail"
+
+
+def test_state_written_from_connect_is_the_next_checkpoint(
+        connect_run: ConnectRun, connect_server: LocalConnectServer, spark: Any) -> None:
+    # Last in the module: it moves the application on (a repair of one user's count; the
+    # clickstream declares no states, so the write declares the one it writes).
+    config = connect_run.job.config()
+    store = WorkerResources.coordinator(config).checkpoints
+    latest = store.latest(config.application)
+    assert latest is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.spark.connect_write", connect_server.url,
+         json.dumps({**config.reader_options(), "states": declared_states([CLICK_EVENTS])}),
+         json.dumps([["events", "user-0000", "1000"]])],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=die_with_parent())
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = store.latest(config.application)
+    assert written is not None and written.checkpoint_id == latest.checkpoint_id + 2
+    state = (spark.read.format("kafka-changelog").options(**config.reader_options())
+             .option("mode", "state").load().where("state = 'events'").collect())
+    expected = {user: s["events"] for user, s in
+                expected_state(events(EVENT_COUNT, USERS)).items()}
+    assert {r.key_decoded: int(r.value_decoded) for r in state} == {
+        **expected, "user-0000": 1000}
