@@ -15,6 +15,7 @@ row applied exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from kafka_changelog.state.history.state_write import (
     plan_state_write,
 )
 from kafka_changelog.state.schema.ops import StateMeta
+from kafka_changelog.state.schema.ttl import split_serializer_name
 
 from ..checkpoint_properties import evolved_metas, state_properties
 from .input_offsets import written_input_offsets
@@ -134,9 +136,16 @@ class StateWriter(DataSourceArrowWriter):
         changes = entry_changes(iterator, self.metas, plan.max_parallelism)
         if plan.layers is not None:  # a new materialization: snapshot layers
             config = _snapshot_config(self.options, plan.layers, self.snapshot_partitions)
-            with KafkaSnapshotStore(config) as snapshots:
+            with contextlib.ExitStack() as stack:
+                snapshots = stack.enter_context(KafkaSnapshotStore(config))
+                # TTL'd states' expiry timers go to a log of the task (state_layers).
+                timers = (stack.enter_context(KafkaChangelogStorage(
+                    _changelog_config(self.options, plan)))
+                    if any(split_serializer_name(m.value_serializer)[1]
+                           for m in self.metas.values()) else None)
                 return TaskWritten(partition, write_entry_layers(
-                    snapshots, plan.layers, partition, self.metas, changes))
+                    snapshots, plan.layers, partition, self.metas, changes, timers,
+                    plan.checkpoint_id))
         # The application's topic as it is (the driver made a new application's).
         with KafkaChangelogStorage(_changelog_config(self.options, plan)) as storage:
             written = write_entry_changes(storage, plan.operator, plan.max_parallelism,

@@ -14,7 +14,11 @@ from kafka_changelog import InMemoryChangelogStorage, key_group_range_for_operat
 from kafka_changelog.state.checkpoints.checkpoint import CompletedCheckpoint
 from kafka_changelog.state.checkpoints.checkpoint_store import InMemoryCheckpointStore
 from kafka_changelog.state.history.coordinator import CheckpointCoordinator
-from kafka_changelog.state.history.entry_changes import EntryChange, StateWriteError
+from kafka_changelog.state.history.entry_changes import (
+    EntryChange,
+    StateWriteError,
+    write_entry_changes,
+)
 from kafka_changelog.state.history.state_layers import write_entry_layers
 from kafka_changelog.state.history.state_write import (
     NewApplication,
@@ -118,3 +122,49 @@ def test_a_key_whose_map_rows_are_in_two_tasks_is_refused_naming_the_fix() -> No
                                               r"Spark task"):
         commit_state_write(checkpoints, plan, written, mode=WriteMode.REPLACE)
     assert checkpoints.latest("app") is None
+
+
+SEEN = value_state("seen", INT64, ttl=60.0)
+T0 = 1_800_000_000_000
+
+
+@pytest.mark.parametrize("mode", [WriteMode.REPLACE, WriteMode.APPLY])
+def test_written_ttl_entries_get_expiry_timers_that_remove_them(mode: WriteMode) -> None:
+    """Each TTL'd key written gets its expiry timer (in the log of its task), so expired
+    entries nobody reads are removed like those the backend wrote itself."""
+    checkpoints, snapshots = InMemoryCheckpointStore(), InMemorySnapshotStore(
+        max_parallelism=MAX_P)
+    storage = InMemoryChangelogStorage()
+    metas = {**METAS, "seen": requested_meta(SEEN)}
+    plan = plan_state_write(checkpoints, "app", mode=mode,
+                            new=NewApplication("op", 2, MAX_P, "changes"),
+                            snapshot_topic=snapshots.topic)
+    users = USERS[:40]
+    rows = [EntryChange("seen", u, i.to_bytes(8, "big"), expires_at_ms=T0 + i * 1000)
+            for i, u in enumerate(users)]
+    parts = [rows[0::3], rows[1::3], rows[2::3]]
+    if plan.layers is not None:
+        written = [(t, write_entry_layers(snapshots, plan.layers, t, metas, part, storage,
+                                          plan.checkpoint_id))
+                   for t, part in enumerate(parts)]
+    else:
+        written = [(t, write_entry_changes(storage, "op", MAX_P, plan.checkpoint_id, metas,
+                                           part)) for t, part in enumerate(parts)]
+    checkpoint = commit_state_write(checkpoints, plan, written, mode=mode)
+    coordinator = CheckpointCoordinator("app", checkpoints, snapshots, storage, MAX_P)
+    backend = coordinator.restore_keyed("op", key_group_range_for_operator(MAX_P, 1, 0),
+                                        checkpoint)
+    try:
+        def seen() -> set[bytes]:
+            return {key for kg in backend.table.key_groups()
+                    for name, key, _ in backend.table.entries(kg) if name == "seen"}
+
+        assert seen() == set(users)
+        backend.set_processing_time(T0 + 19_500)  # users 0..19 expired
+        backend.expire_due()
+        assert seen() == set(users[20:])
+        backend.set_processing_time(T0 + 60_000)
+        backend.expire_due()
+        assert seen() == set()
+    finally:
+        backend.close()

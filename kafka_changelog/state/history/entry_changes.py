@@ -19,7 +19,10 @@ What a row means, by the state's kind (anything else is refused with
   (and may not come with entries of the same key).
 
 Values are the states' stored bytes without expiry; a TTL'd state's rows carry their
-expiry (``expires_at_ms``), which is stored in front of the value as the backend does.
+expiry (``expires_at_ms``), which is stored in front of the value as the backend does, and
+each key's TTL'd state gets an expiry timer at its earliest expiry (the timer that removes
+it once expired, as the backend registers one when it writes the state:
+:func:`expiry_timer_ops`).
 
 Each entry may be written once per state write: a task reports a 64-bit hash of each unit
 it wrote (``(state, key)``, or ``(state, key, map key)`` for maps) with the index of its
@@ -41,10 +44,11 @@ import numpy as np
 from ...errors import ChangelogError
 from ...keygroups import KeyGroupRange, key_group_for_key
 from ...storage import StateChangelogStorage
+from ..backend.keyed_time import TIMERS_META
 from ..schema.descriptors import StateKind
 from ..schema.ops import DELETE, LIST_REPLACE, MAP_PUT, MAP_REMOVE, SET, StateMeta, StateOp
 from ..schema.ttl import split_serializer_name, stamp
-from ..time.timers import TIMERS_STATE
+from ..time.timers import TIMERS_STATE, TimeDomain, timer_map_key
 
 #: How long a task waits for its log's records to be acknowledged.
 PERSIST_TIMEOUT_S = 600.0
@@ -136,13 +140,17 @@ def whole_states(metas: Mapping[str, StateMeta], deletes: bool) -> tuple[str, ..
     return tuple(sorted(n for n, meta in metas.items() if meta.kind in whole))
 
 
+#: Expiry per (key group, state, key) of a TTL'd state: the earliest of its rows'.
+Expiries = dict[tuple[int, str, bytes], int]
+
+
 def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
-              units: WrittenUnits, deletes: bool = True, max_parallelism: int = 128
-              ) -> Iterator[tuple[int, StateOp]]:
+              units: WrittenUnits, deletes: bool = True, max_parallelism: int = 128,
+              expiries: Expiries | None = None) -> Iterator[tuple[int, StateOp]]:
     """The ops of ``changes`` (see the module docstring) with their key groups, value and
     map rows as they come, lists once all rows are read; refuses what the module
     docstring refuses, and without ``deletes`` (a replacing write) any row without a
-    value."""
+    value. ``expiries`` collects the earliest expiry of each TTL'd state's key written."""
     lists: dict[tuple[str, bytes], list[tuple[EntryChange, bytes | None]]] = {}
     whole_maps: set[tuple[str, bytes]] = set()
     map_entries: set[tuple[str, bytes]] = set()
@@ -151,6 +159,11 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
                  else key_group_for_key(change.key, max_parallelism))
         meta = meta_of(change, metas)
         stored = _stored_value(change, meta)
+        if expiries is not None and stored is not None and change.expires_at_ms is not None:
+            at = (group, change.state, change.key)
+            known = expiries.get(at)
+            expiries[at] = (change.expires_at_ms if known is None
+                            else min(known, change.expires_at_ms))
         if stored is None and not deletes:
             raise StateWriteError(
                 f"{_describe(change)}: a row without value deletes an entry, and a write "
@@ -203,6 +216,16 @@ def state_ops(changes: Iterable[EntryChange], metas: Mapping[str, StateMeta],
                _list_op(state, key, rows, units))
 
 
+def expiry_timer_ops(expiries: Expiries) -> list[tuple[int, StateOp]]:
+    """An expiry timer per TTL'd state and key written, at its earliest expiry: the map
+    entry of the timers state the backend puts when it writes a TTL'd state (a key already
+    holding one keeps it too: the earlier of the two finds what is due and re-arms)."""
+    return [(group, StateOp(TIMERS_STATE, MAP_PUT, key,
+                            map_key=timer_map_key(TimeDomain.EXPIRY, at, state.encode()),
+                            value=b""))
+            for (group, state, key), at in sorted(expiries.items())]
+
+
 def _list_op(state: str, key: bytes, rows: list[tuple[EntryChange, bytes | None]],
              units: WrittenUnits) -> StateOp:
     """The op of a list's rows (each with its stored value)."""
@@ -253,6 +276,17 @@ def _stored_value(change: EntryChange, meta: StateMeta) -> bytes | None:
     return change.value
 
 
+def append_timer_ops(writer: Any, expiries: Expiries) -> int:
+    """Append the expiry timers of ``expiries`` (the timers state registered first) to a
+    changelog writer; how many."""
+    timers = expiry_timer_ops(expiries)
+    if timers:
+        writer.append_meta(TIMERS_META.to_bytes())
+        for key_group, op in timers:
+            writer.append(key_group, op.to_bytes())
+    return len(timers)
+
+
 def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                         max_parallelism: int, checkpoint_id: int,
                         metas: Mapping[str, StateMeta],
@@ -276,12 +310,15 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                 rows += 1
                 yield change
 
-        for key_group, op in state_ops(counted(), metas, units, deletes, max_parallelism):
+        expiries: Expiries = {}
+        for key_group, op in state_ops(counted(), metas, units, deletes, max_parallelism,
+                                       expiries):
             if op.state not in registered:
                 writer.append_meta(metas[op.state].to_bytes())
                 registered.add(op.state)
             writer.append(key_group, op.to_bytes())
             ops += 1
+        ops += append_timer_ops(writer, expiries)
         lists = whole_states(metas, deletes)
         if not ops:
             return WrittenChanges(None, states, rows=rows, whole_states=lists)
@@ -331,5 +368,17 @@ def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None
     return described
 
 
-__all__ = ["EntryChange", "StateWriteError", "WrittenChanges", "WrittenUnits", "colliding_units",
-           "meta_of", "state_ops", "unit_hash", "whole_states", "write_entry_changes"]
+__all__ = [
+    "EntryChange",
+    "StateWriteError",
+    "WrittenChanges",
+    "WrittenUnits",
+    "append_timer_ops",
+    "colliding_units",
+    "expiry_timer_ops",
+    "meta_of",
+    "state_ops",
+    "unit_hash",
+    "whole_states",
+    "write_entry_changes",
+]

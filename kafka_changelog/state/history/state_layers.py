@@ -13,6 +13,12 @@ each of its keys' entries: exactly the union of the tasks' entries, since an ent
 written by one task (a key's list, and a key's map, are one entry here: their rows must be
 in one task, which the driver checks with the other collisions).
 
+TTL'd entries need expiry timers (the timers that remove them once expired). A key's timers
+are one map of the timers state, holding the timers of all its states, whose rows may be
+in several tasks: as layers, a later task's map would replace an earlier one's. So each
+task appends its expiry timers to a small log of its own instead (map puts compose), which
+the checkpoint names as the changelog of the new backends, after their snapshots.
+
 Nothing names the chunks until the driver commits the checkpoint: a failed or killed write
 leaves chunks of backends no checkpoint names, which the snapshot sweep removes once their
 materialization is older than its grace.
@@ -23,16 +29,28 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ...keygroups import KeyGroupRange, key_group_range_for_operator
+from ...storage import StateChangelogStorage
 from ..schema.ops import StateMeta
 from ..snapshots.materialization import next_materialization_id
 from ..snapshots.snapshot import SnapshotHandle
 from ..snapshots.snapshot_store import SnapshotStore
 from ..tables.memory import StateTable
-from .entry_changes import EntryChange, WrittenChanges, WrittenUnits, state_ops, whole_states
+from .entry_changes import (
+    PERSIST_TIMEOUT_S,
+    EntryChange,
+    Expiries,
+    StateWriteError,
+    WrittenChanges,
+    WrittenUnits,
+    append_timer_ops,
+    state_ops,
+    whole_states,
+)
 
 
 @dataclass(frozen=True)
@@ -66,11 +84,14 @@ class LayerTarget:
 
 
 def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
-                       metas: Mapping[str, StateMeta], changes: Iterable[EntryChange]
-                       ) -> WrittenChanges:
+                       metas: Mapping[str, StateMeta], changes: Iterable[EntryChange],
+                       timers: StateChangelogStorage[Any] | None = None,
+                       checkpoint_id: int = 0) -> WrittenChanges:
     """Write the entries of ``changes`` (Spark task ``task``'s rows) as one layer per key
     group they touch (module docstring); what was written. The rows are held in memory
-    until written: a task's share of the state must fit its worker."""
+    until written: a task's share of the state must fit its worker. TTL'd entries' expiry
+    timers go to a log of ``timers`` persisted for ``checkpoint_id`` (needed when a state
+    has a TTL)."""
     states = sorted(metas)
     units = WrittenUnits(states)
     table = StateTable()
@@ -84,9 +105,11 @@ def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
             rows += 1
             yield change
 
+    expiries: Expiries = {}
     ops = list(state_ops(counted(), metas, units, deletes=False,
-                         max_parallelism=target.max_parallelism))
+                         max_parallelism=target.max_parallelism, expiries=expiries))
     table.apply_batch(ops)
+    handle = _timer_log(timers, target, expiries, checkpoint_id) if expiries else None
     materialization = target.first_materialization_id + task
     groups = table.key_groups()
     layers: list[tuple[int, bytes]] = []
@@ -96,9 +119,27 @@ def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
         if mine:
             layers.append((subtask, _write_layers(store, target.backend_ids[subtask],
                                                   materialization, owned, table, mine)))
-    return WrittenChanges(None, states, np.frombuffer(units.hashes, np.uint64).copy(),
+    return WrittenChanges(handle, states, np.frombuffer(units.hashes, np.uint64).copy(),
                           np.frombuffer(units.states, np.int32).copy(), rows, len(ops),
                           whole_states(metas, deletes=False), tuple(layers))
+
+
+def _timer_log(timers: StateChangelogStorage[Any] | None, target: LayerTarget,
+               expiries: Expiries, checkpoint_id: int) -> bytes | None:
+    """The handle of a persisted log of the expiry timers of ``expiries``."""
+    if timers is None:
+        raise StateWriteError(
+            f"a replacing write of TTL'd states needs a changelog for their expiry timers "
+            f"(operator {target.operator!r})")
+    writer = timers.create_writer(target.operator,
+                                  KeyGroupRange(0, target.max_parallelism - 1))
+    try:
+        start = writer.initial_sequence_number()
+        append_timer_ops(writer, expiries)
+        piece = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S).job_owned
+    finally:
+        writer.close()
+    return piece.to_bytes() if piece is not None else None
 
 
 def _write_layers(store: SnapshotStore, backend_id: str, materialization: int,

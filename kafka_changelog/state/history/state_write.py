@@ -288,7 +288,7 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
         ChangelogHandle.from_bytes(w.handle_bytes)
         for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
     if plan.layers is not None:
-        subtasks = _replaced(plan, plan.layers, written)
+        subtasks = _replaced(plan, plan.layers, written, pieces)
     elif plan.new is not None:
         subtasks = _rescaled(plan, pieces)
     else:
@@ -324,10 +324,12 @@ def _rescaled(plan: StateWritePlan, pieces: Sequence[ChangelogHandle]
 
 
 def _replaced(plan: StateWritePlan, target: LayerTarget,
-              written: Sequence[tuple[int, WrittenChanges]]) -> tuple[SubtaskState, ...]:
+              written: Sequence[tuple[int, WrittenChanges]],
+              pieces: Sequence[ChangelogHandle]) -> tuple[SubtaskState, ...]:
     """The base's subtasks with the written operator's keyed state replaced by the tasks'
-    layers (its subtasks at the target's parallelism: their operator state kept when it
-    is the base's, none otherwise, which the plan checked)."""
+    layers, and their logs (expiry timers) as its changelog (its subtasks at the target's
+    parallelism: their operator state kept when it is the base's, none otherwise, which
+    the plan checked)."""
     by_subtask = layers_by_subtask(written)
     same = {s.subtask_index: s for s in plan.base.subtasks_of(plan.operator)
             if s.parallelism == target.parallelism}
@@ -335,9 +337,12 @@ def _replaced(plan: StateWritePlan, target: LayerTarget,
     made = []
     for index in range(target.parallelism):
         snapshot = joined_snapshot(target, index, by_subtask.get(index, []))
+        owned = target.key_groups_of(index)
         keyed = KeyedStateHandle(
-            target.backend_ids[index], target.key_groups_of(index),
-            snapshot.materialization_id if snapshot is not None else 0, snapshot, ())
+            target.backend_ids[index], owned,
+            snapshot.materialization_id if snapshot is not None else 0, snapshot,
+            tuple(narrowed for piece in pieces
+                  if (narrowed := piece.intersection(owned)) is not None))
         base = same.get(index)
         made.append(dataclasses.replace(base, keyed=keyed) if base is not None else
                     SubtaskState(plan.operator, index, target.parallelism, keyed, None))
