@@ -108,7 +108,8 @@ class StateTable:
         items: Sequence[tuple[bytes, ...] | None] | None = None,
     ) -> None:
         """Apply many mutations of one state and kind, in order (the same as :meth:`apply`
-        of each): ``SET``, ``MAP_PUT`` and ``LIST_REPLACE`` write the dicts directly."""
+        of each): ``SET``, ``MAP_PUT``, ``MAP_REMOVE`` and ``LIST_REPLACE`` write the
+        dicts directly."""
         if state not in self.metas:
             raise StateMismatchError(f"changes for unregistered state {state!r}")
         if op is SET and values is not None:
@@ -125,6 +126,15 @@ class StateTable:
                     entry = table[key] = {}
                 assert isinstance(entry, dict)
                 entry[map_key] = value
+        elif op is MAP_REMOVE and map_keys is not None:
+            for table, key, map_key in zip(self._tables(state, key_groups), keys, map_keys,
+                                           strict=True):
+                current = table.get(key)
+                if isinstance(current, dict):
+                    assert map_key is not None
+                    current.pop(map_key, None)
+                    if not current:
+                        del table[key]
         elif op is LIST_REPLACE and items is not None:
             for table, key, replacement in zip(self._tables(state, key_groups), keys, items,
                                                strict=True):
@@ -168,9 +178,18 @@ class StateTable:
     def get_map_values(self, key_groups: Sequence[int], state: str, keys: Sequence[bytes],
                        map_keys: Sequence[bytes]) -> list[bytes | None]:
         """:meth:`get_map_value` of each."""
-        get = self.get_map_value
-        return [get(kg, state, key, map_key)
-                for kg, key, map_key in zip(key_groups, keys, map_keys, strict=True)]
+        groups = self.groups
+        tables: dict[int, dict[bytes, Entry] | None] = {}
+        for key_group in set(key_groups):  # each key group's entries looked up once
+            group = groups.get(key_group)
+            tables[key_group] = group.get(state) if group is not None else None
+        found: list[bytes | None] = []
+        append = found.append
+        for key_group, key, map_key in zip(key_groups, keys, map_keys, strict=True):
+            table = tables[key_group]
+            entry = table.get(key) if table is not None else None
+            append(entry.get(map_key) if isinstance(entry, dict) else None)
+        return found
 
     def key_groups(self) -> list[int]:
         """Key groups holding at least one entry, ascending."""

@@ -72,6 +72,12 @@ def timer_map_key(domain: TimeDomain, time_ms: int, tag: bytes = b"") -> bytes:
     return _DOMAIN_BYTES[domain] + _TIME.pack(time_ms + _OFFSET) + tag
 
 
+def timer_map_keys(domain: TimeDomain, times_ms: Sequence[int]) -> list[bytes]:
+    """:func:`timer_map_key` of each time (no tag), for many timers at once."""
+    prefix, pack = _DOMAIN_BYTES[domain], _TIME.pack
+    return [prefix + pack(time_ms + _OFFSET) for time_ms in times_ms]
+
+
 def parse_timer_map_key(map_key: bytes) -> tuple[TimeDomain, int, bytes]:
     """(domain, time, tag) of a map key of :data:`TIMERS_STATE`."""
     if len(map_key) < 9 or map_key[0] not in _DOMAINS:
@@ -197,9 +203,13 @@ class TimerService:
         if not len(key_groups) == len(keys) == len(times_ms):
             raise ValueError(f"timers: {len(keys)} keys, {len(key_groups)} key groups and "
                              f"{len(times_ms)} times")
-        wanted = [timer_map_key(domain, time_ms) for time_ms in times_ms]
+        wanted = timer_map_keys(domain, times_ms)
         # Whether each timer is there: one multi-get, not a point read per key.
         stored = table.get_map_values(key_groups, TIMERS_STATE, keys, wanted)
+        if len(set(zip(keys, wanted, strict=True))) == len(wanted):  # no timer twice (usual)
+            chosen_at = [i for i, value in enumerate(stored) if (value is not None) == present]
+            return ([key_groups[i] for i in chosen_at], [keys[i] for i in chosen_at],
+                    [wanted[i] for i in chosen_at], [times_ms[i] for i in chosen_at])
         seen: set[tuple[int, bytes, bytes]] = set()
         groups: list[int] = []
         chosen: list[bytes] = []
