@@ -276,6 +276,19 @@ def _stored_value(change: EntryChange, meta: StateMeta) -> bytes | None:
     return change.value
 
 
+class CountedRows:
+    """``changes``, counted as they are read (:attr:`count`)."""
+
+    def __init__(self, changes: Iterable[EntryChange]) -> None:
+        self._changes = changes
+        self.count = 0
+
+    def __iter__(self) -> Iterator[EntryChange]:
+        for change in self._changes:
+            self.count += 1
+            yield change
+
+
 def append_timer_ops(writer: Any, expiries: Expiries) -> int:
     """Append the expiry timers of ``expiries`` (the timers state registered first) to a
     changelog writer; how many."""
@@ -302,16 +315,10 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
     try:
         start = writer.initial_sequence_number()
         registered: set[str] = set()
-        rows = ops = 0
-
-        def counted() -> Iterator[EntryChange]:
-            nonlocal rows
-            for change in changes:
-                rows += 1
-                yield change
-
+        ops = 0
+        rows = CountedRows(changes)
         expiries: Expiries = {}
-        for key_group, op in state_ops(counted(), metas, units, deletes, max_parallelism,
+        for key_group, op in state_ops(rows, metas, units, deletes, max_parallelism,
                                        expiries):
             if op.state not in registered:
                 writer.append_meta(metas[op.state].to_bytes())
@@ -321,7 +328,7 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
         ops += append_timer_ops(writer, expiries)
         lists = whole_states(metas, deletes)
         if not ops:
-            return WrittenChanges(None, states, rows=rows, whole_states=lists)
+            return WrittenChanges(None, states, rows=rows.count, whole_states=lists)
         handle = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S)
     finally:
         writer.close()
@@ -329,7 +336,7 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
     hashes = np.frombuffer(units.hashes, np.uint64).copy()
     state_index = np.frombuffer(units.states, np.int32).copy()
     return WrittenChanges(piece.to_bytes() if piece is not None else None, states, hashes,
-                          state_index, rows, ops, lists)
+                          state_index, rows.count, ops, lists)
 
 
 def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None:
@@ -369,6 +376,7 @@ def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None
 
 
 __all__ = [
+    "CountedRows",
     "EntryChange",
     "StateWriteError",
     "WrittenChanges",

@@ -27,7 +27,7 @@ materialization is older than its grace.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ from ..snapshots.snapshot_store import SnapshotStore
 from ..tables.memory import StateTable
 from .entry_changes import (
     PERSIST_TIMEOUT_S,
+    CountedRows,
     EntryChange,
     Expiries,
     StateWriteError,
@@ -97,16 +98,9 @@ def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
     table = StateTable()
     for meta in metas.values():
         table.register(meta)
-    rows = 0
-
-    def counted() -> Iterator[EntryChange]:
-        nonlocal rows
-        for change in changes:
-            rows += 1
-            yield change
-
+    rows = CountedRows(changes)
     expiries: Expiries = {}
-    ops = list(state_ops(counted(), metas, units, deletes=False,
+    ops = list(state_ops(rows, metas, units, deletes=False,
                          max_parallelism=target.max_parallelism, expiries=expiries))
     table.apply_batch(ops)
     handle = _timer_log(timers, target, expiries, checkpoint_id) if expiries else None
@@ -120,7 +114,7 @@ def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
             layers.append((subtask, _write_layers(store, target.backend_ids[subtask],
                                                   materialization, owned, table, mine)))
     return WrittenChanges(handle, states, np.frombuffer(units.hashes, np.uint64).copy(),
-                          np.frombuffer(units.states, np.int32).copy(), rows, len(ops),
+                          np.frombuffer(units.states, np.int32).copy(), rows.count, len(ops),
                           whole_states(metas, deletes=False), tuple(layers))
 
 
