@@ -101,7 +101,7 @@ from .kafka_sink import KafkaOutputSink
 from .key_state import BatchContext, EventTime
 from .metrics import BatchReport, SubtaskMetrics, log_batch
 from .query_stop import stops_cleanly
-from .state_declarations import StateDeclarations
+from .state_declarations import StateDeclarations, registered_properties
 from .subtask_hosts import SubtaskHosts, assign, inverse, placement_hosts
 from .subtask_partitioning import (
     PLACEMENT_SETTINGS,
@@ -574,12 +574,15 @@ class StatefulProcessor:
         self._emit(BatchEvent.BEFORE_COMMIT, batch_id)
         commit_started = time.monotonic()
         if plan.commit:
+            declared = self._declared_properties(coordinator, plan.base)
             coordinator.complete(plan.checkpoint_id, subtasks,
                                  properties={**plan.properties(query_id, batch_id),
                                              **time_properties(context, watermark),
-                                             **self._declared_properties(coordinator,
-                                                                         plan.base),
-                                             **input_record})
+                                             **registered_properties(
+                                                 [metrics[i].registrations
+                                                  for i in sorted(metrics)], declared,
+                                                 self.declarations),
+                                             **declared, **input_record})
         commit_s = time.monotonic() - commit_started
         self._emit(BatchEvent.AFTER_COMMIT, batch_id)
         sink_started = time.monotonic()

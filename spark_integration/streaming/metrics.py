@@ -76,6 +76,10 @@ class SubtaskMetrics:
     #: Transactional steps this task's commit did again (a call retried after a retriable
     #: broker error, a transaction aborted or fenced and redone); 0 for a reused commit.
     transaction_retries: int = 0
+    #: The registrations of the states the subtask's backend holds (``StateMeta``
+    #: records as JSON, the timers state left out): the checkpoint records those the
+    #: query does not declare, so that a state write finds them.
+    registrations: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         """One JSON object (what a task sends to the driver)."""

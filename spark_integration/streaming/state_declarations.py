@@ -12,15 +12,17 @@ logged changes: the next materialization writes the key groups without them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kafka_changelog.state.backend.keyed_backend import ChangelogKeyedStateBackend
 from kafka_changelog.state.schema.descriptors import StateDescriptor
 from kafka_changelog.state.schema.evolution import requested_meta
+from kafka_changelog.state.schema.ops import StateMeta
 from kafka_changelog.state.time.timers import TIMERS_STATE
 
-from ..checkpoint_properties import evolved_metas, state_properties
+from ..checkpoint_properties import STATE_PROPERTY_PREFIX, evolved_metas, state_properties
 
 
 @dataclass(frozen=True)
@@ -72,4 +74,22 @@ class StateDeclarations:
             backend.drop_state(name)
 
 
-__all__ = ["StateDeclarations"]
+def registered_properties(registrations: Iterable[Sequence[str]], declared: Mapping[str, str],
+                          declarations: StateDeclarations | None) -> dict[str, str]:
+    """The ``state.*`` properties of the states the subtasks' backends hold
+    (``registrations``: each subtask's ``StateMeta`` records as JSON, in subtask order)
+    that neither ``declared`` (the declared and recorded ones) nor the dropped states
+    name: undeclared states are recorded too, so that a state write knows them."""
+    dropped = set(declarations.dropped) if declarations is not None else set()
+    found: dict[str, StateMeta] = {}
+    for records in registrations:
+        for record in records:
+            meta = StateMeta.from_record(json.loads(record))
+            name = meta.state
+            if (STATE_PROPERTY_PREFIX + name not in declared and name not in dropped
+                    and name not in found):
+                found[name] = meta
+    return state_properties(found)
+
+
+__all__ = ["StateDeclarations", "registered_properties"]

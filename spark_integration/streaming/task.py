@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +37,7 @@ from kafka_changelog.state.host import host_store
 from kafka_changelog.state.host.acquire import AcquiredBackend, acquire, discard, keep
 from kafka_changelog.state.host.subtask_backend import StateSource, SubtaskPlacement
 from kafka_changelog.state.snapshots.materializer import MaterializationConfig
+from kafka_changelog.state.time.timers import TIMERS_STATE
 
 from .columns import (
     HANDLE_COLUMN,
@@ -404,7 +406,10 @@ class SubtaskTask:
             restore_s=acquired.seconds if acquired.source is StateSource.RESTORED else 0.0,
             attach_s=acquired.seconds, processing_time_ms=time.context.processing_time_ms,
             late_rows=late, max_event_time_ms=max_event_ms, timers_fired=fired,
-            expiry_checks=expired, host=host_identity(self.config))
+            expiry_checks=expired, host=host_identity(self.config),
+            registrations=sorted(json.dumps(meta.to_record(), sort_keys=True)
+                                 for name, meta in backend.table.metas.items()
+                                 if name != TIMERS_STATE))
         return outputs, metrics, handle
 
     def _apply_initial(self, backend: ChangelogKeyedStateBackend, initial: pd.DataFrame,

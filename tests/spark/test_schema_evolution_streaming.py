@@ -195,3 +195,27 @@ def test_declarations_are_checked_when_the_processor_is_built() -> None:
                                dropped_states=["seen"])
     with pytest.raises(ValueError, match="state 'seen' is declared more than once"):
         stateful_foreach_batch(config, updater(V2), "user", OUTPUT, states=[SEEN, SEEN])
+
+
+def test_states_the_tasks_hold_are_recorded_unless_declared_or_dropped() -> None:
+    from kafka_changelog.state.schema.descriptors import list_state
+    from kafka_changelog.state.schema.evolution import requested_meta
+    from kafka_changelog.state.schema.serializers import UTF8
+    from spark_integration.checkpoint_properties import recorded_metas, state_properties
+    from spark_integration.streaming.state_declarations import (
+        StateDeclarations,
+        registered_properties,
+    )
+
+    count, pages, old = (value_state("count", INT64), list_state("pages", UTF8),
+                         value_state("old", INT64))
+    reported = [[json.dumps(requested_meta(d).to_record(), sort_keys=True) for d in subtask]
+                for subtask in ([count, old], [pages, count], [])]
+    # Nothing declared: every state a subtask holds (the dropped one left out).
+    found = registered_properties(reported, {}, StateDeclarations.of([], ["old"]))
+    assert recorded_metas(found) == {"count": requested_meta(count),
+                                     "pages": requested_meta(pages)}
+    # A declared (or recorded) state keeps its declaration: only the others are added.
+    declared = state_properties({"count": requested_meta(value_state("count", UTF8))})
+    assert registered_properties(reported, declared, None) == state_properties(
+        {"old": requested_meta(old), "pages": requested_meta(pages)})

@@ -33,12 +33,10 @@ from typing import Any
 
 import pytest
 
-from examples.clickstream import EVENTS as CLICK_EVENTS
 from examples.clickstream import expected_state, produce_events
 from examples.events import events
 from kafka_changelog.local_kafka.process import die_with_parent
 from spark_integration.streaming.worker_resources import WorkerResources
-from spark_integration.writer.options import declared_states
 
 from .cluster_read import plain
 from .connect_server import LocalConnectServer
@@ -211,16 +209,15 @@ def test_reader_from_connect_returns_what_classic_returns(
 
 def test_state_written_from_connect_is_the_next_checkpoint(
         connect_run: ConnectRun, connect_server: LocalConnectServer, spark: Any) -> None:
-    # Last in the module: it moves the application on (a repair of one user's count; the
-    # clickstream declares no states, so the write declares the one it writes).
+    # Last in the module: it moves the application on (a repair of one user's count). The
+    # clickstream declares no states: its checkpoints record the states its tasks hold.
     config = connect_run.job.config()
     store = WorkerResources.coordinator(config).checkpoints
     latest = store.latest(config.application)
     assert latest is not None
     done = subprocess.run(
         [sys.executable, "-m", "tests.spark.connect_write", connect_server.url,
-         json.dumps({**config.reader_options(), "states": declared_states([CLICK_EVENTS])}),
-         json.dumps([["events", "user-0000", "1000"]])],
+         json.dumps(config.reader_options()), json.dumps([["events", "user-0000", "1000"]])],
         cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=die_with_parent())
     assert done.returncode == 0, done.stderr[-3000:]
     written = store.latest(config.application)
