@@ -2,15 +2,18 @@
 latest checkpoint (``mode("append")``) or replacing its keyed state (``mode("overwrite")``),
 distributed over Spark tasks.
 
-The driver plans the write when Spark asks for the writer (the latest checkpoint, the
-operator, the states' registrations: recorded ones and declared ones, evolved as a
-streaming query's declarations are); each task appends its rows' state ops to a log of its
-own (:func:`~kafka_changelog.state.history.entry_changes.write_entry_changes`); the driver
-commits one new checkpoint naming every task's log once all tasks succeeded
+The driver plans the write when Spark asks for the writer (the latest checkpoint, or a new
+application's layout; the operator; the states' registrations: recorded ones and declared
+ones, evolved as a streaming query's declarations are; the input offsets given); each task
+appends its rows' state ops to a log of its own
+(:func:`~kafka_changelog.state.history.entry_changes.write_entry_changes`), or, replacing
+the state, writes them as snapshot layers
+(:func:`~kafka_changelog.state.history.state_layers.write_entry_layers`); the driver
+commits one new checkpoint naming what every task wrote once all tasks succeeded
 (:func:`~kafka_changelog.state.history.state_write.commit_state_write`). A failed or killed
 write commits nothing: the application stays at its latest checkpoint. The streaming query
-then resumes from the new checkpoint (same input offsets, same Spark batch), with every
-row applied exactly once.
+then resumes from the new checkpoint (the same input offsets unless ``startingOffsets``
+gave others), with every row applied exactly once.
 """
 
 from __future__ import annotations
@@ -119,7 +122,6 @@ class StateWriter(DataSourceArrowWriter):
             partitions = _snapshot_partitions(options, plan.layers.snapshot_topic)
             with KafkaSnapshotStore(_snapshot_config(options, plan.layers, partitions)):
                 pass  # the topic created when missing, checked when there
-
         logger.info("state write to application %s operator %s (%s): rows to checkpoint %s "
                     "as checkpoint %d (states %s)", plan.application, plan.operator,
                     mode.value, "none (a new application)" if plan.new else
@@ -127,7 +129,9 @@ class StateWriter(DataSourceArrowWriter):
         return cls(options, plan, metas, properties, mode, floors, partitions)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskWritten:
-        """Append this task's rows as state ops to a log of its own (task)."""
+        """Write this task's rows (task): as state ops appended to a log of its own, or,
+        replacing the state, as snapshot layers of the new backends (with their expiry
+        timers in a log of its own)."""
         from pyspark import TaskContext
 
         context = TaskContext.get()
