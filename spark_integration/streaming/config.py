@@ -172,12 +172,20 @@ class StreamingStateConfig:
         return java_kafka_options(self.bootstrap_servers, self.client_config, java_overrides)
 
     def reader_options(self) -> dict[str, str]:
-        """The options of ``format("kafka-changelog")`` for this application, to read its
-        state or write it: the brokers, ``client_config``, the application and its topics
-        (a write puts its logs and snapshot layers there)."""
+        """The options of ``format("kafka-changelog")`` for this application: the brokers,
+        ``client_config`` and the application."""
         return {**reader_options(self.bootstrap_servers, self.client_config),
-                "application": self.application, "checkpoint.topic": self.checkpoint_topic,
-                "changelog.topic": self.changelog_topic, "snapshot.topic": self.snapshot_topic}
+                "application": self.application, "checkpoint.topic": self.checkpoint_topic}
+
+    def writer_options(self) -> dict[str, str]:
+        """The options of ``df.write.format("kafka-changelog")`` for this application:
+        :meth:`reader_options`, its operator, its topics (a write puts its logs and
+        snapshot layers there), its max parallelism and the partitions of topics a write
+        creates. A bootstrap (an application without checkpoint) adds ``parallelism``."""
+        return {**self.reader_options(), "operator": self.operator_id,
+                "changelog.topic": self.changelog_topic, "snapshot.topic": self.snapshot_topic,
+                "maxParallelism": str(self.max_parallelism),
+                "partitions": str(self.partitions)}
 
     def connection(self) -> KafkaConnection:
         """How every client of the operator connects."""

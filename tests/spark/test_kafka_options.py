@@ -87,6 +87,9 @@ def test_the_config_gives_both_connectors_the_same_security() -> None:
         "kafka.bootstrap.servers": SERVERS, "kafka.security.protocol": "SASL_SSL",
         "kafka.sasl.mechanism": "PLAIN", "kafka.sasl.username": "u",
         "kafka.sasl.password": "p", "kafka.ssl.ca.pem": "CA", "application": "shop",
-        "checkpoint.topic": "kafka-changelog-checkpoints",
+        "checkpoint.topic": "kafka-changelog-checkpoints"}
+    assert config.writer_options() == {
+        **config.reader_options(), "operator": "op",
         "changelog.topic": "kafka-changelog-shop-changelog",
-        "snapshot.topic": "kafka-changelog-shop-snapshots"}
+        "snapshot.topic": "kafka-changelog-shop-snapshots", "maxParallelism": "128",
+        "partitions": "16"}

@@ -217,7 +217,7 @@ def test_state_written_from_connect_is_the_next_checkpoint(
     assert latest is not None
     done = subprocess.run(
         [sys.executable, "-m", "tests.spark.connect_write", connect_server.url,
-         json.dumps(config.reader_options()), json.dumps([["events", "user-0000", "1000"]])],
+         json.dumps(config.writer_options()), json.dumps([["events", "user-0000", "1000"]])],
         cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=die_with_parent())
     assert done.returncode == 0, done.stderr[-3000:]
     written = store.latest(config.application)

@@ -62,9 +62,7 @@ def state_rows(state: dict[str, dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 def layout(config: StreamingStateConfig, parallelism: int) -> dict[str, str]:
     """The writer's options that start ``config``'s application (its query's layout)."""
-    return {**config.reader_options(), "operator": config.operator_id,
-            "parallelism": str(parallelism), "changelog.topic": config.changelog_topic,
-            "partitions": str(config.partitions), "states": STATES}
+    return {**config.writer_options(), "parallelism": str(parallelism), "states": STATES}
 
 
 def test_a_new_application_starts_from_written_state_and_its_query_continues_exactly(
@@ -134,7 +132,7 @@ def test_latest_offsets_are_resolved_and_bad_bootstraps_are_refused_naming_why(
     refusal("it has no checkpoint in the checkpoint store", **config.reader_options(),
             states=STATES)
     refusal("a new application's parallelism must be in [1, max parallelism 8], got 9",
-            **layout(config, 9), maxParallelism="8")
+            **{**layout(config, 9), "maxParallelism": "8"})
     refusal(f"option startingOffsets: {input_topic}[0] offset -3; an offset is the next one "
             "to read (>= 0), or -1 (latest) or -2 (earliest)",
             **layout(config, 2), startingOffsets=json.dumps({input_topic: {"0": -3}}))
@@ -158,7 +156,7 @@ def test_latest_offsets_are_resolved_and_bad_bootstraps_are_refused_naming_why(
     # The application has a checkpoint now: a layout for another maxParallelism is refused.
     with pytest.raises(Exception, match=r"has max parallelism 128 \(checkpoint \d+\), not "
                                         r"64: key groups are fixed for an application's life"):
-        write(**layout(config, 2), maxParallelism="64")
+        write(**{**layout(config, 2), "maxParallelism": "64"})
 
 
 def test_a_bootstrapped_job_killed_in_its_first_batch_applies_its_input_once(

@@ -99,7 +99,7 @@ def resumes_on(spark: Any, config: StreamingStateConfig, state: dict[str, int], 
 
 
 def writer_options(config: StreamingStateConfig) -> dict[str, str]:
-    return config.reader_options()
+    return config.writer_options()
 
 
 def unnamed_chunks(config: StreamingStateConfig) -> int:
@@ -140,7 +140,7 @@ def test_rows_repair_the_state_and_the_query_resumes_on_it(
         assert latest is not None and latest.checkpoint_id == 4  # 2 + 2
         assert latest.properties[STATE_WRITE_FROM_PROPERTY] == "2"
         assert latest.properties[STATE_WRITE_ROWS_PROPERTY] == "4"
-        read = (spark.read.format("kafka-changelog").options(**writer_options(config))
+        read = (spark.read.format("kafka-changelog").options(**config.reader_options())
                 .option("mode", "state").load().toPandas())
         assert {r.key.decode(): int(r.value_decoded) for r in read.itertuples()} == repaired
         # The counter resumes on the repaired state (its Python workers kept stores of

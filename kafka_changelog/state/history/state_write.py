@@ -109,7 +109,8 @@ class StateWritePlan:
     new: NewApplication | None = None
     #: A replacing write's: where its tasks write their snapshot layers.
     layers: LayerTarget | None = None
-    #: The changelog topic when ``base`` names none (its state is all in snapshots).
+    #: The application's own changelog topic: where the tasks append when ``base`` names
+    #: none (its state all in snapshots) or names it among others (a fork's origin's).
     default_changelog_topic: str | None = None
 
     @property
@@ -135,8 +136,9 @@ class StateWritePlan:
         if self.new is not None:
             return self.new.changelog_topic
         topics = sorted(self.base.topics([self.operator]).changelog)
-        if not topics and self.default_changelog_topic is not None:
-            return self.default_changelog_topic
+        default = self.default_changelog_topic
+        if default is not None and (not topics or default in topics):
+            return default  # the application's own (a fork's logs may name its origin's too)
         if len(topics) != 1:
             raise StateWriteError(
                 f"application {self.application!r} operator {self.operator!r}: checkpoint "
@@ -155,10 +157,9 @@ def plan_state_write(store: CheckpointStore, application: str, operator: str | N
     ``parallelism``: the operator's in the new checkpoint (None: the latest's; another
     only when replacing a state without operator state); ``new``: the layout of the
     application's first checkpoint, used only when it has none (a bootstrap);
-    ``snapshot_topic``: where a replacing write's layers go when the latest checkpoint
-    names no snapshot topic of the operator (none materialized yet); ``changelog_topic``:
-    where an applying write's logs go when it names no changelog (all its state in
-    snapshots, as a replacing write leaves it). Refused
+    ``snapshot_topic`` and ``changelog_topic``: the application's own, where a replacing
+    write's layers and an applying write's logs go when the latest checkpoint names none,
+    or names them among others (a fork's origin's); otherwise the one it names. Refused
     (:class:`StateWriteError`, naming why) when the application has no checkpoint and no
     ``new`` is given, when a live driver holds it, when the operator is not one of its
     keyed operators, or when the parallelism cannot change."""
@@ -208,12 +209,13 @@ def _with_layers(plan: StateWritePlan, mode: WriteMode, snapshot_topic: str | No
     if mode is not WriteMode.REPLACE:
         return plan
     topics = sorted(plan.base.topics([plan.operator]).snapshot)
-    if len(topics) > 1:
+    if len(topics) > 1 and snapshot_topic not in topics:
         raise StateWriteError(
             f"application {plan.application!r} operator {plan.operator!r}: checkpoint "
             f"{plan.base.checkpoint_id} has snapshots in {len(topics)} topics ({topics}); a "
             "replacing write writes one")
-    topic = topics[0] if topics else snapshot_topic
+    topic = (snapshot_topic if snapshot_topic is not None
+             and (not topics or snapshot_topic in topics) else topics[0] if topics else None)
     if topic is None:
         raise StateWriteError(
             f"application {plan.application!r} operator {plan.operator!r} has no snapshot "
