@@ -194,9 +194,12 @@ class TransactionalCommitter:
                 # A successor took over (a new producer would fence it in turn), or an
                 # ACL refuses: nothing a new producer could mend.
                 raise self._error("aborting a transaction", error) from failure
-        self._fatal = None
-        let_go(self._producer)
-        self._producer = self._started_producer()
+        # The new producer first (it fences the old one): should it fail to start, the
+        # committer keeps the old one, and that error says why.
+        fresh = self._started_producer()
+        stale, self._producer = self._producer, fresh
+        let_go(stale)
+        self._fatal = None  # the stale producer's (its fencing by the fresh one included)
 
     def _on_client_error(self, error: KafkaError) -> None:
         if error.fatal():
