@@ -8,8 +8,9 @@
 #   spark: per supported PySpark release (SPARK_VERSIONS, default every tested release,
 #     spark_integration.sessions.spark_versions.TESTED_RELEASES), in a virtualenv of its own
 #     (scripts/spark_venv.sh, cached): the version checks, the Spark reader (modes changes,
-#     state, timers), the change feed and the streaming exactly-once run with driver, task
-#     and Python worker kills (local[n]).
+#     state, timers), the change feed, the state writer (repair, replace, bootstrap, a kill
+#     mid-write) and the streaming exactly-once run with driver, task and Python worker
+#     kills (local[n]).
 # The test command (scripts/test.sh) runs a share of each: tests/kafka/test_broker_versions.py
 # and tests/spark/test_older_spark.py.
 set -euo pipefail
@@ -40,6 +41,7 @@ fi
 
 spark_tests=(tests/spark/test_spark_versions.py tests/spark/test_reader.py
              tests/spark/test_change_feed.py tests/spark/test_timers_reader.py
+             tests/spark/test_state_writer.py tests/spark/test_state_bootstrap.py
              "tests/spark/test_streaming_exactly_once.py::test_state_is_exactly_once_across_kills_and_rescaling[local]")
 if [ "$part" != kafka ]; then
   tested=$(.venv/bin/python -c 'from spark_integration.sessions.spark_versions import TESTED_RELEASES as t; print(*t)')
