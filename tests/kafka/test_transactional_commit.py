@@ -78,19 +78,21 @@ def test_outputs_become_visible_with_their_checkpoint(kafka_cluster: Any, make_t
         assert fresh.latest("app") == checkpoint(2)
 
 
+def sink_check_fails() -> None:
+    """A step's last check before its transaction commits, failing."""
+    raise RuntimeError("the sink's check failed")
+
+
 def test_a_failing_step_aborts_its_outputs(kafka_cluster: Any, make_topic: Any) -> None:
     config = store_config(kafka_cluster)
     topic = make_topic()
-
-    def fail() -> None:
-        raise RuntimeError("the sink's check failed")
 
     with KafkaCheckpointStore(config) as store, TransactionalCommitter(
         store, f"tx-{config.topic}"
     ) as committer:
         committer.commit(checkpoint(1), outputs(topic, 1))
         with pytest.raises(RuntimeError, match="the sink's check failed"):
-            committer.commit(checkpoint(2), outputs(topic, 2), before_commit=fail)
+            committer.commit(checkpoint(2), outputs(topic, 2), before_commit=sink_check_fails)
         assert store.latest("app") == checkpoint(1)
         committer.commit(checkpoint(2), outputs(topic, 3))
     assert read_all(kafka_cluster, topic) == [
@@ -118,9 +120,6 @@ def test_a_step_whose_abort_fails_reports_its_own_error_and_the_next_commits(
     config = store_config(kafka_cluster)
     topic = make_topic()
 
-    def fail() -> None:
-        raise RuntimeError("the sink's check failed")
-
     with KafkaCheckpointStore(config) as store, TransactionalCommitter(
         store, f"tx-{config.topic}"
     ) as committer:
@@ -129,7 +128,7 @@ def test_a_step_whose_abort_fails_reports_its_own_error_and_the_next_commits(
         committer._producer = _AbortFails(first, KafkaError(
             KafkaError.INVALID_TXN_STATE, "abort in a state it cannot", fatal=True))
         with pytest.raises(RuntimeError, match="the sink's check failed"):
-            committer.commit(checkpoint(2), outputs(topic, 2), before_commit=fail)
+            committer.commit(checkpoint(2), outputs(topic, 2), before_commit=sink_check_fails)
         assert committer._producer is not first  # a new one aborted what was open
         assert store.latest("app") == checkpoint(1)
         committer.commit(checkpoint(2), outputs(topic, 3))
@@ -141,16 +140,13 @@ def test_an_abort_refused_as_fenced_stays_fenced(kafka_cluster: Any, make_topic:
     config = store_config(kafka_cluster)
     topic = make_topic()
 
-    def fail() -> None:
-        raise RuntimeError("the sink's check failed")
-
     with KafkaCheckpointStore(config) as store, TransactionalCommitter(
         store, f"tx-{config.topic}"
     ) as committer:
         committer._producer = _AbortFails(committer._producer, KafkaError(
             KafkaError.PRODUCER_FENCED, "fenced by a newer producer", fatal=True))
         with pytest.raises(TransactionFencedError, match="aborting a transaction") as caught:
-            committer.commit(checkpoint(1), outputs(topic, 1), before_commit=fail)
+            committer.commit(checkpoint(1), outputs(topic, 1), before_commit=sink_check_fails)
         assert isinstance(caught.value.__cause__, RuntimeError)
         with pytest.raises(TransactionFencedError):
             committer.commit(checkpoint(1), outputs(topic, 1))
