@@ -33,15 +33,16 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ...enums import StrEnum
 from ...gc_types import LogFloor
 from ...handle import ChangelogHandle
-from ...keygroups import key_group_range_for_operator
+from ...keygroups import KeyGroupRange, key_group_range_for_operator
 from ..checkpoints.checkpoint import CompletedCheckpoint, KeyedStateHandle, SubtaskState
 from ..checkpoints.checkpoint_store import CheckpointStore
+from ..snapshots.snapshot import SnapshotHandle
 from .entry_changes import StateWriteError, WrittenChanges, colliding_units
 from .rewind import COPY_ID_GAP, RewindError, check_not_held
 from .state_layers import LayerTarget, joined_snapshot, layers_by_subtask
@@ -135,15 +136,21 @@ class StateWritePlan:
         """The topic the operator's state logs to (where the tasks append)."""
         if self.new is not None:
             return self.new.changelog_topic
-        topics = sorted(self.base.topics([self.operator]).changelog)
-        default = self.default_changelog_topic
-        if default is not None and (not topics or default in topics):
-            return default  # the application's own (a fork's logs may name its origin's too)
+        return self.chosen_topic("changelog", self.base.topics([self.operator]).changelog,
+                                 self.default_changelog_topic)
+
+    def chosen_topic(self, kind: str, named: Iterable[str], own: str | None) -> str:
+        """Where the write puts its ``kind`` data: ``own`` (the application's topic) when
+        the base names none or names it among others (a fork's data may name its
+        origin's too), else the one topic the base names; refused naming the topics."""
+        topics = sorted(named)
+        if own is not None and (not topics or own in topics):
+            return own
         if len(topics) != 1:
             raise StateWriteError(
                 f"application {self.application!r} operator {self.operator!r}: checkpoint "
-                f"{self.base.checkpoint_id} logs to {len(topics)} changelog topics "
-                f"({topics}); a state write appends to the one its state logs to")
+                f"{self.base.checkpoint_id} keeps its {kind} in {len(topics)} topics "
+                f"({topics}); name the application's own (option {kind}.topic)")
         return topics[0]
 
 
@@ -208,18 +215,8 @@ def _with_layers(plan: StateWritePlan, mode: WriteMode, snapshot_topic: str | No
     """``plan`` with the target of its snapshot layers when it replaces the state."""
     if mode is not WriteMode.REPLACE:
         return plan
-    topics = sorted(plan.base.topics([plan.operator]).snapshot)
-    if len(topics) > 1 and snapshot_topic not in topics:
-        raise StateWriteError(
-            f"application {plan.application!r} operator {plan.operator!r}: checkpoint "
-            f"{plan.base.checkpoint_id} has snapshots in {len(topics)} topics ({topics}); a "
-            "replacing write writes one")
-    topic = (snapshot_topic if snapshot_topic is not None
-             and (not topics or snapshot_topic in topics) else topics[0] if topics else None)
-    if topic is None:
-        raise StateWriteError(
-            f"application {plan.application!r} operator {plan.operator!r} has no snapshot "
-            "topic yet: name the one its query uses (option snapshot.topic)")
+    topic = plan.chosen_topic("snapshot", plan.base.topics([plan.operator]).snapshot,
+                              snapshot_topic)
     used = [s.keyed.materialization_id for s in plan.base.subtasks_of(plan.operator)
             if s.keyed is not None]
     return dataclasses.replace(plan, layers=LayerTarget.planned(
@@ -290,9 +287,15 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
         ChangelogHandle.from_bytes(w.handle_bytes)
         for _, w in sorted(written, key=lambda pair: pair[0]) if w.handle_bytes is not None]
     if plan.layers is not None:
-        subtasks = _replaced(plan, plan.layers, written, pieces)
+        layers = layers_by_subtask(written)
+        subtasks = _made_subtasks(plan, plan.layers.backend_ids, pieces, {
+            index: snapshot for index in range(plan.layers.parallelism)
+            if (snapshot := joined_snapshot(plan.layers, index, layers.get(index, [])))
+            is not None})
     elif plan.new is not None:
-        subtasks = _rescaled(plan, pieces)
+        subtasks = _made_subtasks(plan, tuple(
+            f"{plan.operator}-{uuid.uuid4().hex[:12]}" for _ in range(plan.base_parallelism)),
+            pieces)
     else:
         subtasks = tuple(_with_pieces(s, plan.operator, pieces) for s in plan.base.subtasks)
     now = int(time.time() * 1000) if now_ms is None else now_ms
@@ -309,46 +312,36 @@ def commit_state_write(store: CheckpointStore, plan: StateWritePlan,
     return checkpoint
 
 
-def _rescaled(plan: StateWritePlan, pieces: Sequence[ChangelogHandle]
-              ) -> tuple[SubtaskState, ...]:
-    """The base's subtasks, the written operator's replaced by ``plan.parallelism`` new ones
-    holding the tasks' logs (a bootstrap: there are none of it)."""
-    parallelism = plan.parallelism or plan.base_parallelism
-    kept = tuple(s for s in plan.base.subtasks if s.operator_id != plan.operator)
-    made = []
-    for index in range(parallelism):
-        key_groups = key_group_range_for_operator(plan.max_parallelism, parallelism, index)
-        added = tuple(narrowed for piece in pieces
-                      if (narrowed := piece.intersection(key_groups)) is not None)
-        made.append(SubtaskState(plan.operator, index, parallelism, KeyedStateHandle(
-            f"{plan.operator}-{uuid.uuid4().hex[:12]}", key_groups, 0, None, added), None))
-    return kept + tuple(made)
-
-
-def _replaced(plan: StateWritePlan, target: LayerTarget,
-              written: Sequence[tuple[int, WrittenChanges]],
-              pieces: Sequence[ChangelogHandle]) -> tuple[SubtaskState, ...]:
-    """The base's subtasks with the written operator's keyed state replaced by the tasks'
-    layers, and their logs (expiry timers) as its changelog (its subtasks at the target's
-    parallelism: their operator state kept when it is the base's, none otherwise, which
-    the plan checked)."""
-    by_subtask = layers_by_subtask(written)
+def _made_subtasks(plan: StateWritePlan, backend_ids: Sequence[str],
+                   pieces: Sequence[ChangelogHandle],
+                   snapshots: Mapping[int, SnapshotHandle] | None = None
+                   ) -> tuple[SubtaskState, ...]:
+    """The base's subtasks with the written operator's replaced by new backends (one per
+    id: the parallelism), each holding its snapshot (a replacing write's joined layers)
+    and the tasks' logs narrowed to its key groups; a subtask keeps the base's operator
+    state at the same parallelism (another one has none: the plan checked)."""
+    parallelism = len(backend_ids)
     same = {s.subtask_index: s for s in plan.base.subtasks_of(plan.operator)
-            if s.parallelism == target.parallelism}
+            if s.parallelism == parallelism}
     kept = tuple(s for s in plan.base.subtasks if s.operator_id != plan.operator)
     made = []
-    for index in range(target.parallelism):
-        snapshot = joined_snapshot(target, index, by_subtask.get(index, []))
-        owned = target.key_groups_of(index)
-        keyed = KeyedStateHandle(
-            target.backend_ids[index], owned,
-            snapshot.materialization_id if snapshot is not None else 0, snapshot,
-            tuple(narrowed for piece in pieces
-                  if (narrowed := piece.intersection(owned)) is not None))
+    for index, backend_id in enumerate(backend_ids):
+        owned = key_group_range_for_operator(plan.max_parallelism, parallelism, index)
+        snapshot = (snapshots or {}).get(index)
+        keyed = KeyedStateHandle(backend_id, owned,
+                                 snapshot.materialization_id if snapshot is not None else 0,
+                                 snapshot, _narrowed(pieces, owned))
         base = same.get(index)
         made.append(dataclasses.replace(base, keyed=keyed) if base is not None else
-                    SubtaskState(plan.operator, index, target.parallelism, keyed, None))
+                    SubtaskState(plan.operator, index, parallelism, keyed, None))
     return kept + tuple(made)
+
+
+def _narrowed(pieces: Sequence[ChangelogHandle], key_groups: KeyGroupRange
+              ) -> tuple[ChangelogHandle, ...]:
+    """The parts of ``pieces`` in ``key_groups``, in order."""
+    return tuple(narrowed for piece in pieces
+                 if (narrowed := piece.intersection(key_groups)) is not None)
 
 
 def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[ChangelogHandle]
@@ -356,8 +349,7 @@ def _with_pieces(subtask: SubtaskState, operator: str, pieces: Sequence[Changelo
     keyed = subtask.keyed
     if subtask.operator_id != operator or keyed is None:
         return subtask
-    added = tuple(narrowed for piece in pieces
-                  if (narrowed := piece.intersection(keyed.key_group_range)) is not None)
+    added = _narrowed(pieces, keyed.key_group_range)
     # The entry count is not known any more: a restore counts the entries itself.
     return dataclasses.replace(subtask, keyed=dataclasses.replace(
         keyed, changelog=keyed.changelog + added, entry_count=None))
