@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,14 @@ class WrittenUnits:
     def add(self, change: EntryChange, map_key: bytes | None) -> None:
         self.hashes.append(unit_hash(change.state, change.key, map_key))
         self.states.append(self.index[change.state])
+
+    def changes(self, handle: bytes | None, rows: int, ops: int,
+                whole: tuple[str, ...], layers: tuple[tuple[int, bytes], ...] = ()
+                ) -> WrittenChanges:
+        """What the task wrote: these units, with its log's handle and the rest."""
+        return WrittenChanges(handle, list(self.index), np.frombuffer(self.hashes, np.uint64)
+                              .copy(), np.frombuffer(self.states, np.int32).copy(), rows, ops,
+                              whole, layers)
 
 
 def whole_states(metas: Mapping[str, StateMeta], deletes: bool) -> tuple[str, ...]:
@@ -309,15 +317,13 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
     before its first op, persist it for ``checkpoint_id`` and return what was written (a
     failed persist raises; its records are referenced by nothing). ``deletes``: see
     :func:`state_ops`."""
-    states = sorted(metas)
-    units = WrittenUnits(states)
-    writer = storage.create_writer(operator, KeyGroupRange(0, max_parallelism - 1))
-    try:
-        start = writer.initial_sequence_number()
+    units = WrittenUnits(sorted(metas))
+    rows = CountedRows(changes)
+
+    def fill(writer: Any) -> int:
         registered: set[str] = set()
-        ops = 0
-        rows = CountedRows(changes)
         expiries: Expiries = {}
+        ops = 0
         for key_group, op in state_ops(rows, metas, units, deletes, max_parallelism,
                                        expiries):
             if op.state not in registered:
@@ -325,18 +331,27 @@ def write_entry_changes(storage: StateChangelogStorage[Any], operator: str,
                 registered.add(op.state)
             writer.append(key_group, op.to_bytes())
             ops += 1
-        ops += append_timer_ops(writer, expiries)
-        lists = whole_states(metas, deletes)
+        return ops + append_timer_ops(writer, expiries)
+
+    handle, ops = persisted_log(storage, operator, max_parallelism, checkpoint_id, fill)
+    return units.changes(handle, rows.count, ops, whole_states(metas, deletes))
+
+
+def persisted_log(storage: StateChangelogStorage[Any], operator: str, max_parallelism: int,
+                  checkpoint_id: int, fill: Callable[[Any], int]) -> tuple[bytes | None, int]:
+    """A new log of ``storage`` over every key group, filled by ``fill`` (given the
+    writer; it returns how many ops it appended) and persisted for ``checkpoint_id``: its
+    handle (None when nothing was appended: nothing is persisted) and the ops."""
+    writer = storage.create_writer(operator, KeyGroupRange(0, max_parallelism - 1))
+    try:
+        start = writer.initial_sequence_number()
+        ops = fill(writer)
         if not ops:
-            return WrittenChanges(None, states, rows=rows.count, whole_states=lists)
-        handle = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S)
+            return None, 0
+        piece = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S).job_owned
     finally:
         writer.close()
-    piece = handle.job_owned
-    hashes = np.frombuffer(units.hashes, np.uint64).copy()
-    state_index = np.frombuffer(units.states, np.int32).copy()
-    return WrittenChanges(piece.to_bytes() if piece is not None else None, states, hashes,
-                          state_index, rows.count, ops, lists)
+    return (piece.to_bytes() if piece is not None else None), ops
 
 
 def colliding_units(written: Sequence[tuple[int, WrittenChanges]]) -> str | None:
@@ -385,6 +400,7 @@ __all__ = [
     "colliding_units",
     "expiry_timer_ops",
     "meta_of",
+    "persisted_log",
     "state_ops",
     "unit_hash",
     "whole_states",

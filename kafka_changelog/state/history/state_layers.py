@@ -31,8 +31,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ...keygroups import KeyGroupRange, key_group_range_for_operator
 from ...storage import StateChangelogStorage
 from ..schema.ops import StateMeta
@@ -41,7 +39,6 @@ from ..snapshots.snapshot import SnapshotHandle
 from ..snapshots.snapshot_store import SnapshotStore
 from ..tables.memory import StateTable
 from .entry_changes import (
-    PERSIST_TIMEOUT_S,
     CountedRows,
     EntryChange,
     Expiries,
@@ -49,6 +46,7 @@ from .entry_changes import (
     WrittenChanges,
     WrittenUnits,
     append_timer_ops,
+    persisted_log,
     state_ops,
     whole_states,
 )
@@ -93,8 +91,7 @@ def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
     until written: a task's share of the state must fit its worker. TTL'd entries' expiry
     timers go to a log of ``timers`` persisted for ``checkpoint_id`` (needed when a state
     has a TTL)."""
-    states = sorted(metas)
-    units = WrittenUnits(states)
+    units = WrittenUnits(sorted(metas))
     table = StateTable()
     for meta in metas.values():
         table.register(meta)
@@ -113,9 +110,8 @@ def write_entry_layers(store: SnapshotStore, target: LayerTarget, task: int,
         if mine:
             layers.append((subtask, _write_layers(store, target.backend_ids[subtask],
                                                   materialization, owned, table, mine)))
-    return WrittenChanges(handle, states, np.frombuffer(units.hashes, np.uint64).copy(),
-                          np.frombuffer(units.states, np.int32).copy(), rows.count, len(ops),
-                          whole_states(metas, deletes=False), tuple(layers))
+    return units.changes(handle, rows.count, len(ops), whole_states(metas, deletes=False),
+                         tuple(layers))
 
 
 def _timer_log(timers: StateChangelogStorage[Any] | None, target: LayerTarget,
@@ -125,15 +121,9 @@ def _timer_log(timers: StateChangelogStorage[Any] | None, target: LayerTarget,
         raise StateWriteError(
             f"a replacing write of TTL'd states needs a changelog for their expiry timers "
             f"(operator {target.operator!r})")
-    writer = timers.create_writer(target.operator,
-                                  KeyGroupRange(0, target.max_parallelism - 1))
-    try:
-        start = writer.initial_sequence_number()
-        append_timer_ops(writer, expiries)
-        piece = writer.persist(start, checkpoint_id).result(timeout=PERSIST_TIMEOUT_S).job_owned
-    finally:
-        writer.close()
-    return piece.to_bytes() if piece is not None else None
+    handle, _ = persisted_log(timers, target.operator, target.max_parallelism,
+                              checkpoint_id, lambda writer: append_timer_ops(writer, expiries))
+    return handle
 
 
 def _write_layers(store: SnapshotStore, backend_id: str, materialization: int,
