@@ -14,6 +14,7 @@ import uuid
 
 from confluent_kafka import Consumer
 
+from kafka_changelog.kafka.live_clients import new_consumer
 from kafka_changelog.kafka.offsets import watermarks
 from kafka_changelog.state.checkpoints.source_offsets import (
     SourceOffsets,
@@ -52,9 +53,11 @@ def written_input_offsets(raw: str, connection: ReaderOptions) -> SourceOffsets:
 
 
 def _resolved(given: SourceOffsets, connection: ReaderOptions) -> SourceOffsets:
-    consumer = Consumer({**connection.client_settings(),
-                         "group.id": f"kafka-changelog-state-write-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
+    consumer = new_consumer(
+        {**connection.client_settings(),
+         "group.id": f"kafka-changelog-state-write-{uuid.uuid4().hex[:8]}",
+         "enable.auto.commit": False},
+        f"the input offsets of a state write to application {connection.application!r}")
     try:
         resolved: SourceOffsets = {}
         for topic, partitions in sorted(given.items()):
