@@ -33,8 +33,8 @@ class SubtaskMetrics:
     #: Input rows and distinct keys of the batch given to the subtask.
     rows_in: int
     keys: int
-    #: Entries in the working copy after the batch (a key of a state; a list or map counts
-    #: once).
+    #: Entries in the working copy after the batch (a key of a value or list state is
+    #: one; a map counts each of its entries).
     state_rows: int
     #: Bytes the subtask's checkpoint refers to: snapshot chunks plus changelog since.
     checkpoint_bytes: int

@@ -165,10 +165,10 @@ def expected_loads(data: bytes, with_map_start: bool) -> tuple[list[tuple[Any, .
         elif shape == SHAPE_MAP and value is None and values is None and items is not None:
             if not with_map_start:
                 out.append(("put", prefix + key, dict(items)))
-            elif items:
-                out.extend(("put", b"[" + key + b"]" + k, v) for k, v in items)
             else:
-                continue
+                out.extend(("put", b"[" + key + b"]" + k, v) for k, v in items)
+            count += len(items)  # a map's entries each
+            continue
         else:
             out.append(("other", key, value, values, items))
             if value is None and values is None and items is None:

@@ -294,9 +294,10 @@ def test_expired_state_leaves_the_store_and_the_snapshots_under_churn(tmp_path: 
             snapshot_entries.append(restored.state_rows())
             restored.close()
             backend.notify_checkpoint_complete(batch + 1)
-    # From batch 10 on, 10 batches of keys live: 1,000 keys x (seen, pages, timers).
-    assert live_counts[9:] == [3_000] * 41
-    assert snapshot_entries == [3_000] * 5
+    # From batch 10 on, 10 batches of keys live: 1,000 keys x (seen, pages, and two
+    # timers: one expiry timer per state, each an entry of the key's timers map).
+    assert live_counts[9:] == [4_000] * 41
+    assert snapshot_entries == [4_000] * 5
     table = backend.table
     stored = sum(1 for kg in table.key_groups() for _ in table.entries(kg))
     assert stored == 3_000

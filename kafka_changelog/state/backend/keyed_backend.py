@@ -420,7 +420,8 @@ class ChangelogKeyedStateBackend(KeyedCheckpoints, KeyedTime):
         return logged
 
     def state_rows(self) -> int:
-        """Entries in the working copy (a key of a state; list and map states count once)."""
+        """Entries in the working copy (a key of a value or list state is one; a map
+        counts each of its entries)."""
         return self.table.entry_count()
 
     @property

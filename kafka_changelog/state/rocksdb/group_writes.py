@@ -38,10 +38,12 @@ class GroupWrites:
         self._index: list[bytes] | None = None
         self._added: dict[bytes, set[bytes]] = {}
 
-    def settle(self, key: bytes, new: bytes | None) -> int:
+    def settle(self, key: bytes, new: bytes | None, start: bytes | None = None) -> int:
         entries = self.entries
         existed = key in entries
         if new is not None:
+            if start is not None and not existed and self._index is not None:
+                self._added.setdefault(start, set()).add(key)
             entries[key] = new
             return 0 if existed else 1
         if existed:
@@ -49,28 +51,11 @@ class GroupWrites:
             return -1
         return 0
 
-    def exists(self, key: bytes) -> bool:
-        return key in self.entries
-
     def stored(self, key: bytes) -> bytes | None:
         return self.entries.get(key)
 
-    def map_filled(self, start: bytes, member: bytes) -> bool:
-        if member in self.entries:
-            return True
-        return next(self._under(start), None) is not None
-
-    def map_filled_besides(self, start: bytes, entry: bytes) -> bool:
-        return any(key != entry for key in self._under(start))
-
     def map_entries(self, start: bytes) -> list[bytes]:
         return sorted(set(self._under(start)))
-
-    def put(self, key: bytes, value: bytes, start: bytes | None = None) -> None:
-        entries = self.entries
-        if start is not None and self._index is not None and key not in entries:
-            self._added.setdefault(start, set()).add(key)
-        entries[key] = value
 
     def delete(self, keys: Sequence[bytes], start: bytes | None = None) -> None:
         entries = self.entries

@@ -9,11 +9,13 @@ store (:class:`DirectWrites`); the batched and columnar paths (``apply_batch``,
 (:class:`BatchedWrites`). So the three paths cannot disagree about an op's meaning, only
 about how they read and write.
 
-The entry count changes as entries come and go: a key of a value or list state is one
-entry, a map is one entry while it has a map entry. Keeping it needs to know whether a
-key exists before it is written; :class:`SeenKeys` remembers, up to a bound, the keys
-read or written last (the table is its store's only writer), which makes the
-read-modify-writes of the state API and of bulk state one lookup per key, not two.
+The entry count is the number of stored entries: a key of a value or list state is one,
+a map counts each of its entries (one stored key each). So an op's count change is
+whether the stored key it writes existed, a point read that a multi-get serves in bulk,
+never a seek into a map's range to learn whether the map is empty. :class:`SeenKeys`
+remembers, up to a bound, whether the keys read or written last exist (the table is its
+store's only writer), which makes the read-modify-writes of the state API and of bulk
+state one lookup per key, not two.
 """
 
 from __future__ import annotations
@@ -85,34 +87,17 @@ class StoreWrites(Protocol):
     #: The current change epoch's mark prefix (None: changes are not tracked).
     mark: bytes | None
 
-    def settle(self, key: bytes, new: bytes | None) -> int:
-        """Make a key of a value or list state hold ``new`` (None: delete it, if present);
-        returns the entry count's change (+1 new, -1 deleted, 0)."""
-        ...
-
-    def exists(self, key: bytes) -> bool:
-        """Whether a stored key is present."""
+    def settle(self, key: bytes, new: bytes | None, start: bytes | None = None) -> int:
+        """Make a stored key hold ``new`` (None: delete it, if present; a map entry's map
+        ``start`` given); returns the entry count's change (+1 new, -1 deleted, 0)."""
         ...
 
     def stored(self, key: bytes) -> bytes | None:
         """A stored key's bytes (None: absent)."""
         ...
 
-    def map_filled(self, start: bytes, member: bytes) -> bool:
-        """Whether a map (its entries start with ``start``) has an entry (``member``, one
-        of its possible entries, may be known to be present)."""
-        ...
-
-    def map_filled_besides(self, start: bytes, entry: bytes) -> bool:
-        """Whether a map has an entry other than ``entry``."""
-        ...
-
     def map_entries(self, start: bytes) -> list[bytes]:
         """The stored keys of a map's entries."""
-        ...
-
-    def put(self, key: bytes, value: bytes, start: bytes | None = None) -> None:
-        """Store ``value`` at ``key`` (a map entry's map ``start`` given)."""
         ...
 
     def delete(self, keys: Sequence[bytes], start: bytes | None = None) -> None:
@@ -140,23 +125,14 @@ def mutate(io: StoreWrites, kind: int, op: OpKind, prefix: bytes, key: bytes,
         start = map_start(prefix, key)
         if op is MAP_PUT:
             assert map_key is not None and value is not None
-            entry = start + map_key
-            first = not io.map_filled(start, entry)
-            io.put(entry, value, start)
-            return int(first)
+            return io.settle(start + map_key, value, start)
         if op is MAP_REMOVE:
             assert map_key is not None
-            entry = start + map_key
-            if not io.exists(entry):
-                return 0
-            last = not io.map_filled_besides(start, entry)
-            io.delete((entry,), start)
-            return -int(last)
+            return io.settle(start + map_key, None, start)
         entries = io.map_entries(start)  # DELETE: the whole map
-        if not entries:
-            return 0
-        io.delete(entries, start)
-        return -1
+        if entries:
+            io.delete(entries, start)
+        return -len(entries)
     stored = prefix + key
     if op is SET:
         assert value is not None
@@ -214,7 +190,7 @@ class DirectWrites:
         self._scan = scan
         self.mark = mark
 
-    def settle(self, key: bytes, new: bytes | None) -> int:
+    def settle(self, key: bytes, new: bytes | None, start: bytes | None = None) -> int:
         known = self._known
         existed = known.get(key)
         if existed is None:
@@ -231,30 +207,13 @@ class DirectWrites:
             return -1
         return 0
 
-    def exists(self, key: bytes) -> bool:
-        found = self._known.get(key)
-        if found is None:
-            found = self._db.get(key) is not None
-            self._seen.saw(key, found)
-        return found
-
     def stored(self, key: bytes) -> bytes | None:
         data: bytes | None = self._db.get(key)
         self._seen.saw(key, data is not None)
         return data
 
-    def map_filled(self, start: bytes, member: bytes) -> bool:
-        return bool(self._known.get(member)) or any_under(self._db, start)
-
-    def map_filled_besides(self, start: bytes, entry: bytes) -> bool:
-        return any_under(self._db, start, entry)
-
     def map_entries(self, start: bytes) -> list[bytes]:
         return [key for key, _ in self._scan(start)]
-
-    def put(self, key: bytes, value: bytes, start: bytes | None = None) -> None:
-        self._db.put(key, value, self._write)
-        self._seen.saw(key, True)
 
     def delete(self, keys: Sequence[bytes], start: bytes | None = None) -> None:
         if len(keys) == 1:
@@ -280,14 +239,13 @@ class BatchedWrites:
     Invariant: every key written here is in ``_values`` with the bytes it holds after
     the writes (None: absent), so a read of it never goes to the store, which may not
     hold the write yet. A map's entries are read from the store, after writing the
-    batch if it holds writes to that map; until then ``_filled`` names the maps this
-    batch put an entry in (and removed none from: those are in ``_dirty``).
+    batch if it holds writes to that map (``_maps`` names those).
     """
 
     def __init__(self, db: Any, write_options: Any, batch_type: Any, seen: SeenKeys,
                  scan: Scan, mark: bytes | None, counting: bool = True) -> None:
-        """``counting`` False: :meth:`settle_all` does not find out whether the keys
-        existed (the caller sets the entry count itself)."""
+        """``counting`` False: writes do not find out whether the keys existed (the
+        caller sets the entry count itself); the count changes they return are 0."""
         self._db, self._write, self._batch_type = db, write_options, batch_type
         self._seen, self._known = seen, seen.known
         self._scan = scan
@@ -295,8 +253,7 @@ class BatchedWrites:
         self.counting = counting
         self._batch = batch_type(raw_mode=True)
         self._values: dict[bytes, bytes | None] = {}
-        self._filled: set[bytes] = set()
-        self._dirty: set[bytes] = set()
+        self._maps: set[bytes] = set()
 
     def prefetch(self, keys: Iterable[bytes]) -> None:
         """Read the keys with one multi-get, in key order (RocksDB reads neighbouring
@@ -306,80 +263,64 @@ class BatchedWrites:
         if wanted:
             values.update(zip(wanted, self._db.get(wanted), strict=True))
 
-    def settle(self, key: bytes, new: bytes | None) -> int:
+    def settle(self, key: bytes, new: bytes | None, start: bytes | None = None) -> int:
+        if start is not None:
+            self._maps.add(start)
         values = self._values
         old: object = values.get(key, _UNREAD)
-        if old is _UNREAD:
-            existed = self._known.get(key)
-            if existed is None:
-                existed = self._db.get(key) is not None
+        if old is not _UNREAD:
+            existed: bool | None = old is not None
         else:
-            existed = old is not None
+            existed = self._known.get(key)
+            if existed is None and self.counting:
+                existed = self._db.get(key) is not None
         values[key] = new
         batch = self._batch
         if new is not None:
             batch.put(key, new)
             change = 0 if existed else 1
-        elif existed:
+        elif existed is not False:  # a delete of a key known absent: none written
             batch.delete(key)
-            change = -1
+            change = -1 if existed else 0
         else:
-            return 0  # nothing to delete, nothing written
+            return 0
         if len(batch) >= BATCH_LIMIT:
             self.flush()
-        return change
+        return change if self.counting else 0
 
-    def settle_all(self, keys: Sequence[bytes], new: Sequence[bytes | None]) -> int:
-        """:func:`mutate` of a SET (``new[i]`` not None) or DELETE of each stored key of a
-        value state, in order, in one loop (the same writes, marks and count); returns the
-        entry count's change (0 when not :attr:`counting`)."""
+    def settle_all(self, keys: Sequence[bytes], new: Sequence[bytes | None],
+                   marked: Sequence[bytes] | None = None) -> int:
+        """:meth:`settle` of each stored key, in order, in one loop, each marked first
+        when :attr:`mark` is set (``marked[i]`` is ``keys[i]``'s key to mark, e.g. a
+        map entry's map key; default ``keys[i]`` itself); returns the entry count's
+        change (0 when not :attr:`counting`). Map entries' maps are not noted: a caller
+        must not read those maps through this object afterwards."""
         values, known, db, mark = self._values, self._known, self._db, self.mark
         batch = self._batch
-        if not self.counting:
-            for key, data in zip(keys, new, strict=True):
-                if mark is not None:
-                    batch.put(mark + key, b"")
-                values[key] = data
-                if data is not None:
-                    batch.put(key, data)
-                elif known.get(key) is not False:  # a delete of a key known absent: none
-                    batch.delete(key)
-                if len(batch) >= BATCH_LIMIT:
-                    self.flush()
-                    batch = self._batch
-            return 0
         change = 0
-        for key, data in zip(keys, new, strict=True):
+        counting = self.counting
+        for key, data, marks in zip(keys, new, keys if marked is None else marked,
+                                    strict=True):
             if mark is not None:
-                batch.put(mark + key, b"")
+                batch.put(mark + marks, b"")
             old: object = values.get(key, _UNREAD)
-            if old is _UNREAD:
-                existed = known.get(key)
-                if existed is None:
-                    existed = db.get(key) is not None
+            if old is not _UNREAD:
+                existed: bool | None = old is not None
             else:
-                existed = old is not None
+                existed = known.get(key)
+                if existed is None and counting:
+                    existed = db.get(key) is not None
             values[key] = data
             if data is not None:
                 batch.put(key, data)
                 change += not existed
-            elif existed:
+            elif existed is not False:  # a delete of a key known absent: none written
                 batch.delete(key)
-                change -= 1
+                change -= existed is True
             if len(batch) >= BATCH_LIMIT:
                 self.flush()
                 batch = self._batch
-        return change
-
-    def exists(self, key: bytes) -> bool:
-        values = self._values
-        if key in values:
-            return values[key] is not None
-        found = self._known.get(key)
-        if found is None:
-            data = values[key] = self._db.get(key)
-            found = data is not None
-        return found
+        return change if counting else 0
 
     def stored(self, key: bytes) -> bytes | None:
         values = self._values
@@ -389,34 +330,10 @@ class BatchedWrites:
         values[key] = data
         return data
 
-    def map_filled(self, start: bytes, member: bytes) -> bool:
-        if start in self._filled:
-            return True
-        values = self._values
-        if values.get(member) is not None or (member not in values
-                                              and self._known.get(member)):
-            return True
-        if start in self._dirty:
-            self.flush()
-        return any_under(self._db, start)
-
-    def map_filled_besides(self, start: bytes, entry: bytes) -> bool:
-        if start in self._filled or start in self._dirty:
-            self.flush()
-        return any_under(self._db, start, entry)
-
     def map_entries(self, start: bytes) -> list[bytes]:
-        if start in self._filled or start in self._dirty:
+        if start in self._maps:
             self.flush()
         return [key for key, _ in self._scan(start)]
-
-    def put(self, key: bytes, value: bytes, start: bytes | None = None) -> None:
-        self._batch.put(key, value)
-        self._values[key] = value
-        if start is not None:
-            self._filled.add(start)
-        if len(self._batch) >= BATCH_LIMIT:
-            self.flush()
 
     def delete(self, keys: Sequence[bytes], start: bytes | None = None) -> None:
         batch, values = self._batch, self._values
@@ -424,8 +341,7 @@ class BatchedWrites:
             batch.delete(key)
             values[key] = None
         if start is not None:
-            self._filled.discard(start)
-            self._dirty.add(start)
+            self._maps.add(start)
         if len(batch) >= BATCH_LIMIT:
             self.flush()
 
@@ -437,8 +353,7 @@ class BatchedWrites:
         if len(self._batch):
             self._db.write(self._batch, self._write)
             self._batch = self._batch_type(raw_mode=True)  # a written batch is not reused
-        self._filled.clear()
-        self._dirty.clear()
+        self._maps.clear()
 
     def finish(self, remember: bool = True) -> None:
         """Write the last batch; ``remember``: tell :class:`SeenKeys` what the keys read

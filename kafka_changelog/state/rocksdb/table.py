@@ -49,7 +49,7 @@ from ..schema.key_group_codec import (
     encode_value_entries,
     load_key_group,
 )
-from ..schema.ops import DELETE, SET, OpKind, StateMeta, StateOp
+from ..schema.ops import DELETE, MAP_PUT, MAP_REMOVE, SET, OpKind, StateMeta, StateOp
 from ..tables.protocol import Entry
 from .changes import ChangeTracker
 from .group_writes import GroupWrites
@@ -276,14 +276,23 @@ class RocksDBStateTable:
         try:
             if kind != KIND_MAP:
                 stored = [prefix + key for prefix, key in zip(prefixes, keys, strict=True)]
-                if writes.counting:
-                    # A replay's keys are mostly unknown to SeenKeys: one multi-get of those.
-                    known = self._seen.known
-                    writes.prefetch([key for key in stored if key not in known])
+                self._prefetch(writes, stored)
                 if kind == KIND_VALUE and (op is DELETE or (op is SET and values is not None)):
                     new = none if op is DELETE or values is None else values
                     self._count += writes.settle_all(stored, new)
                     return
+            elif map_keys is not None and (op is MAP_REMOVE or
+                                           (op is MAP_PUT and values is not None)):
+                # Each op writes one stored entry: no map is read.
+                entries = [map_start(prefix, key) + map_key  # type: ignore[operator]
+                           for prefix, key, map_key in zip(prefixes, keys, map_keys,
+                                                           strict=True)]
+                self._prefetch(writes, entries)
+                marked = (None if writes.mark is None else
+                          [prefix + key for prefix, key in zip(prefixes, keys, strict=True)])
+                new_entries = none if op is MAP_REMOVE or values is None else values
+                self._count += writes.settle_all(entries, new_entries, marked)
+                return
             for prefix, key, map_key, value, listed in zip(
                     prefixes, keys, map_keys if map_keys is not None else none,
                     values if values is not None else none,
@@ -291,6 +300,13 @@ class RocksDBStateTable:
                 self._count += mutate(writes, kind, op, prefix, key, map_key, value, listed)
         finally:
             writes.finish()
+
+    def _prefetch(self, writes: BatchedWrites, stored: Sequence[bytes]) -> None:
+        """Read the stored keys SeenKeys does not know with one multi-get (a replay's keys
+        are mostly unknown to it), unless ``writes`` does not count."""
+        if writes.counting:
+            known = self._seen.known
+            writes.prefetch([key for key in stored if key not in known])
 
     def _column_prefixes(self, state: str, key_groups: Sequence[int]) -> list[bytes]:
         found = {kg: self._prefix(kg, state)[0] for kg in set(key_groups)}
@@ -438,8 +454,8 @@ class RocksDBStateTable:
                 yield name, unescape(current), entry
 
     def entry_count(self) -> int:
-        """Entries in all (a key of a state; a list or a map counts once); kept as they
-        change, not counted."""
+        """Entries in all (a key of a value or list state is one; a map counts each of
+        its entries): the store's stored entry keys, kept as they change, not counted."""
         return self._count
 
     # -- snapshots of a key group -----------------------------------------------------------
@@ -467,7 +483,7 @@ class RocksDBStateTable:
         group = key_group_prefix(key_group)
         batch = self._batch_type(raw_mode=True)
         if any_under(db, group):
-            self._count -= sum(1 for _ in self.entries(key_group))
+            self._count -= self._stored_keys(group, key_group_prefix(key_group + 1))
             batch.delete_range(group, key_group_prefix(key_group + 1))
         self._seen.clear()
         write = self._write_options
@@ -581,11 +597,10 @@ class RocksDBStateTable:
             elif kind == KIND_LIST and values is not None:
                 put(prefix + key, encode_items(values))
             elif kind == KIND_MAP and items is not None:
-                if not items:
-                    return 0  # an empty map is no entry
                 start = start_of(key)
                 for map_key, item in items:
                     put(start + map_key, item)
+                return len(items)  # an empty map is no entry
             elif value is None and values is None and items is None:
                 return 0  # an entry without data
             else:
@@ -700,7 +715,13 @@ class RocksDBStateTable:
         yield from db.items(from_key=prefix, read_opt=bounded)
 
     def _recount(self) -> int:
-        return sum(1 for kg in self.key_groups() for _ in self.entries(kg))
+        return self._stored_keys(b"", RESERVED)
+
+    def _stored_keys(self, start: bytes, end: bytes) -> int:
+        """The stored keys from ``start`` up to ``end`` (excluded)."""
+        bounded = self._read_options_type()
+        bounded.set_iterate_upper_bound(end)
+        return sum(1 for _ in self._live().keys(from_key=start, read_opt=bounded))
 
     def __repr__(self) -> str:
         return f"RocksDBStateTable({str(self.path)!r}{', closed' if self.closed else ''})"

@@ -196,7 +196,8 @@ def _decode(p: bytes) -> Iterator[DecodedEntry]:
 SHAPE_VALUE, SHAPE_LIST, SHAPE_MAP = 0, 1, 2
 
 #: ``other(key, value, values, items)``: an entry of another shape than its state's
-#: (or without data); returns how many entries it stored (0 or 1), or raises.
+#: (or without data); returns how many entries it stored (a map's entries each), or
+#: raises.
 OtherEntry = Callable[[bytes, "bytes | None", "list[bytes] | None",
                        "list[tuple[bytes, bytes]] | None"], int]
 
@@ -245,7 +246,8 @@ def load_key_group(data: bytes, state: Callable[[StateMeta], StateLoad],
     """Decode a key group's snapshot into a table: ``state(meta)`` is called at each
     state's registration (before its entries) and says how its entries are stored (see
     :class:`StateLoad`); ``tick()``, when given, about every :data:`TICK_ENTRIES`
-    entries (e.g. to write a batch). Returns the entries stored.
+    entries (e.g. to write a batch). Returns the entries stored, as the tables count
+    them (a map's entries each).
 
     Raises :class:`~kafka_changelog.avro_binary.AvroDecodeError` (a ``ValueError``) as
     :func:`iter_key_group` does; entries before the error may have been stored."""
@@ -364,7 +366,7 @@ def _load_other_shapes(p: bytes, pos: int, count: int, load: StateLoad) -> tuple
                     entry = map_start(key)
                     for map_key, item in items:
                         put(entry + map_key, item)
-                stored += 1
+                stored += len(items)
                 continue
         value, values_read, items_read, pos = _rest(p, pos)
         if (value is None and shape == SHAPE_LIST and values_read is not None
@@ -376,12 +378,11 @@ def _load_other_shapes(p: bytes, pos: int, count: int, load: StateLoad) -> tuple
               and values_read is None):
             if map_start is None:
                 put(prefix + key, dict(items_read))
-                stored += 1
             elif items_read:
                 entry = map_start(key)
                 for map_key, item in items_read:
                     put(entry + map_key, item)
-                stored += 1
+            stored += len(items_read)
         else:
             stored += load.other(key, value, values_read, items_read)
     return pos, stored

@@ -216,9 +216,11 @@ class StateTable:
             yield key, entries[key]
 
     def entry_count(self) -> int:
-        """Entries in all (a key of a state; a list or a map counts once)."""
-        return sum(len(entries) for states in self.groups.values()
-                   for entries in states.values())
+        """Entries in all (a key of a value or list state is one; a map counts each of
+        its entries)."""
+        maps = {name for name, meta in self.metas.items() if meta.kind is StateKind.MAP}
+        return sum(sum(map(len, entries.values())) if name in maps else len(entries)
+                   for states in self.groups.values() for name, entries in states.items())
 
     def close(self) -> None:
         """Nothing to release: the table is plain Python objects."""
@@ -256,7 +258,7 @@ class StateTable:
                 if found is None:
                     return 0
                 entries[key] = found
-                return 1
+                return len(found) if isinstance(found, dict) else 1
 
             return StateLoad(shape_of(meta.kind), b"", entries.__setitem__, other,
                              list_value=_same)

@@ -88,7 +88,9 @@ class KeyedStateTable(Protocol):
         ...
 
     def entry_count(self) -> int:
-        """Entries in all (a key of a state; a list or a map counts once)."""
+        """Entries in all: a key of a value or list state is one entry, a map counts each
+        of its entries (so an op's change of the count is whether the one stored entry it
+        writes existed, never whether a whole map is empty)."""
         ...
 
     def serialize_group(self, key_group: int) -> bytes:
