@@ -356,9 +356,18 @@ def catch_up_figures(data: Json) -> list[Figure]:
                f"{ratio(case['ratio'])} ({case['catch_up_s']:.2f} against "
                f"{case['full_restore_s']:.2f} s; {case['key_groups_reloaded']} key groups "
                f"reloaded, {case['key_groups_given_deltas']} given deltas; "
-               f"{case['mismatched_keys']} wrong keys)",
+               f"{case['mismatched_keys']} wrong keys{_rounds_text(case)})",
                f"≤ {case['target_ratio']:g}x, exact", case["verdict"])
         for case in data["cases"]]
+
+
+def _rounds_text(case: Json) -> str:
+    """``; median of N rounds: a, b, c`` when the case ran several rounds."""
+    rounds = case.get("rounds")
+    if not rounds or len(rounds) < 2:
+        return ""
+    ratios = ", ".join(f"{r['ratio']:.2f}x" for r in rounds)
+    return f"; median of {len(rounds)} rounds: {ratios}"
 
 
 def vectorized_figures(data: Json) -> list[Figure]:

@@ -32,7 +32,7 @@ from ..state.checkpoints.subtask_commit import SubtaskCommit, parse_subtask_comm
 from ..state.errors import CheckpointStoreError
 from .access import connect_admin
 from .client_settings import KafkaConnection
-from .consume import consume_range, end_of_partition
+from .consume import PartitionTail, consume_range, end_of_partition
 from .error_text import access_error, describe, is_access_error
 from .live_clients import new_consumer
 from .offsets import watermarks
@@ -156,6 +156,14 @@ class KafkaCheckpointView(CheckpointStore):
         self.config = config
         self.topic = config.topic
         self._consumer = new_consumer(config.consumer(), f"checkpoint topic {config.topic}")
+        #: Reads the view's updates: stays assigned, so what other processes commit
+        #: between two operations is fetched meanwhile (a read of it costs no assignment).
+        self._tail = PartitionTail(self._consumer, self.topic, self.PARTITION)
+        #: Asks for the topic's offsets: a connection of its own, since a broker answers
+        #: a connection's requests in order and ``_consumer``'s has a fetch waiting
+        #: (``fetch.wait.max.ms``) nearly always.
+        self._offsets = new_consumer(config.consumer(),
+                                     f"checkpoint topic {config.topic} (offsets)")
         #: Looks at records uncommitted (see :meth:`catch_up`); opened on first use.
         self._uncommitted: Consumer | None = None
         self._position: int | None = None
@@ -192,7 +200,7 @@ class KafkaCheckpointView(CheckpointStore):
         that application's: an open transaction of *another* application never stalls it.
         """
         with self._lock:
-            end = high_watermark(self.config)
+            end = high_watermark(self.config, self._uncommitted_reader())
             if only_for is not None and not self._written_for(only_for, end):
                 return
             self._refresh(until=end, wait_s=wait_s)
@@ -215,11 +223,7 @@ class KafkaCheckpointView(CheckpointStore):
         prefix = f"{application}/".encode()
         own = DriverIdentity.of_this_process().driver_id.encode()
         latest = self._latest_id(application)
-        if self._uncommitted is None:
-            self._uncommitted = new_consumer(
-                {**self.config.consumer(), "isolation.level": "read_uncommitted"},
-                f"checkpoint topic {self.topic} (uncommitted)")
-        for message in consume_range(self._uncommitted, self.topic, self.PARTITION,
+        for message in consume_range(self._uncommitted_reader(), self.topic, self.PARTITION,
                                      self._position, end, self.config.request_timeout_s,
                                      self._on_read_error):
             key = message.key() or b""
@@ -233,10 +237,19 @@ class KafkaCheckpointView(CheckpointStore):
             return True
         return False
 
+    def _uncommitted_reader(self) -> Consumer:
+        """The view's ``read_uncommitted`` consumer (made on first use; unassigned between
+        uses, so that its offset requests wait behind no fetch)."""
+        if self._uncommitted is None:
+            self._uncommitted = new_consumer(
+                {**self.config.consumer(), "isolation.level": "read_uncommitted"},
+                f"checkpoint topic {self.topic} (uncommitted)")
+        return self._uncommitted
+
     def _refresh(self, until: int | None = None, wait_s: float | None = None) -> None:
         self._check_open()
         timeout = self.config.request_timeout_s
-        low, high = watermarks(self._consumer, self.topic, self.PARTITION, timeout)
+        low, high = watermarks(self._offsets, self.topic, self.PARTITION, timeout)
         if until is not None:
             high = max(high, until)
             timeout = wait_s if wait_s is not None else timeout
@@ -249,8 +262,7 @@ class KafkaCheckpointView(CheckpointStore):
             self._claims.clear()
             self._position = low
         where = f"checkpoint topic {self.topic}[{self.PARTITION}]"
-        for message in consume_range(self._consumer, self.topic, self.PARTITION,
-                                     self._position, high, timeout, self._on_read_error):
+        for message in self._tail.read(self._position, high, timeout, self._on_read_error):
             offset = message.offset() or 0
             self.apply_record(message.key(), message.value(), f"{where}@{offset}")
             self._position = offset + 1
@@ -276,6 +288,7 @@ class KafkaCheckpointView(CheckpointStore):
 
     def _close_consumers(self) -> None:
         self._consumer.close()
+        self._offsets.close()
         if self._uncommitted is not None:
             self._uncommitted.close()
 

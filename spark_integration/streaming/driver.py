@@ -239,6 +239,8 @@ class StatefulProcessor:
         #: The subtask placement: (parallelism, cached DataFrame, the executors the
         #: scheduler knew when it was made: None where unknown).
         self._placement_of: tuple[int, Any, frozenset[str] | None] | None = None
+        #: The JVM session the placement's DataFrame was made in (classic Spark only).
+        self._placement_session: Any = None
         #: Which subtask each partition of the placement runs (None: in order), and the
         #: hosts each subtask ran on (from the tasks' reports).
         self._partition_subtasks: tuple[int, ...] | None = None
@@ -290,6 +292,7 @@ class StatefulProcessor:
 
     def _drop_placement(self) -> None:
         kept, self._placement_of = self._placement_of, None
+        self._placement_session = None
         if kept is not None:
             try:
                 kept[1].unpersist()
@@ -326,7 +329,10 @@ class StatefulProcessor:
         known = self._placement_of[2] if self._placement_of is not None else executors
         if self._subtask_hosts is None or self._subtask_hosts.parallelism != parallelism:
             self._subtask_hosts = SubtaskHosts(parallelism)
-        placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
+        placement = self._kept_placement(spark)
+        if placement is None:
+            placement = subtask_placement(spark, SUBTASK_COLUMN, MARKER_COLUMN, parallelism)
+            self._placement_session = None if is_connect(spark) else spark._jsparkSession
         if self._placement_of is None:
             self._partition_subtasks = None
             # On a cluster (two executors at least), the placement is computed in a job
@@ -344,6 +350,19 @@ class StatefulProcessor:
                             else q, hosts.get(q)) for q in range(parallelism)})
         self._placement_of = (parallelism, placement, known)
         return placement, self._partition_subtasks
+
+    def _kept_placement(self, spark: Any) -> Any:
+        """The kept placement's DataFrame when it was made in ``spark``'s JVM session (the
+        batches of a query run share one; each has a Python session of its own), else
+        None. Reusing it spares every batch the round trips to the JVM of building the
+        same plan again."""
+        if self._placement_of is None or self._placement_session is None:
+            return None
+        try:
+            same = bool(spark._jsparkSession.equals(self._placement_session))
+        except Exception:  # no JVM session (Spark Connect): made anew each batch
+            return None
+        return self._placement_of[1] if same else None
 
     def _declared_properties(self, coordinator: CheckpointCoordinator, base: int | None
                              ) -> dict[str, str]:
@@ -387,6 +406,7 @@ class StatefulProcessor:
         # Spark Connect pickles the foreachBatch function: a condition does not pickle.
         state = dict(self.__dict__)
         del state["_calls"]
+        state["_placement_session"] = None  # a JVM object
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -471,13 +491,12 @@ class StatefulProcessor:
             rows_df = batch_df.unionByName(
                 marked_rows(self.initial.frame(batch_df.sparkSession), columns, types),
                 allowMissingColumns=True)
-        keyed = (
-            rows_df
-            .withColumn(KEY_COLUMN, F.expr(key_sql(columns, types)))
-            .withColumn(KEY_GROUP_COLUMN, F.expr(f"pmod(hash({KEY_COLUMN}), {max_p})"))
-            .withColumn(SUBTASK_COLUMN,
-                        F.floor(F.col(KEY_GROUP_COLUMN) * p / max_p).cast("int"))
-        )
+        # One projection (each withColumn is a plan analysed again, round trips each).
+        key_group = F.expr(f"pmod(hash({key_sql(columns, types)}), {max_p})")
+        keyed = rows_df.select(
+            "*", F.expr(key_sql(columns, types)).alias(KEY_COLUMN),
+            key_group.alias(KEY_GROUP_COLUMN),
+            F.floor(key_group * p / max_p).cast("int").alias(SUBTASK_COLUMN))
         outputs_to_driver = sink is not None and kafka_sink is None
         output_struct = self._output_struct(batch_df)
         spark = batch_df.sparkSession

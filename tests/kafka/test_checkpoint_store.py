@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from kafka_changelog.errors import TopicConfigError
 from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
+from kafka_changelog.kafka.consume import PartitionTail
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.local_kafka.broker import LocalKafkaCluster
@@ -130,6 +132,81 @@ def test_instances_see_each_others_commits(config: CheckpointStoreConfig) -> Non
         with pytest.raises(CheckpointOrderError, match="latest committed checkpoint 2"):
             first.commit(checkpoint(2, "shared"))
         assert first.checkpoint_ids("shared") == [1, 2]
+
+
+def test_a_view_sees_other_instances_discards_and_commits_at_its_next_read(
+        config: CheckpointStoreConfig) -> None:
+    """``get`` of a checkpoint the view holds reads nothing (a committed checkpoint never
+    changes); every other operation reads what others wrote since, through a consumer
+    that stayed assigned, including what was written between two of its reads."""
+    with KafkaCheckpointStore(config) as first, KafkaCheckpointStore(config) as second:
+        for cid in (1, 2, 3):
+            first.commit(checkpoint(cid, "shared"))
+        assert second.get("shared", 1) == checkpoint(1, "shared")
+        first.discard("shared", 1)
+        first.commit(checkpoint(4, "shared"))
+        # Held by the view: served as it was, without a read.
+        assert second.get("shared", 1) == checkpoint(1, "shared")
+        # Not held: read for, and the read brings the discard along.
+        assert second.get("shared", 4) == checkpoint(4, "shared")
+        with pytest.raises(CheckpointNotFoundError, match="has no checkpoint 1"):
+            second.get("shared", 1)
+        for cid in (5, 6):  # several reads in a row, each of records written since
+            first.commit(checkpoint(cid, "shared"))
+            assert second.checkpoint_ids("shared") == list(range(2, cid + 1))
+            assert second.latest("shared") == checkpoint(cid, "shared")
+
+
+def test_a_partition_tail_reads_range_after_range_and_keeps_what_it_took_beyond(
+        cluster: LocalKafkaCluster) -> None:
+    """Ranges read one after another (across transaction markers) give every record once
+    in order; records taken past a range's end come first in the next range; a range
+    from elsewhere is read from there."""
+    topic = f"tail-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(dict(cluster.client_config()))
+    create_topic(admin, topic, partitions=1)
+    producer = Producer({**cluster.client_config(), "transactional.id": topic})
+    producer.init_transactions(30)
+
+    def produce(values: range) -> int:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value=str(value).encode(), partition=0)
+        producer.commit_transaction(30)
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+
+    def failed(error: KafkaError, position: int) -> int:
+        if error.code() == KafkaError._PARTITION_EOF:
+            return position
+        raise AssertionError(error)
+
+    consumer = Consumer({**cluster.client_config(), "group.id": topic,
+                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    tail = PartitionTail(consumer, topic, 0)
+    try:
+        read: list[int] = []
+        start = 0
+        for values in (range(0, 5), range(5, 6), range(6, 40)):
+            end = produce(values)  # each transaction ends with a marker: gaps
+            read += [int(m.value()) for m in tail.read(start, end, 15, failed, batch=7)]
+            start = end
+            assert read == list(range(values.stop))
+        # A range across a marker, ending inside the next transaction's records: a fetch
+        # of as many messages as the range spans offsets takes one past its end (the
+        # marker is no message), which the next read gives first.
+        produce(range(40, 70))  # offsets start .. start + 29, its marker start + 30
+        end = produce(range(70, 100))
+        middle = start + 31 + 5
+        first = [int(m.value()) for m in tail.read(start, middle, 15, failed, batch=50)]
+        rest = [int(m.value()) for m in tail.read(middle, end, 15, failed, batch=50)]
+        assert first == list(range(40, 75)) and rest == list(range(75, 100))
+        # Elsewhere: read again from offset 0.
+        again = [int(m.value()) for m in tail.read(0, end, 15, failed)]
+        assert again == list(range(100))
+        tail.release()
+    finally:
+        consumer.close()
+        producer.flush(10)
 
 
 def _record_count(config: CheckpointStoreConfig) -> tuple[int, int]:

@@ -241,8 +241,17 @@ class CheckpointStore(ABC):
             return found
 
     def get(self, application: str, checkpoint_id: int) -> CompletedCheckpoint:
-        """A stored checkpoint; :class:`CheckpointNotFoundError` names the stored ids if missing."""
+        """A stored checkpoint; :class:`CheckpointNotFoundError` names the stored ids if
+        missing.
+
+        A committed checkpoint never changes and its id is never used again (a rewind
+        copies under a new id), so one the view holds is returned without reading the
+        store: a discard by another process is seen at the view's next read (any other
+        operation). Only a checkpoint the view lacks is read for."""
         with self._lock:
+            found = self._checkpoints.get(application, {}).get(checkpoint_id)
+            if found is not None:
+                return found
             self._refresh()
             found = self._checkpoints.get(application, {}).get(checkpoint_id)
             if found is None:
