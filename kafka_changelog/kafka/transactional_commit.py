@@ -188,7 +188,7 @@ class TransactionalCommitter:
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if error.code() == KafkaError._FATAL:
-                self._producer.poll(0)  # serve the error callback that names the cause
+                self._serve_fatal_error()
             cause = self._fatal or error
             if cause.code() in _TAKEN_OVER or is_access_error(cause):
                 # A successor took over (a new producer would fence it in turn), or an
@@ -205,9 +205,18 @@ class TransactionalCommitter:
         if error.fatal():
             self._fatal = error
 
+    def _serve_fatal_error(self) -> None:
+        """Learn the cause of a fatal error (e.g. fencing): serve the error callback that
+        names it, or take it from ``poll`` itself, which raises it instead (seen under
+        load: a ``KafkaException`` of the fencing out of ``poll(0)``)."""
+        try:
+            self._producer.poll(0)
+        except KafkaException as exc:
+            self._fatal = exc.args[0]
+
     def _error(self, doing: str, error: KafkaError) -> CheckpointStoreError | KafkaAccessError:
         if error.code() == KafkaError._FATAL:
-            self._producer.poll(0)  # serve the error callback that names the cause
+            self._serve_fatal_error()
             error = self._fatal or error
         if producer_fenced(error) and not is_access_error(error):
             self._fenced = error

@@ -153,6 +153,46 @@ def test_an_abort_refused_as_fenced_stays_fenced(kafka_cluster: Any, make_topic:
     assert read_all(kafka_cluster, topic) == []
 
 
+class _PollRaises:
+    """A committer's real producer already fenced as seen under load: its ``produce`` fails
+    with librdkafka's bare fatal error, and ``poll`` raises ``error``, the fencing, instead
+    of serving the error callback. Everything else goes to the broker."""
+
+    def __init__(self, producer: Any, error: KafkaError) -> None:
+        self._producer, self._error = producer, error
+
+    def produce(self, *_args: Any, **_kwargs: Any) -> None:
+        raise KafkaException(KafkaError(KafkaError._FATAL,
+                                        "Unable to produce message: Local: Fatal error"))
+
+    def poll(self, *_args: Any) -> int:
+        raise KafkaException(self._error)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def test_a_fencing_raised_by_poll_is_reported_as_the_fencing(
+        kafka_cluster: Any, make_topic: Any) -> None:
+    config = store_config(kafka_cluster)
+    topic = make_topic()
+    tid = f"tx-{config.topic}"
+    with KafkaCheckpointStore(config) as store:
+        old = TransactionalCommitter(store, tid)
+        new = TransactionalCommitter(store, tid)
+        try:
+            old._producer = _PollRaises(old._producer, KafkaError(
+                KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+            with pytest.raises(TransactionFencedError, match="another committer with this "
+                               "transactional id took over"):
+                old.commit(checkpoint(1), outputs(topic, 1))
+            new.commit(checkpoint(1), outputs(topic, 0))
+        finally:
+            new.close()
+            old.close()
+    assert read_all(kafka_cluster, topic) == [f"step 0 row {i}".encode() for i in range(3)]
+
+
 CRASHING_CHILD = textwrap.dedent("""
     import os, signal, sys
     from kafka_changelog.kafka.checkpoint_store import CheckpointStoreConfig, KafkaCheckpointStore
