@@ -180,8 +180,9 @@ def test_a_partition_tail_reads_range_after_range_and_keeps_what_it_took_beyond(
             return position
         raise AssertionError(error)
 
-    consumer = Consumer({**cluster.client_config(), "group.id": topic,
-                         "enable.partition.eof": True, "isolation.level": "read_committed"})
+    # The view's settings (among them auto.offset.reset=error: a reset is an error, never
+    # a silent jump to the log end).
+    consumer = Consumer(store_config(cluster).consumer())
     tail = PartitionTail(consumer, topic, 0)
     try:
         read: list[int] = []
