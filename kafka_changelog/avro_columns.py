@@ -144,8 +144,11 @@ def read_longs(buffer: Bytes, limit: int, positions: Int64s) -> tuple[Int64s, In
         shift += 7
         if rows.size and shift > 63:
             return None  # longer than 10 bytes
-    values = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
-    return values, after
+    # Zig-zag back, in place and without a copy: unsigned arithmetic wraps as wanted.
+    sign = raw & np.uint64(1)
+    raw >>= np.uint64(1)
+    raw ^= np.uint64(0) - sign
+    return raw.view(np.int64), after
 
 
 def read_lengths(buffer: Bytes, limit: int, positions: Int64s) -> tuple[Int64s, Int64s] | None:

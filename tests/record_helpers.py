@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kafka_changelog.change import META_KEY_GROUP
-from kafka_changelog.kafka.record_format import decode_record_fields
+from kafka_changelog.kafka.record_format import decode_record as decode_changes
 
 
 class LoggedChange(NamedTuple):
@@ -23,8 +23,5 @@ class LoggedChange(NamedTuple):
 
 def decode_record(value: bytes) -> tuple[str, list[LoggedChange]]:
     """The log id and changes of a record value; raises ``ValueError`` if malformed."""
-    log_id, changes = decode_record_fields(value)
-    return log_id, [
-        LoggedChange(c["sequence_number"], c["index"], c["key_group"], c["payload"])
-        for c in changes
-    ]
+    log_id, changes = decode_changes(value)
+    return log_id, [LoggedChange(*change) for change in changes]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
@@ -21,7 +20,12 @@ from .handle import KafkaChangelogHandle, PartitionRange
 from .live_clients import new_consumer
 from .offsets import watermarks
 from .record_columns import ChangeFilter, RecordGroup, in_log_order, kept_columns
-from .record_format import UnknownSchemaError, check_schema_header, decode_record_fields
+from .record_format import (
+    RawChange,
+    check_schema_header,
+    current_value,
+    decode_record,
+)
 from .spill_sort import BUDGET_BYTES, Entry, SpillingSorter
 
 
@@ -83,11 +87,11 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
                 keep = kept.append
                 for c in decode_log_record(handle.topic, partition, offset, value,
                                            handle.log_id):
-                    sqn, key_group = c["sequence_number"], c["key_group"]
+                    sqn, key_group = c[0], c[2]
                     if first_sqn <= sqn <= last_sqn and (
                         key_group == META_KEY_GROUP or lowest <= key_group <= highest
                     ):
-                        keep((sqn, c["index"], key_group, c["payload"]))
+                        keep(c)
                 # The record's value bounds its kept payloads: counted once per record.
                 collected.extend(kept, len(value))
             self.spilled_runs = collected.spilled_runs
@@ -183,17 +187,20 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
 
     def _checked_value(self, topic: str, partition: int, offset: int, message: Message
                        ) -> bytes:
-        """A record's value, counted, its schema header checked (an unknown schema is a
-        :class:`RecordDecodeError` naming the offset)."""
+        """A record's value in the current layout, counted, its schema header checked (an
+        unknown schema is a :class:`RecordDecodeError` naming the offset). A legacy record
+        (``change_batch/1``) is converted (:func:`~.record_format.current_value`); one that
+        does not decode is a :class:`RecordDecodeError` naming the offset."""
         value = message.value() or b""
         self.records_read += 1
         self.bytes_read += len(value)
         try:
             headers = message.headers()
-            check_schema_header(list(headers.items()) if isinstance(headers, dict) else headers)
-        except UnknownSchemaError as exc:
+            version = check_schema_header(
+                list(headers.items()) if isinstance(headers, dict) else headers)
+            return current_value(value, version)
+        except ValueError as exc:  # UnknownSchemaError too
             raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
-        return value
 
     def _after_error(
         self, topic: str, r: PartitionRange, log_id: str, position: int, error: KafkaError
@@ -237,11 +244,11 @@ class KafkaChangelogReader(StateChangelogReader[KafkaChangelogHandle]):
 
 
 def decode_log_record(topic: str, partition: int, offset: int, value: bytes,
-                      log_id: str) -> list[dict[str, Any]]:
-    """The changes (Avro field dicts) of the record of ``log_id`` at ``offset``;
+                      log_id: str) -> list[RawChange]:
+    """The changes of the record of ``log_id`` at ``offset``, change by change;
     :class:`RecordDecodeError` naming the offset if it does not decode or names another log."""
     try:
-        found, changes = decode_record_fields(value)
+        found, changes = decode_record(value)
     except ValueError as exc:
         raise RecordDecodeError(topic, partition, offset, str(exc)) from exc
     if found != log_id:

@@ -1,9 +1,18 @@
 """The changelog record: one writer's changes for one partition, self-describing for tools.
 
 Key: the log id (UTF-8). Value: a ``ChangeBatch`` (``schemas/change_batch.avsc``,
-schemaless Avro binary). Headers say what the record holds without decoding it,
-so ``kcat -f '%k %h'`` shows it: ``kc.log_id``, ``kc.key_groups`` and
-``kc.sequence_numbers`` (``first-last``, inclusive) and ``kc.schema``.
+schemaless Avro binary), column-wise: the changes' fixed fields (sequence number,
+index, key group, payload size), then their payloads laid end to end. A reader finds
+every change's fields and payload with a few NumPy passes per record
+(:mod:`.record_columns`), never a Python step per change. Headers say what the record
+holds without decoding it, so ``kcat -f '%k %h'`` shows it: ``kc.log_id``,
+``kc.key_groups`` and ``kc.sequence_numbers`` (``first-last``, inclusive) and
+``kc.schema`` (``change_batch/2``).
+
+Records of kafka-changelog 0.2.0 (``change_batch/1``, ``schemas/change_batch_v1.avsc``:
+each change's fields and payload together) are still read: the reader converts each one
+to the current layout as it arrives (:func:`current_value`), so everything after it
+decodes one layout.
 """
 
 from __future__ import annotations
@@ -11,8 +20,8 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from itertools import accumulate
+from typing import Any
 
 import fastavro
 import numpy as np
@@ -22,12 +31,12 @@ from ..avro_columns import Int64s, varint_rows
 from ..change import META_KEY_GROUP
 from ..serialization import HEADER_SCHEMA, load_schema
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
 SCHEMA_NAME = "change_batch"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA_HEADER_VALUE = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
+#: The layout of kafka-changelog 0.2.0's records, read and converted.
+LEGACY_SCHEMA_VERSION = 1
+LEGACY_SCHEMA_NAME = f"{SCHEMA_NAME}_v{LEGACY_SCHEMA_VERSION}"
 
 HEADER_LOG_ID = "kc.log_id"
 HEADER_KEY_GROUPS = "kc.key_groups"
@@ -43,15 +52,10 @@ RawChange = tuple[int, int, int, bytes]
 
 @dataclass(frozen=True)
 class EncodedRecord:
-    """A record ready to produce, with what it covers.
-
-    ``value`` is ``bytes`` or a read-only Arrow buffer (a slice of the encoder's output,
-    which the producer copies without a copy of ours first): ``bytes(record.value)`` is
-    the Avro value either way.
-    """
+    """A record ready to produce, with what it covers."""
 
     key: bytes
-    value: bytes | pa.Buffer
+    value: bytes
     headers: list[tuple[str, bytes]]
     sequence_numbers: tuple[int, int]
     key_groups: tuple[int, int]
@@ -87,85 +91,6 @@ class ChangeColumns:
         return len(self.sequence_numbers)
 
 
-#: Below this mean payload size, records are laid out by Arrow (no Python object per
-#: change); from it on, by joining the payloads in Python (one copy of their bytes
-#: instead of two, which matters more than a Python step per change).
-ARROW_LAYOUT_BELOW_BYTES = 1024
-
-@cache
-def _no_separator() -> pa.Scalar:
-    # Made on first use: pyarrow's scalar() imports pandas, which a process that only
-    # reads records (the CLI, a materialization job) does not need.
-    import pyarrow as pa
-
-    return pa.scalar(b"", pa.large_binary())
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where the records of an upload start and stop (rows), and their change headers."""
-
-    name_part: bytes
-    starts: list[int]
-    stops: list[int]
-    header_data: bytes
-    header_offsets: Int64s
-
-    def framing(self) -> list[bytes]:
-        """Each record's start: log id, then change count (the array block's)."""
-        return [self.name_part + varint(stop - first)
-                for first, stop in zip(self.starts, self.stops, strict=True)]
-
-
-def _values_by_arrow(layout: _Layout, payloads: Sequence[bytes]) -> list[bytes | pa.Buffer]:
-    # One Arrow join of headers and payloads lays out every record in one buffer, and a
-    # record's value is a slice of it. Record framing rides in the headers: the header of
-    # a record's first change starts with the end of the record before (a 0 byte) and the
-    # start of its own. Only the last record's end is added apart, by copying that record.
-    # (Arrow is imported here: a process that never writes small changes, the CLI or a
-    # materialization job, starts ~0.5 CPU-s sooner without it.)
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    count, starts = len(payloads), layout.starts
-    framing = [(b"\x00" if k else b"") + part for k, part in enumerate(layout.framing())]
-    framing_lengths = np.array([len(f) for f in framing], np.int64)
-    framed_data = np.insert(np.frombuffer(layout.header_data, np.uint8),
-                            np.repeat(layout.header_offsets[starts], framing_lengths),
-                            np.frombuffer(b"".join(framing), np.uint8))
-    inserted = np.zeros(count + 1, np.int64)
-    inserted[starts] = framing_lengths
-    framed_offsets = layout.header_offsets + np.cumsum(inserted) - inserted
-    joined = pc.binary_join_element_wise(
-        pa.Array.from_buffers(pa.large_binary(), count,
-                              [None, pa.py_buffer(framed_offsets), pa.py_buffer(framed_data)]),
-        pa.array(payloads, pa.large_binary()), _no_separator())
-    offsets = np.frombuffer(joined.buffers()[1], np.int64, count + 1, joined.offset * 8)
-    data = joined.buffers()[2]
-    # From just after the 0 byte closing the record before to just after the 0 byte the
-    # next one starts with.
-    byte_starts = (offsets[starts] + (np.arange(len(starts)) > 0)).tolist()
-    byte_stops = (offsets[layout.stops] + 1).tolist()
-    values: list[bytes | pa.Buffer] = [data[a:b] for a, b in zip(
-        byte_starts[:-1], byte_stops[:-1], strict=True)]
-    values.append(b"".join((data[byte_starts[-1]:int(offsets[count])], b"\x00")))
-    return values
-
-
-def _values_by_join(layout: _Layout, payloads: Sequence[bytes]) -> list[bytes | pa.Buffer]:
-    # Large payloads: one bytes join per record, headers and payloads interleaved.
-    header_data, bounds = layout.header_data, layout.header_offsets.tolist()
-    values: list[bytes | pa.Buffer] = []
-    for start_part, first, stop in zip(layout.framing(), layout.starts, layout.stops,
-                                       strict=True):
-        parts = [start_part]
-        for i in range(first, stop):
-            parts += (header_data[bounds[i]:bounds[i + 1]], payloads[i])
-        parts.append(b"\x00")
-        values.append(b"".join(parts))
-    return values
-
-
 def encode_records(
     log_id: str, columns: ChangeColumns, max_record_bytes: int, breaks: Sequence[int] = ()
 ) -> list[tuple[int, EncodedRecord]]:
@@ -176,9 +101,10 @@ def encode_records(
     ``breaks`` and the row before it (the writer breaks at each partition's first row).
     Values are byte-identical to fastavro's ``ChangeBatch`` encoding (tested).
 
-    Column by column: NumPy encodes the per-change headers (four Avro longs) at once;
-    small payloads are laid out with them by Arrow, without a Python object per change,
-    large ones joined with them in Python (see ``ARROW_LAYOUT_BELOW_BYTES``).
+    Column by column: NumPy encodes the changes' fixed fields (four Avro longs each) at
+    once, and a record's value is one join of its framing, the slice of those fields that
+    is its own and its payloads: one copy of the payloads' bytes, no Python step per
+    change but the join's.
     """
     count = len(columns)
     if count == 0:
@@ -198,11 +124,21 @@ def encode_records(
             start = min(limit, max(start + 1, stop))
     stops = [*starts[1:], count]
     name = log_id.encode()
+    name_part = varint(len(name)) + name
     header_data, header_offsets = varint_rows(
         [sequence_numbers, columns.indexes, key_groups, sizes])
-    layout = _Layout(varint(len(name)) + name, starts, stops, header_data, header_offsets)
-    small = int(ends[-1]) < (ARROW_LAYOUT_BELOW_BYTES + CHANGE_OVERHEAD_BYTES) * count
-    values = (_values_by_arrow if small else _values_by_join)(layout, payloads)
+    # Where each record's rows start and stop, in the fields' bytes and in the payloads'.
+    cuts = [*starts, count]
+    field_cuts = header_offsets[cuts].tolist()
+    payload_cuts = np.concatenate(([0], np.cumsum(sizes)))[cuts].tolist()
+    values: list[bytes] = []
+    for k, (first, stop) in enumerate(zip(starts, stops, strict=True)):
+        # The changes array (one block, then its end), then the payloads' length.
+        parts = list(payloads[first:stop])
+        parts[0:0] = (name_part, varint(stop - first),
+                      header_data[field_cuts[k]:field_cuts[k + 1]],
+                      b"\x00" + varint(payload_cuts[k + 1] - payload_cuts[k]))
+        values.append(b"".join(parts))
     # Per record: the first and last sequence number, the span of non-meta key groups.
     first_sqns = sequence_numbers[starts].tolist()
     last_sqns = sequence_numbers[[stop - 1 for stop in stops]].tolist()
@@ -234,7 +170,7 @@ def encode_changes(
 def empty_value(log_id: str) -> bytes:
     """The value of a record with no changes (never written; a malformed-input case)."""
     name = log_id.encode()
-    return varint(len(name)) + name + b"\x00"
+    return varint(len(name)) + name + b"\x00\x00"
 
 
 def record_headers(
@@ -253,27 +189,63 @@ class UnknownSchemaError(ValueError):
     """The record says it was written with a schema this library does not read."""
 
 
-def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None) -> None:
-    """Refuse a record whose ``kc.schema`` header is missing or names another version."""
+def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None) -> int:
+    """The schema version a record's ``kc.schema`` header names: :data:`SCHEMA_VERSION`
+    or :data:`LEGACY_SCHEMA_VERSION`; :class:`UnknownSchemaError` when the header is
+    missing or names anything else."""
     for name, value in headers or ():
         if name == HEADER_SCHEMA:
             found = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-            if found != SCHEMA_HEADER_VALUE:
-                raise UnknownSchemaError(
-                    f"record schema {found!r} is not supported (this library reads "
-                    f"{SCHEMA_HEADER_VALUE!r})"
-                )
-            return
+            if found == SCHEMA_HEADER_VALUE:
+                return SCHEMA_VERSION
+            if found == f"{SCHEMA_NAME}/{LEGACY_SCHEMA_VERSION}":
+                return LEGACY_SCHEMA_VERSION
+            raise UnknownSchemaError(
+                f"record schema {found!r} is not supported (this library reads "
+                f"{SCHEMA_HEADER_VALUE!r} and {SCHEMA_NAME}/{LEGACY_SCHEMA_VERSION!r})"
+            )
     raise UnknownSchemaError(f"record has no {HEADER_SCHEMA} header")
 
 
-def decode_record_fields(value: bytes) -> tuple[str, list[dict[str, Any]]]:
-    """The log id and changes (Avro field dicts) of a record value; ``ValueError`` if malformed."""
+def _avro_record(value: bytes, schema_name: str) -> dict[str, Any]:
     buffer = io.BytesIO(value)
     try:
-        record = fastavro.schemaless_reader(buffer, load_schema(SCHEMA_NAME), None)
+        record = fastavro.schemaless_reader(buffer, load_schema(schema_name), None)
     except Exception as exc:  # fastavro raises several types for garbage input
-        raise ValueError(f"not a {SCHEMA_NAME} Avro value: {exc}") from exc
+        raise ValueError(f"not a {schema_name} Avro value: {exc}") from exc
     if buffer.tell() != len(value) or not isinstance(record, dict):
         raise ValueError(f"{len(value) - buffer.tell()} trailing bytes after the batch")
-    return record["log_id"], record["changes"]
+    return record
+
+
+def decode_record(value: bytes) -> tuple[str, list[RawChange]]:
+    """The log id and changes of a record value (the current layout), change by change:
+    the reference the column-wise decoder (:mod:`.record_columns`) agrees with.
+    ``ValueError`` naming what is wrong if it is malformed."""
+    record = _avro_record(value, SCHEMA_NAME)
+    headers, payloads = record["changes"], record["payloads"]
+    sizes = [h["payload_size"] for h in headers]
+    if any(size < 0 for size in sizes):
+        raise ValueError(f"a change's payload_size is negative: {min(sizes)}")
+    ends = list(accumulate(sizes))
+    if (ends[-1] if ends else 0) != len(payloads):
+        raise ValueError(f"the changes' payload sizes add up to {ends[-1] if ends else 0} "
+                         f"bytes but payloads holds {len(payloads)}")
+    return record["log_id"], [
+        (h["sequence_number"], h["index"], h["key_group"], payloads[end - size:end])
+        for h, size, end in zip(headers, sizes, ends, strict=True)]
+
+
+def current_value(value: bytes, version: int) -> bytes:
+    """``value``, written with schema ``version``, in the current layout: a legacy
+    record (``change_batch/1``) decoded and encoded again with the same changes in the
+    same order; ``ValueError`` naming what is wrong if it does not decode."""
+    if version == SCHEMA_VERSION:
+        return value
+    record = _avro_record(value, LEGACY_SCHEMA_NAME)
+    changes = record["changes"]
+    if not changes:
+        return empty_value(record["log_id"])
+    [converted] = encode_changes(record["log_id"], [
+        (c["sequence_number"], c["index"], c["key_group"], c["payload"]) for c in changes])
+    return converted.value

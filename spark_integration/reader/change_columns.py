@@ -1,18 +1,19 @@
 """Mode ``changes``, column-wise: changelog records to Arrow record batches in bulk.
 
 The records of an offset slice are decoded in groups of about a batch of changes.
-For each record one Python loop finds where its changes start, and everything else is
-read for all changes of the group at once with NumPy (sequence numbers, key groups, the
-slice's filter: :mod:`kafka_changelog.kafka.record_columns`; the ``StateOp`` fields:
+For each record a NumPy pass over its changes' fixed fields finds where each starts, and
+everything else is read for all changes of the group at once with NumPy (sequence
+numbers, key groups, payload places, the slice's filter:
+:mod:`kafka_changelog.kafka.record_columns`; the ``StateOp`` fields:
 :mod:`kafka_changelog.state.schema.op_columns`) and the Arrow columns are made from byte
-positions in the group's buffer (:mod:`.change_arrow`). No Python
-object is made per change, except for registrations (a handful per log).
+positions in the group's buffer (:mod:`.change_arrow`). No Python object is made per
+change, except for registrations (a handful per log).
 
 The rows are exactly those of the per-change path (:func:`~.rows.change_batches`
 over :meth:`~.scan.SliceReader.scan`), which stays the reference: a group holding
-anything the column-wise readers leave to it (a record or payload that does not
-decode, array blocks with byte sizes, long lists, ...) is decoded by that path, so its
-rows, and its errors naming the offset, are the same. Batches hold at most
+anything the column-wise readers leave to it (a record or payload that does not decode,
+array blocks with byte sizes or several of them, long lists, ...) is decoded by that
+path, so its rows, and its errors naming the offset, are the same. Batches hold at most
 ``batch_rows`` rows, as there (where they fall may differ).
 """
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError
 
@@ -28,6 +28,7 @@ from kafka_changelog.change import META_KEY_GROUP, new_unchecked
 from kafka_changelog.kafka.consume import consume_ranges
 from kafka_changelog.kafka.handle import PartitionRange
 from kafka_changelog.kafka.reader import KafkaChangelogReader, decode_log_record
+from kafka_changelog.kafka.record_format import RawChange
 from kafka_changelog.kafka.snapshot_store import KafkaSnapshotView
 from kafka_changelog.keygroups import KeyGroupRange
 from kafka_changelog.serialization import schemas_dir
@@ -209,18 +210,16 @@ def read_windows(sizes: Sequence[int], budget: int) -> list[range]:
 
 
 def kept_changes(piece: OffsetSlice, offset: int,
-                 changes: list[dict[str, Any]]) -> Iterator[ScannedChange]:
+                 changes: list[RawChange]) -> Iterator[ScannedChange]:
     """The changes of the record at ``offset`` (decoded) that the slice keeps: sequence
     numbers in its span, key groups in its range, registrations always."""
     first_sqn, last_sqn = piece.from_sequence_number, piece.to_sequence_number
     lowest, highest = piece.key_group_start, piece.key_group_end
-    for c in changes:
-        sqn, key_group = c["sequence_number"], c["key_group"]
+    for sqn, index, key_group, payload in changes:
         if first_sqn <= sqn <= last_sqn and (
             key_group == META_KEY_GROUP or lowest <= key_group <= highest
         ):
-            yield new_unchecked(ScannedChange, (
-                offset, sqn, c["index"], key_group, c["payload"]))
+            yield new_unchecked(ScannedChange, (offset, sqn, index, key_group, payload))
 
 
 def _range_of(piece: OffsetSlice) -> KeyGroupRange:

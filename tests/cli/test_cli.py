@@ -86,7 +86,7 @@ def test_kcat_commands_replay_the_records(persisted: tuple[Any, KafkaChangelogHa
                        timeout=60).stdout for c in commands
     ]
     assert all(f"key={handle.log_id}" in out for out in replayed)
-    assert all("kc.schema=change_batch/1" in out for out in replayed)
+    assert all("kc.schema=change_batch/2" in out for out in replayed)
 
 
 def test_topics_validates(persisted: tuple[Any, KafkaChangelogHandle]) -> None:

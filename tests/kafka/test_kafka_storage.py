@@ -20,7 +20,12 @@ from kafka_changelog import (
     load_storage,
 )
 from kafka_changelog.errors import ChangelogError, RecordDecodeError, TopicConfigError
-from kafka_changelog.kafka import KafkaChangelogHandle, KafkaChangelogStorage, PartitionRange
+from kafka_changelog.kafka import (
+    KafkaChangelogHandle,
+    KafkaChangelogReader,
+    KafkaChangelogStorage,
+    PartitionRange,
+)
 from kafka_changelog.kafka.record_format import empty_value
 from kafka_changelog.keygroups import key_groups_of_partition, partition_for_key_group
 
@@ -28,7 +33,8 @@ from .kafka_helpers import changes_of, storage_config
 
 pytestmark = pytest.mark.broker
 
-SCHEMA_FILE = Path(__file__).resolve().parents[2] / "schemas" / "change_batch.avsc"
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_FILE = SCHEMAS / "change_batch.avsc"
 
 
 def high_watermarks(storage: KafkaChangelogStorage) -> dict[int, int]:
@@ -184,7 +190,8 @@ def _produce_raw(config: Any, cluster: Any, key: bytes, value: bytes,
 @pytest.mark.parametrize(
     ("value", "schema", "message"),
     [
-        (b"\xff\xfe garbage", b"change_batch/1", "not a change_batch Avro value"),
+        (b"\xff\xfe garbage", b"change_batch/2", "not a change_batch Avro value"),
+        (b"\xff\xfe garbage", b"change_batch/1", "not a change_batch_v1 Avro value"),
         (b"", b"change_batch/99", "record schema 'change_batch/99' is not supported"),
     ],
 )
@@ -202,6 +209,37 @@ def test_bad_records_are_named_by_offset(
     assert caught.value.offset == offset
     assert f"{config.topic}[0]@{offset}" in str(caught.value)
     assert message in str(caught.value)
+
+
+def test_records_of_0_2_0_are_read_as_they_were_written(kafka_cluster: Any) -> None:
+    """A log written by kafka-changelog 0.2.0 (``change_batch/1``: each change's payload
+    beside its fields), read by this version: the same changes, in order, copies from a
+    retried upload dropped, by the per-change and the column-wise read alike."""
+    legacy = fastavro.parse_schema(json.loads((SCHEMAS / "change_batch_v1.avsc").read_text()))
+
+    def legacy_value(changes: list[tuple[int, int, int, bytes]]) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, legacy, {"log_id": "log-old", "changes": [
+            {"sequence_number": s, "index": i, "key_group": kg, "payload": p}
+            for s, i, kg, p in changes]})
+        return out.getvalue()
+
+    config = storage_config(kafka_cluster, partitions=1)
+    first = [(1, 0, -1, b"\x00meta"), (1, 1, 5, b"a" * 200), (1, 2, 9, b"")]
+    second = [(2, 0, 5, b"b"), (2, 1, 200, b"not mine")]  # key group 200: another range's
+    headers = [("kc.schema", b"change_batch/1")]
+    with KafkaChangelogStorage(config):
+        offsets = [_produce_raw(config, kafka_cluster, b"log-old", legacy_value(changes),
+                                headers) for changes in (first, second, first)]
+    handle = KafkaChangelogHandle(
+        "log-old", config.topic, KeyGroupRange.of(0, 127),
+        [PartitionRange(0, offsets[0], offsets[-1] + 1, KeyGroupRange.of(0, 127), 1000)],
+        1, 2)
+    assert changes_of(handle, config) == [  # also checks the column-wise read agrees
+        StateChange.meta(b"\x00meta"), StateChange(5, b"a" * 200), StateChange(9, b""),
+        StateChange(5, b"b")]
+    with KafkaChangelogReader(config) as reader:
+        assert reader.read_columns([handle]) is not None
 
 
 def test_kcat_replays_records_that_decode_with_the_schema_file_alone(
@@ -232,10 +270,14 @@ def test_kcat_replays_records_that_decode_with_the_schema_file_alone(
             value = buffer.read(int(value_len))
             assert key == handle.log_id.encode()
             assert f"kc.log_id={handle.log_id}" in headers
-            assert "kc.schema=change_batch/1" in headers
+            assert "kc.schema=change_batch/2" in headers
             record = fastavro.schemaless_reader(io.BytesIO(value), schema, None)
-            decoded += [(c["sequence_number"], c["index"], c["key_group"], c["payload"])
-                        for c in record["changes"]]
+            at = 0
+            for c in record["changes"]:
+                payload = record["payloads"][at:at + c["payload_size"]]
+                at += c["payload_size"]
+                decoded.append((c["sequence_number"], c["index"], c["key_group"], payload))
+            assert at == len(record["payloads"])
     restored = [StateChange(kg, payload) for _, _, kg, payload in sorted(decoded)]
     assert restored == changes_of(handle, config)
     assert restored[0] == StateChange.meta(b"\x00meta")
@@ -262,7 +304,7 @@ def test_a_range_past_the_log_end_says_records_were_lost(
     config = storage_config(kafka_cluster, partitions=1)
     with KafkaChangelogStorage(config):
         offset = _produce_raw(config, kafka_cluster, b"log-y", empty_value("log-y"),
-                              [("kc.schema", b"change_batch/1")])
+                              [("kc.schema", b"change_batch/2")])
     assert offset == 0
     handle = KafkaChangelogHandle(
         "log-y", config.topic, KeyGroupRange.of(0, 127),

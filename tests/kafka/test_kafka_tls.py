@@ -233,4 +233,4 @@ def test_kcat_replays_a_handle_over_mutual_tls_with_the_printed_commands(
         assert done.returncode == 0, command + "\n" + done.stderr[-600:]
         replayed += done.stdout
     assert replayed.count("key=op") == 2  # one record per partition range: 2 partitions
-    assert "kc.schema=change_batch/1" in replayed
+    assert "kc.schema=change_batch/2" in replayed

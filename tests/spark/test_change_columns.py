@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kafka_changelog.avro_binary import AvroDecodeError, read_long, zigzag_varint
 from kafka_changelog.avro_columns import padded, read_longs
 from kafka_changelog.kafka.reader import decode_log_record
-from kafka_changelog.kafka.record_columns import change_starts
+from kafka_changelog.kafka.record_columns import FIELDS, record_layout
 from kafka_changelog.kafka.record_format import RawChange, empty_value, encode_changes
 from kafka_changelog.keys import encode_key
 from kafka_changelog.state.schema.kinds import StateKind
@@ -207,14 +207,20 @@ def test_non_minimal_varints_and_multi_block_arrays_read_like_the_reference() ->
     # present, values in two blocks of one item each.
     op = (_blob(b"s", 2) + _long(2, 1) + _blob(b"k", 2) + _long(0, 1) + _long(1) + _blob(b"v")
           + _long(1) + _long(1) + _blob(b"a") + _long(1) + _blob(b"b", 4) + _long(0, 3))
-    # ChangeBatch: two blocks; sequence numbers, positions and key groups non-minimal too.
-    value = (_blob(LOG.encode()) + _long(1) + _long(4, 5) + _long(0, 1) + _long(70, 2)
-             + _blob(op, 1) + _long(2) + _long(5) + _long(1) + _long(-1, 1) + _blob(META)
-             + _long(6) + _long(2) + _long(71) + _blob(op) + _long(0, 2))
-    rows = assert_same_rows([(9, value)])
+    # ChangeBatch: the changes' fields non-minimal too, in two blocks (left to the
+    # per-change path) and in one (read column-wise).
+    fields = [_long(4, 5) + _long(0, 1) + _long(70, 2) + _long(len(op), 1),
+              _long(5) + _long(1) + _long(-1, 1) + _long(len(META)),
+              _long(6) + _long(2) + _long(71) + _long(len(op))]
+    payloads = _blob(op + META + op, 1)
+    blocks = (_blob(LOG.encode()) + _long(1) + fields[0] + _long(2) + fields[1] + fields[2]
+              + _long(0, 2) + payloads)
+    one_block = _blob(LOG.encode()) + _long(3, 1) + b"".join(fields) + _long(0, 2) + payloads
+    rows = assert_same_rows([(9, blocks), (10, one_block)])
     assert [(r["sequence_number"], r["position"], r["key_group"]) for r in rows] == [
-        (4, 0, 70), (5, 1, None), (6, 2, 71)]
+        (4, 0, 70), (5, 1, None), (6, 2, 71)] * 2
     assert rows[0]["values"] == [b"a", b"b"] and rows[0]["value"] == b"v"
+    assert rows[3]["values"] == [b"a", b"b"] and rows[3]["value"] == b"v"
 
 
 def test_encodings_left_to_the_per_change_path_read_like_the_reference() -> None:
@@ -225,8 +231,9 @@ def test_encodings_left_to_the_per_change_path_read_like_the_reference() -> None
     long_list = StateOp("s", OpKind.LIST_REPLACE, b"k",
                         values=tuple(b"%d" % i for i in range(MAX_ITEMS + 1))).to_bytes()
     common = StateOp("s", OpKind.DELETE, b"k").to_bytes()
-    inner = _long(4) + _long(0) + _long(70) + _blob(common)
-    sized_batch = _blob(LOG.encode()) + _long(-1) + _long(len(inner)) + inner + _long(0)
+    inner = _long(4) + _long(0) + _long(70) + _long(len(common))
+    sized_batch = (_blob(LOG.encode()) + _long(-1) + _long(len(inner)) + inner + _long(0)
+                   + _blob(common))
     records = [(1, record([(4, 0, 70, sized), (4, 1, 70, common)])),
                (2, record([(4, 0, 70, long_list)])), (3, sized_batch),
                (4, record([(4, 0, 71, common)]))]
@@ -249,7 +256,7 @@ def test_an_undecodable_payload_or_record_fails_as_in_the_reference() -> None:
         (bad_op, "change 1 of change set 4 (log w-1) is not a state op"),
         (bad_meta, "change 0 of change set 4 (log w-1) is not a registration"),
         (bad_name, "change 0 of change set 4 (log w-1) is not a state op"),
-        (b"\x08w-1\x02", "not a change_batch Avro value"),
+        (b"\x06w-1\x02", "not a change_batch Avro value"),
         (good + b"\x00", "trailing bytes after the batch"),
         (record(every_kind(), log_id="w-2"), "record key says log w-1 but value says w-2"),
     ]:
@@ -335,11 +342,16 @@ def test_column_longs_refuse_what_read_long_refuses(data: bytes) -> None:
     assert read_longs(buffer, limit, np.array([0], np.int64)) is None
 
 
-def test_change_starts_finds_every_change_or_refuses() -> None:
+def test_record_layout_finds_every_change_or_refuses() -> None:
     value = record(every_kind())
-    starts: list[int] = []
-    assert change_starts(value, LOG.encode(), 1000, starts) == len(every_kind())
-    assert starts[0] == 1000 + 1 + len(LOG) + len(_long(len(every_kind())))
-    assert change_starts(value, b"w-2", 0, []) is None
-    assert change_starts(value[:-1], LOG.encode(), 0, []) is None
-    assert change_starts(value + b"\x00", LOG.encode(), 0, []) is None
+    layout = record_layout(value, LOG.encode())
+    assert layout is not None and layout.changes == len(every_kind())
+    assert int(layout.field_starts[0]) == 1 + len(LOG) + len(_long(len(every_kind())))
+    assert layout.field_starts.size == FIELDS * len(every_kind())
+    payloads = b"".join(change[3] for change in every_kind())
+    assert value[layout.payloads_start:] == payloads == value[-layout.payloads_size:]
+    assert record_layout(value, b"w-2") is None
+    assert record_layout(value[:-1], LOG.encode()) is None
+    assert record_layout(value + b"\x00", LOG.encode()) is None
+
+
