@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -172,24 +174,33 @@ class _PollRaises:
         return getattr(self._producer, name)
 
 
-def test_a_fencing_raised_by_poll_is_reported_as_the_fencing(
-        kafka_cluster: Any, make_topic: Any) -> None:
+@contextmanager
+def two_committers(kafka_cluster: Any) -> Iterator[
+        tuple[TransactionalCommitter, TransactionalCommitter, str]]:
+    """An older and a newer committer of one transactional id (the newer one fenced the
+    older at its start), and that id; both closed after."""
     config = store_config(kafka_cluster)
-    topic = make_topic()
     tid = f"tx-{config.topic}"
     with KafkaCheckpointStore(config) as store:
         old = TransactionalCommitter(store, tid)
         new = TransactionalCommitter(store, tid)
         try:
-            old._producer = _PollRaises(old._producer, KafkaError(
-                KafkaError._FENCED, "fenced by a newer instance", fatal=True))
-            with pytest.raises(TransactionFencedError, match="another committer with this "
-                               "transactional id took over"):
-                old.commit(checkpoint(1), outputs(topic, 1))
-            new.commit(checkpoint(1), outputs(topic, 0))
+            yield old, new, tid
         finally:
             new.close()
             old.close()
+
+
+def test_a_fencing_raised_by_poll_is_reported_as_the_fencing(
+        kafka_cluster: Any, make_topic: Any) -> None:
+    topic = make_topic()
+    with two_committers(kafka_cluster) as (old, new, _):
+        old._producer = _PollRaises(old._producer, KafkaError(
+            KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+        with pytest.raises(TransactionFencedError, match="another committer with this "
+                           "transactional id took over"):
+            old.commit(checkpoint(1), outputs(topic, 1))
+        new.commit(checkpoint(1), outputs(topic, 0))
     assert read_all(kafka_cluster, topic) == [f"step 0 row {i}".encode() for i in range(3)]
 
 
@@ -243,20 +254,12 @@ def test_an_older_committer_is_fenced(kafka_cluster: Any, make_topic: Any,
     """Fenced at its first commit, and at every later one: once librdkafka has seen the
     fencing, its calls fail with a bare fatal error (or a "conflicting call"); the
     committer still says it was fenced, and commits nothing."""
-    config = store_config(kafka_cluster)
     topic = make_topic()
-    tid = f"tx-{config.topic}"
-    with KafkaCheckpointStore(config) as store:
-        old = TransactionalCommitter(store, tid)
-        new = TransactionalCommitter(store, tid)
-        try:
-            for attempt in range(1, attempts + 1):
-                with pytest.raises(TransactionFencedError, match=(
-                        f"transactional id '{tid}'.*another committer with this transactional "
-                        "id took over")):
-                    old.commit(checkpoint(1), outputs(topic, attempt))
-            new.commit(checkpoint(1), outputs(topic, 0))
-        finally:
-            new.close()
-            old.close()
+    with two_committers(kafka_cluster) as (old, new, tid):
+        for attempt in range(1, attempts + 1):
+            with pytest.raises(TransactionFencedError, match=(
+                    f"transactional id '{tid}'.*another committer with this transactional "
+                    "id took over")):
+                old.commit(checkpoint(1), outputs(topic, attempt))
+        new.commit(checkpoint(1), outputs(topic, 0))
     assert read_all(kafka_cluster, topic) == [f"step 0 row {i}".encode() for i in range(3)]
