@@ -120,15 +120,17 @@ def _key(i: int) -> bytes:
 
 
 def _write(case: Case, keys: int, storage: KafkaChangelogStorage,
-           snapshots: KafkaSnapshotStore) -> tuple[KeyedStateHandle, dict[bytes, Any], float]:
+           snapshots: KafkaSnapshotStore
+           ) -> tuple[KeyedStateHandle, dict[bytes, Any], int, float]:
     """K keys, materialized, then K/10 updates; the checkpoint's handle, the expected
-    state of a sample of keys, the seconds it took."""
+    state of a sample of keys, the entries of the state, the seconds it took."""
     started = time.perf_counter()
     rng = random.Random(3)
     backend = ChangelogKeyedStateBackend(storage, snapshots, OPERATOR, ALL, MAX_PARALLELISM,
                                          MaterializationConfig(interval_s=None))
     sample = set(rng.sample(range(keys), min(SAMPLE, keys)))
     expected: dict[bytes, Any] = {}
+    new_map_entries = [0]  # the user profile's map entries written
 
     def put(i: int, generation: int) -> None:
         key = _key(i)
@@ -145,7 +147,10 @@ def _write(case: Case, keys: int, storage: KafkaChangelogStorage,
         total.update((total.value() or 0) + i % 97 + generation)
         kind = KIND_NAMES[(i + generation) % 4]
         kinds = backend.state(KINDS)
-        kinds.put(kind, (kinds.get(kind) or 0) + 1)
+        seen = kinds.get(kind)
+        if seen is None:
+            new_map_entries[0] += 1
+        kinds.put(kind, (seen or 0) + 1)
         pages = backend.state(PAGES)
         pages.update([*list(pages.get())[-4:], f"/page/{(i * 7 + generation) % 500}"])
         if i in sample:
@@ -161,12 +166,13 @@ def _write(case: Case, keys: int, storage: KafkaChangelogStorage,
         handle = backend.snapshot(1).result(timeout=600)
     finally:
         backend.close()
-    return handle, expected, time.perf_counter() - started
+    # Entries as the state counts them: a value's or list's key once, each map entry.
+    entries = keys if case.value_bytes else 3 * keys + new_map_entries[0]
+    return handle, expected, entries, time.perf_counter() - started
 
 
-def _check(case: Case, backend: ChangelogKeyedStateBackend, keys: int,
+def _check(case: Case, backend: ChangelogKeyedStateBackend, entries: int,
            expected: dict[bytes, Any]) -> None:
-    entries = keys if case.value_bytes else 4 * keys
     if backend.state_rows() != entries:
         raise RuntimeError(f"{case.name}: restored {backend.state_rows()} entries, expected "
                            f"{entries}")
@@ -216,11 +222,12 @@ def read_raw(handle: KeyedStateHandle, snapshot_config: SnapshotStoreConfig,
 class Sides:
     """The three ways to read one checkpoint, each timed."""
 
-    def __init__(self, case: Case, keys: int, handle: KeyedStateHandle,
+    def __init__(self, case: Case, entries: int, handle: KeyedStateHandle,
                  expected: dict[bytes, Any], storage: KafkaChangelogStorage,
                  snapshots: KafkaSnapshotStore, snapshot_config: SnapshotStoreConfig,
                  directory: Path) -> None:
-        self.case, self.keys, self.handle, self.expected = case, keys, handle, expected
+        self.case, self.entries, self.handle, self.expected = (case, entries, handle,
+                                                                expected)
         self.storage, self.snapshots = storage, snapshots
         self.snapshot_config = snapshot_config
         self.directory = directory
@@ -252,7 +259,7 @@ class Sides:
         self.phases.setdefault(kind, []).append(
             (snapshot_end - started, marks.get("apply_batch", snapshot_end) - snapshot_end))
         try:
-            _check(self.case, backend, self.keys, self.expected)
+            _check(self.case, backend, self.entries, self.expected)
         finally:
             backend.close()
         return seconds
@@ -286,13 +293,13 @@ def run_case(broker: Broker, case: Case, rounds: int, profile: bool) -> dict[str
     storage = KafkaChangelogStorage(changelog)
     snapshots = KafkaSnapshotStore(snapshot_config)
     try:
-        handle, expected, write_s = _write(case, keys, storage, snapshots)
+        handle, expected, entries, write_s = _write(case, keys, storage, snapshots)
         snapshot_bytes = handle.snapshot.state_size if handle.snapshot is not None else 0
         print(f"\n[{case.name}] {keys:,} keys written, materialized and {keys // 10:,} "
               f"updated in {write_s:.1f} s: snapshot {snapshot_bytes / MB:.1f} MB in "
               f"{len(handle.snapshot.chunks) if handle.snapshot else 0} chunks, changelog "
               f"{sum(h.state_size for h in handle.changelog) / MB:.1f} MB", flush=True)
-        sides = Sides(case, keys, handle, expected, storage, snapshots, snapshot_config,
+        sides = Sides(case, entries, handle, expected, storage, snapshots, snapshot_config,
                       directory)
         _, value_bytes = sides.raw()  # warm-up (page cache, connections): not measured
         runs: dict[str, list[float]] = {"raw": [], "rocksdb": [], "memory": []}
