@@ -168,12 +168,25 @@ def test_a_partition_tail_reads_range_after_range_and_keeps_what_it_took_beyond(
     producer = Producer({**cluster.client_config(), "transactional.id": topic})
     producer.init_transactions(30)
 
+    log_end = [0]
+
     def produce(values: range) -> int:
+        """The log end after a transaction of ``values``: its records and its marker."""
         producer.begin_transaction()
         for value in values:
             producer.produce(topic, value=str(value).encode(), partition=0)
         producer.commit_transaction(30)
-        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+        log_end[0] += len(values) + 1
+        # The marker is written after commit_transaction returns (under load, a while
+        # after): wait for it, on a read_uncommitted consumer (a read_committed one gives
+        # the last stable offset, not the log end).
+        deadline = time.monotonic() + 15
+        while True:
+            high = offsets.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+            if high >= log_end[0] or time.monotonic() > deadline:
+                assert high == log_end[0], f"log end {high}, expected {log_end[0]}"
+                return int(high)
+            time.sleep(0.01)
 
     def failed(error: KafkaError, position: int) -> int:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -183,6 +196,8 @@ def test_a_partition_tail_reads_range_after_range_and_keeps_what_it_took_beyond(
     # The view's settings (among them auto.offset.reset=error: a reset is an error, never
     # a silent jump to the log end).
     consumer = Consumer(store_config(cluster).consumer())
+    offsets = Consumer({**store_config(cluster).consumer(),
+                        "isolation.level": "read_uncommitted"})
     tail = PartitionTail(consumer, topic, 0)
     try:
         read: list[int] = []
@@ -207,6 +222,7 @@ def test_a_partition_tail_reads_range_after_range_and_keeps_what_it_took_beyond(
         tail.release()
     finally:
         consumer.close()
+        offsets.close()
         producer.flush(10)
 
 
