@@ -132,7 +132,8 @@ def split_initial(rows: pd.DataFrame | None, key_columns: list[str]
     state."""
     if rows is None or INITIAL_COLUMN not in rows.columns:
         return None, rows
-    marked = rows[INITIAL_COLUMN].fillna(False).astype(bool).to_numpy()
+    # Null on the batch's rows (the union leaves it so): not initial.
+    marked = rows[INITIAL_COLUMN].to_numpy(dtype=bool, na_value=False)
     initial_columns = [c for c in rows.columns if c.startswith(INITIAL_PREFIX)]
     batch = rows.loc[~marked].drop(columns=[*initial_columns, INITIAL_COLUMN])
     kept = [*key_columns, *(c for c in rows.columns
