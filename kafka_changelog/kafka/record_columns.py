@@ -52,10 +52,11 @@ class RecordLayout:
         return self.field_starts.size // FIELDS
 
 
-def record_layout(value: bytes, log_id: bytes) -> RecordLayout | None:
-    """The layout of the ``ChangeBatch`` ``value`` (``schemas/change_batch.avsc``), found
-    with NumPy: the fields are varints laid end to end, so the byte ending each one (high
-    bit clear) tells where the next starts.
+def record_layout(value: bytes, log_id: bytes, base: int = 0) -> RecordLayout | None:
+    """The layout of the ``ChangeBatch`` ``value`` (``schemas/change_batch.avsc``), its
+    positions counted from ``base`` (where ``value`` lies in a larger buffer), found with
+    NumPy: the fields are varints laid end to end, so the byte ending each one (high bit
+    clear) tells where the next starts.
 
     None when ``value`` is not a well-formed batch of log ``log_id``, or its changes array
     is not one block (the per-change path decodes those, and names what is wrong).
@@ -77,8 +78,8 @@ def record_layout(value: bytes, log_id: bytes) -> RecordLayout | None:
             if ends.size < fields:
                 return None
             starts = np.empty(fields, np.int64)
-            starts[0] = pos
-            starts[1:] = ends[:fields - 1] + (pos + 1)
+            starts[0] = base + pos
+            starts[1:] = ends[:fields - 1] + (base + pos + 1)
             pos += int(ends[fields - 1]) + 1
             block_end, pos = read_long(value, pos)
             if block_end != 0:
@@ -88,7 +89,7 @@ def record_layout(value: bytes, log_id: bytes) -> RecordLayout | None:
         return None
     if payloads_size < 0 or pos + payloads_size != len(value):
         return None
-    return RecordLayout(starts, pos, payloads_size)
+    return RecordLayout(starts, base + pos, payloads_size)
 
 
 @dataclass
@@ -113,13 +114,11 @@ class RecordGroup:
         self.offsets.append(offset)
         self.values.append(value)
         if self.columnar:
-            layout = record_layout(value, log_id)
+            layout = record_layout(value, log_id, self.size)
             if layout is None:
                 self.columnar = False
             else:
-                self.layouts.append(RecordLayout(layout.field_starts + self.size,
-                                                 layout.payloads_start + self.size,
-                                                 layout.payloads_size))
+                self.layouts.append(layout)
                 self.changes += layout.changes
         self.size += len(value)
 

@@ -37,6 +37,7 @@ SCHEMA_HEADER_VALUE = f"{SCHEMA_NAME}/{SCHEMA_VERSION}"
 #: The layout of kafka-changelog 0.2.0's records, read and converted.
 LEGACY_SCHEMA_VERSION = 1
 LEGACY_SCHEMA_NAME = f"{SCHEMA_NAME}_v{LEGACY_SCHEMA_VERSION}"
+LEGACY_SCHEMA_HEADER_VALUE = f"{SCHEMA_NAME}/{LEGACY_SCHEMA_VERSION}"
 
 HEADER_LOG_ID = "kc.log_id"
 HEADER_KEY_GROUPS = "kc.key_groups"
@@ -198,11 +199,11 @@ def check_schema_header(headers: Sequence[tuple[str, str | bytes | None]] | None
             found = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
             if found == SCHEMA_HEADER_VALUE:
                 return SCHEMA_VERSION
-            if found == f"{SCHEMA_NAME}/{LEGACY_SCHEMA_VERSION}":
+            if found == LEGACY_SCHEMA_HEADER_VALUE:
                 return LEGACY_SCHEMA_VERSION
             raise UnknownSchemaError(
                 f"record schema {found!r} is not supported (this library reads "
-                f"{SCHEMA_HEADER_VALUE!r} and {SCHEMA_NAME}/{LEGACY_SCHEMA_VERSION!r})"
+                f"{SCHEMA_HEADER_VALUE!r} and {LEGACY_SCHEMA_HEADER_VALUE!r})"
             )
     raise UnknownSchemaError(f"record has no {HEADER_SCHEMA} header")
 
