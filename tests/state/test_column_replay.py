@@ -1,7 +1,8 @@
 """A changelog replayed column-wise gives what the change-by-change replay gives: the same
 entries, entry count, registrations and changed key groups, in the memory and the RocksDB
 table, whatever the mix of states, op kinds, registrations and key groups; what the
-column-wise decoder leaves to the per-change path is left with nothing applied."""
+column-wise decoder leaves to the per-change path is left with nothing applied. The same
+for a restore's tail collected column-wise to be merged into the snapshot."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from kafka_changelog import KeyGroupRange
 from kafka_changelog.avro_columns import padded
 from kafka_changelog.change import StateChange
 from kafka_changelog.change_columns import DecodedChanges
-from kafka_changelog.state.backend.column_replay import replay_columns
-from kafka_changelog.state.backend.restore import replay_changes
+from kafka_changelog.state.backend.column_replay import collect_columns, replay_columns
+from kafka_changelog.state.backend.restore import collect_changes, replay_changes
 from kafka_changelog.state.errors import StateMismatchError
 from kafka_changelog.state.rocksdb.table import RocksDBStateTable
+from kafka_changelog.state.schema.op_run import OpRun
 from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 from kafka_changelog.state.tables.memory import StateTable
 from kafka_changelog.state.tables.protocol import KeyedStateTable
@@ -199,3 +201,93 @@ def test_interleaved_states_and_alternating_kinds_replay_as_logged() -> None:
             ops.append((group, StateOp("count", OpKind.DELETE, key)))
             ops.append((group, StateOp("events", OpKind.LIST_REPLACE, key, values=())))
     assert_replays_alike(log_of(ops, [0, 0, 0, 0]))
+
+
+def collected_both(changes: list[StateChange]
+                   ) -> tuple[StateTable, dict[int, list[OpRun]], dict[int, list[OpRun]]]:
+    """The tail of ``changes`` collected change by change (registrations into the table
+    returned) and column-wise (into a table of its own, checked to match)."""
+    reference, columns = StateTable(), StateTable()
+    by_change: dict[int, list[OpRun]] = {}
+    by_column: dict[int, list[OpRun]] = {}
+    collect_changes(reference, changes, RANGE, by_change)
+    assert collect_columns(columns, decoded(changes), RANGE, by_column)
+    assert dict(columns.metas) == dict(reference.metas)
+    return reference, by_change, by_column
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(op_strategy(), max_size=80), st.lists(op_strategy(), max_size=40),
+       st.lists(st.integers(min_value=0, max_value=80), min_size=len(METAS),
+                max_size=len(METAS)))
+def test_a_tail_collected_column_wise_merges_as_one_collected_change_by_change(
+        ops: list[tuple[int, StateOp]], snapshot_ops: list[tuple[int, StateOp]],
+        registered_at: list[int]) -> None:
+    """A restore's merged tail (``load_groups``): collected column-wise, the same key
+    groups, entries, count and changed keys as collected change by change, and as the
+    log replayed after the snapshot (registrations anywhere: both collectors register
+    them all before any op is applied)."""
+    changes = log_of(ops, registered_at)
+    _, by_change, by_column = collected_both(changes)
+    assert set(by_column) == set(by_change) == {kg for kg, _ in ops if RANGE.contains(kg)}
+    memory = StateTable()
+    for meta in METAS:
+        memory.register(meta)
+    for key_group, op in snapshot_ops:
+        memory.apply(key_group, op)
+    snapshots = [(kg, memory.serialize_group(kg)) for kg in memory.key_groups()]
+    with tempfile.TemporaryDirectory() as directory:
+        tables = [RocksDBStateTable(Path(directory) / name, track_changes=True)
+                  for name in ("columns", "changes", "replayed")]
+        try:
+            for table in tables:
+                for meta in METAS:
+                    table.register(meta)
+            tables[0].load_groups(snapshots, by_column)
+            tables[1].load_groups(snapshots, by_change)
+            for key_group, data in snapshots:
+                tables[2].load_group(key_group, data)
+            replay_changes(tables[2], [c for c in changes if not c.is_meta], RANGE, set())
+            for table in tables[:2]:
+                assert_same(table, tables[2])
+                assert table.entry_count() == tables[2].entry_count()
+                assert list(table.changed_keys_by_group()) == list(
+                    tables[2].changed_keys_by_group())
+        finally:
+            for table in tables:
+                table.close()
+
+
+def test_a_tail_is_collected_in_runs_of_one_key_group_state_and_kind() -> None:
+    """Per key group, each state's ops in log order, cut where the kind changes; a field
+    present for some ops of a run only is None for the others."""
+    ops = [(1, StateOp("count", OpKind.SET, b"a", value=b"1")),
+           (2, StateOp("count", OpKind.SET, b"b", value=b"2")),
+           (1, StateOp("pages", OpKind.MAP_PUT, b"a", b"m", b"3")),
+           (1, StateOp("count", OpKind.SET, b"c", value=b"4")),
+           (1, StateOp("count", OpKind.DELETE, b"a", value=b"ignored")),
+           (1, StateOp("count", OpKind.DELETE, b"c")),
+           (1, StateOp("count", OpKind.SET, b"a", value=b"5")),
+           (0, StateOp("count", OpKind.SET, b"z", value=b"out of range"))]
+    _, _, tail = collected_both(log_of(ops, [0, 0, 0, 0]))
+    assert tail == {
+        1: [OpRun("count", OpKind.SET, [b"a", b"c"], None, [b"1", b"4"]),
+            OpRun("count", OpKind.DELETE, [b"a", b"c"], None, [b"ignored", None]),
+            OpRun("count", OpKind.SET, [b"a"], None, [b"5"]),
+            OpRun("pages", OpKind.MAP_PUT, [b"a"], [b"m"], [b"3"])],
+        2: [OpRun("count", OpKind.SET, [b"b"], None, [b"2"])]}
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x0cevents\x04\x02a\x00\x00\x02\x01\x04\x02x\x00",
+    b"\x0acount\x00\x02a\x00\x02\x02",
+])
+def test_what_the_column_wise_decoder_leaves_is_left_with_nothing_collected(
+        payload: bytes) -> None:
+    changes = [StateChange.meta(meta.to_bytes()) for meta in METAS]
+    changes += [StateChange(1, StateOp("count", OpKind.SET, b"a", value=b"1").to_bytes()),
+                StateChange(1, payload)]
+    memory = StateTable()
+    tail: dict[int, list[OpRun]] = {}
+    assert not collect_columns(memory, decoded(changes), RANGE, tail)
+    assert (dict(memory.metas), tail) == ({}, {})

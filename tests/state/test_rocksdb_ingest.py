@@ -16,6 +16,7 @@ from kafka_changelog.state.rocksdb import ingest as rocksdb_ingest
 from kafka_changelog.state.rocksdb.table import RocksDBStateTable
 from kafka_changelog.state.schema.descriptors import StateKind
 from kafka_changelog.state.schema.key_group_codec import encode_key_group
+from kafka_changelog.state.schema.op_run import OpRun
 from kafka_changelog.state.schema.ops import OpKind, StateMeta, StateOp
 from kafka_changelog.state.snapshots.delta_layer import encode_delta
 from kafka_changelog.state.tables.memory import StateTable
@@ -33,6 +34,25 @@ def _memory_state(ops: list[tuple[int, StateOp]]) -> StateTable:
 
 def _snapshots(memory: StateTable) -> list[tuple[int, bytes]]:
     return [(kg, memory.serialize_group(kg)) for kg in memory.key_groups()]
+
+
+def _runs(ops: list[tuple[int, StateOp]], sparse: bool) -> dict[int, list[OpRun]]:
+    """``ops`` as a restore's tail: by key group, runs of consecutive ops of one state
+    and kind; ``sparse``: a column absent from every op of a run is None, as the
+    column-wise collector makes it (else every column is a list, as the per-change one)."""
+    tail: dict[int, list[OpRun]] = {}
+    for key_group, op in ops:
+        runs = tail.setdefault(key_group, [])
+        if runs and runs[-1].state == op.state and runs[-1].op is op.op:
+            runs[-1].add(op)
+        else:
+            runs.append(OpRun.started(op))
+    if sparse:
+        tail = {kg: [OpRun(run.state, run.op, run.keys, *(
+            None if column is None or all(item is None for item in column) else column
+            for column in (run.map_keys, run.values, run.items))) for run in runs]
+            for kg, runs in tail.items()}
+    return tail
 
 
 def _sst_files(path: Path) -> list[str]:
@@ -188,18 +208,17 @@ def test_large_state_goes_into_several_bounded_files(
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(op_strategy(), max_size=60), st.lists(op_strategy(), max_size=60),
-       st.booleans())
+       st.booleans(), st.booleans())
 def test_a_tail_merged_into_the_ingestion_gives_what_replaying_it_after_gives(
         snapshot_ops: list[tuple[int, StateOp]], tail_ops: list[tuple[int, StateOp]],
-        tracked: bool) -> None:
+        tracked: bool, sparse: bool) -> None:
     """Tail ops of every kind (map puts and removes over snapshot maps, list appends to
-    snapshot lists, deletes, keys new in the tail, key groups only the tail has): the
-    same entries, count and (tracked) changed keys as load_group then apply_batch."""
+    snapshot lists, deletes, keys new in the tail, key groups only the tail has), in
+    runs as either collector makes them: the same entries, count and (tracked) changed
+    keys as load_group then apply_batch."""
     memory = _memory_state(snapshot_ops)
     snapshots = _snapshots(memory)
-    tail: dict[int, list[StateOp]] = {}
-    for key_group, op in tail_ops:
-        tail.setdefault(key_group, []).append(op)
+    tail = _runs(tail_ops, sparse)
     with tempfile.TemporaryDirectory() as directory:
         merged = registered(RocksDBStateTable(Path(directory) / "merged",
                                               track_changes=tracked))
@@ -228,7 +247,7 @@ def test_a_refused_tail_op_fails_the_load_and_leaves_no_file(tmp_path: Path) -> 
     table = registered(RocksDBStateTable(tmp_path / "db"))
     with pytest.raises(Exception, match="LIST_ADD on VALUE state 'count'"):
         table.load_groups([(0, _valid())], {
-            0: [StateOp("count", OpKind.LIST_ADD, b"a", values=(b"x",))]})
+            0: [OpRun("count", OpKind.LIST_ADD, [b"a"], items=[(b"x",)])]})
     assert _sst_files(table.path) == []
     table.close()
 
@@ -258,3 +277,30 @@ def test_snapshot_deltas_apply_after_the_ingested_whole_states(tmp_path: Path) -
     other.close()
     target.close()
     before.close()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_map_entries_a_tail_run_puts_after_a_whole_map_delete_are_deleted_with_it(
+        tmp_path: Path, sparse: bool) -> None:
+    """A whole-map delete reads the key group's map entries (an index of the keys is
+    made then); entries a later run of puts adds to that map must be found by the next
+    whole-map delete, and survive when no delete follows."""
+    memory = registered(StateTable())
+    for user in (b"u", b"v"):
+        memory.apply(0, StateOp("pages", OpKind.MAP_PUT, user, b"a", b"1"))
+    ops = [(0, StateOp("pages", OpKind.DELETE, b"u")),
+           (0, StateOp("pages", OpKind.MAP_PUT, b"u", b"b", b"2")),
+           (0, StateOp("pages", OpKind.MAP_PUT, b"v", b"c", b"3")),
+           (0, StateOp("pages", OpKind.DELETE, b"u")),
+           (0, StateOp("pages", OpKind.MAP_PUT, b"v", b"d", b"4"))]
+    table = registered(RocksDBStateTable(tmp_path / "db", track_changes=True))
+    try:
+        table.load_groups(_snapshots(memory), _runs(ops, sparse))
+        for key_group, op in ops:
+            memory.apply(key_group, op)
+        assert table.get(0, "pages", b"u") is None
+        assert table.get(0, "pages", b"v") == {b"a": b"1", b"c": b"3", b"d": b"4"}
+        assert table.entry_count() == 3
+        assert_same(table, memory)
+    finally:
+        table.close()

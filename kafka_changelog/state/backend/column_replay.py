@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from ...change import META_KEY_GROUP
 from ...change_columns import DecodedChanges
 from ...keygroups import KeyGroupRange
 from ..schema.op_columns import OpColumns, Slices, decode_ops
+from ..schema.op_run import OpRun
 from ..schema.ops import OpKind, StateMeta, StateOp
 from ..tables.protocol import KeyedStateTable
 
@@ -50,6 +52,11 @@ class _Decoded:
     ops: OpColumns
     #: The change (position in the changes) of each op.
     op_rows: Int64s
+
+    @cached_property
+    def item_starts(self) -> Int64s:
+        """Where each op's ``values`` items start among all ops' items (one more: the end)."""
+        return np.concatenate(([0], np.cumsum(self.ops.values.counts)))
 
 
 #: Runs shorter than this are applied op by op (``apply_batch``), several at once: a call
@@ -190,7 +197,72 @@ def _apply_run(table: KeyedStateTable, changes: DecodedChanges, decoded: _Decode
         _slices(data, ops.key, run),
         _slices(data, ops.map_key, run) if map_key_present else None,
         _slices(data, ops.value, run) if value_present else None,
-        _items(data, ops, run) if items_present else None)
+        _items(data, decoded, run) if items_present else None)
+
+
+def collect_columns(table: KeyedStateTable, changes: DecodedChanges,
+                    key_group_range: KeyGroupRange, tail: dict[int, list[OpRun]]) -> bool:
+    """The registrations of ``changes`` into ``table`` at once, and the ops of
+    ``key_group_range`` appended to ``tail`` (key group -> runs of one state and kind;
+    within a key group, each state's ops in log order: key groups and states are
+    independent, so applying the runs replays as the log does). False, with nothing
+    registered or collected, when the changes are left to the per-change path."""
+    key_groups = changes.key_groups
+    meta = key_groups == META_KEY_GROUP
+    rows = np.flatnonzero(meta | ((key_groups >= key_group_range.start)
+                                  & (key_groups <= key_group_range.end)))
+    decoded = _decode(changes, rows, meta[rows])
+    if decoded is None:
+        return False
+    for at in np.flatnonzero(decoded.meta).tolist():
+        table.register(StateMeta.from_bytes(_payload(changes, int(rows[at]))))
+    ops = decoded.ops
+    op_groups = key_groups[decoded.op_rows]
+    if not op_groups.size:
+        return True
+    # By key group, then state, each in log order (lexsort is stable); runs end where
+    # the key group, the state or the op kind changes.
+    order = np.lexsort((decoded.state_ids, op_groups))
+    codes = (op_groups[order] * (len(decoded.state_names) + 1)
+             + decoded.state_ids[order]) * len(_OPS) + ops.op[order]
+    bounds = [0, *(np.flatnonzero(codes[1:] != codes[:-1]) + 1).tolist(), order.size]
+    data = changes.data
+    for start, end in itertools.pairwise(bounds):
+        run = order[start:end]
+        first = int(run[0])
+        tail.setdefault(int(op_groups[first]), []).append(OpRun(
+            decoded.state_names[int(decoded.state_ids[first])], _OPS[int(ops.op[first])],
+            _slices(data, ops.key, run), _optional_slices(data, ops.map_key, run),
+            _optional_slices(data, ops.value, run), _optional_items(data, decoded, run)))
+    return True
+
+
+def _optional_slices(data: bytes, slices: Slices, run: Int64s) -> list[bytes | None] | None:
+    """A field of the ops of ``run``: None when absent from all, else each op's bytes
+    (None where absent)."""
+    present = _uniform(slices.present, run)
+    if present is False:
+        return None
+    found: list[bytes | None] = list(_slices(data, slices, run))
+    if present is None:
+        assert slices.present is not None
+        for at in np.flatnonzero(~slices.present[run]).tolist():
+            found[at] = None
+    return found
+
+
+def _optional_items(data: bytes, decoded: _Decoded, run: Int64s
+                    ) -> list[tuple[bytes, ...] | None] | None:
+    """The ``values`` of the ops of ``run``: None when absent from all, else each op's
+    items (None where absent)."""
+    present = _uniform(decoded.ops.values.present, run)
+    if present is False:
+        return None
+    found: list[tuple[bytes, ...] | None] = list(_items(data, decoded, run))
+    if present is None:
+        for at in np.flatnonzero(~decoded.ops.values.present[run]).tolist():
+            found[at] = None
+    return found
 
 
 def _uniform(present: np.ndarray | None, run: Int64s) -> bool | None:
@@ -210,11 +282,10 @@ def _slices(data: bytes, slices: Slices, run: Int64s) -> list[bytes]:
     return [data[s:e] for s, e in zip(starts.tolist(), ends, strict=True)]
 
 
-def _items(data: bytes, ops: OpColumns, run: Int64s) -> Sequence[tuple[bytes, ...]]:
+def _items(data: bytes, decoded: _Decoded, run: Int64s) -> Sequence[tuple[bytes, ...]]:
     """The ``values`` of the ops of ``run`` (all present), as tuples."""
-    counts = ops.values.counts
-    item_starts = np.concatenate(([0], np.cumsum(counts)))  # each op's first item
-    items = ops.values.items
+    item_starts = decoded.item_starts
+    items = decoded.ops.values.items
     found = []
     for op in run.tolist():
         first, last = int(item_starts[op]), int(item_starts[op + 1])
@@ -224,4 +295,4 @@ def _items(data: bytes, ops: OpColumns, run: Int64s) -> Sequence[tuple[bytes, ..
     return found
 
 
-__all__ = ["replay_columns"]
+__all__ = ["collect_columns", "replay_columns"]

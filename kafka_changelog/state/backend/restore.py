@@ -20,13 +20,14 @@ from ...keygroups import KeyGroupRange
 from ...reader import StateChangelogReader
 from ...storage import StateChangelogStorage
 from ..checkpoints.checkpoint import KeyedStateHandle
+from ..schema.op_run import OpRun
 from ..schema.ops import StateMeta, StateOp
 from ..snapshots.delta_layer import apply_delta
 from ..snapshots.materialization import materialized_at
 from ..snapshots.materializer import MaterializationConfig
 from ..snapshots.snapshot_store import SnapshotStore
 from ..tables.protocol import BulkLoadTable, KeyedStateTable
-from .column_replay import replay_columns
+from .column_replay import collect_columns, replay_columns
 from .keyed_backend import ChangelogKeyedStateBackend
 from .local_recovery import LocalRecoveryStore
 
@@ -125,20 +126,22 @@ def load_keyed_state(
         snapshot = dataclasses.replace(
             snapshot, chunks=tuple(c for c in snapshot.chunks if c.key_group in remote))
     changed: set[int] = set()
-
-    def changes_of(changelog: Any) -> Iterable[StateChange]:
-        changes = local.get_changes(changelog) if local is not None else None
-        return changes if changes is not None else reader.read(changelog)
-
     if snapshot is not None and snapshot.chunks:
-        tail: dict[int, list[StateOp]] | None = None
+        tail: dict[int, list[OpRun]] | None = None
         if (isinstance(table, BulkLoadTable) and not snapshot.layered
                 and sum(c.state_size for c in handle.changelog) <= MERGED_TAIL_BYTES):
             # A small tail is read first and merged into the snapshot as it is loaded
             # (BulkLoadTable.load_groups); with delta layers it must come after them.
             tail = {}
-            for changelog in handle.changelog:
-                collect_changes(table, changes_of(changelog), key_group_range, tail)
+            if local is None:
+                collect_pieces(table, reader, handle.changelog, key_group_range, tail)
+            else:
+                for changelog in handle.changelog:
+                    kept = local.get_changes(changelog)
+                    if kept is None:
+                        collect_pieces(table, reader, [changelog], key_group_range, tail)
+                    else:
+                        collect_changes(table, kept, key_group_range, tail)
             changed.update(tail)
         load_layers(table, snapshot_store.read_layers(snapshot, key_group_range), tail)
         if tail is not None:
@@ -156,35 +159,54 @@ def load_keyed_state(
 
 
 #: A changelog tail up to this many bytes (its handles' ``state_size``) is held in memory
-#: as ops during a restore into a :class:`BulkLoadTable`, to be merged into the snapshot;
+#: as runs of ops during a restore into a :class:`BulkLoadTable`, to be merged into the snapshot;
 #: a longer one is replayed after it.
 MERGED_TAIL_BYTES = 16 << 20
 
 
+def collect_pieces(table: KeyedStateTable, reader: StateChangelogReader[Any],
+                   pieces: Sequence[Any], key_group_range: KeyGroupRange,
+                   tail: dict[int, list[OpRun]]) -> None:
+    """Read the changelog ``pieces`` (of one handle, in order) with ``reader`` and
+    collect them into ``tail`` as :func:`collect_changes` does: column-wise
+    (:func:`.column_replay.collect_columns`) when the reader decodes them so, else
+    change by change."""
+    columns = reader.read_columns(pieces)
+    if columns is not None and collect_columns(table, columns, key_group_range, tail):
+        return
+    for piece in pieces:
+        collect_changes(table, reader.read(piece), key_group_range, tail)
+
+
 def collect_changes(table: KeyedStateTable, changes: Iterable[StateChange],
-                    key_group_range: KeyGroupRange, tail: dict[int, list[StateOp]]) -> None:
+                    key_group_range: KeyGroupRange, tail: dict[int, list[OpRun]]) -> None:
     """Registrations of ``changes`` into ``table`` at once, the ops of
-    ``key_group_range`` appended to ``tail`` by key group (each key group's in log
-    order: key groups are independent, so this replays as the log order does)."""
+    ``key_group_range`` appended to ``tail`` by key group as runs of one state and op
+    kind (each key group's in log order: key groups are independent, so applying them
+    replays as the log order does)."""
     contains = key_group_range.contains
     decode = StateOp.from_bytes
     for change in changes:
         if change.is_meta:
             table.register(StateMeta.from_bytes(change.payload))
         elif contains(change.key_group):
-            ops = tail.get(change.key_group)
-            if ops is None:
-                ops = tail[change.key_group] = []
-            ops.append(decode(change.payload))
+            op = decode(change.payload)
+            runs = tail.get(change.key_group)
+            if runs is None:
+                tail[change.key_group] = [OpRun.started(op)]
+            elif runs[-1].state == op.state and runs[-1].op is op.op:
+                runs[-1].add(op)
+            else:
+                runs.append(OpRun.started(op))
 
 
 def load_layers(table: KeyedStateTable, layers: Iterable[tuple[int, bytes, bool]],
-                tail: Mapping[int, Sequence[StateOp]] | None = None) -> None:
+                tail: Mapping[int, Sequence[OpRun]] | None = None) -> None:
     """Load snapshot layers (key group, serialized layer, whether a delta) in order:
     the whole states before the first delta in one :meth:`BulkLoadTable.load_groups` when
     the table has it (a snapshot's layers come whole states first), each later layer on
     its own (a delta merged into its key group's state, a whole state replacing it).
-    ``tail``: ops (by key group, in log order) to apply after the layers; only for a
+    ``tail``: runs of ops (by key group, in log order) to apply after the layers; only for a
     :class:`BulkLoadTable` and layers without deltas (ValueError otherwise)."""
     found = iter(layers)
     first_delta: tuple[int, bytes] | None = None

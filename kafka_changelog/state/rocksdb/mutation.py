@@ -109,6 +109,22 @@ class StoreWrites(Protocol):
         ...
 
 
+class ColumnWrites(StoreWrites, Protocol):
+    """:class:`StoreWrites` that also take many settles at once (:func:`mutate_columns`)."""
+
+    def read_ahead(self, keys: Sequence[bytes]) -> None:
+        """Learn in bulk whether the stored keys exist, where later settles need it."""
+        ...
+
+    def settle_all(self, keys: Sequence[bytes], new: Sequence[bytes | None],
+                   marked: Sequence[bytes] | None = None,
+                   starts: Sequence[bytes] | None = None) -> int:
+        """:meth:`settle` of each stored key in order, each marked first when
+        :attr:`mark` is set (``marked[i]`` the key to mark, default ``keys[i]``; a map
+        entry's map ``starts[i]`` given); returns the entry count's change."""
+        ...
+
+
 def mutate(io: StoreWrites, kind: int, op: OpKind, prefix: bytes, key: bytes,
            map_key: bytes | None, value: bytes | None,
            values: Sequence[bytes] | None) -> int:
@@ -146,6 +162,43 @@ def mutate(io: StoreWrites, kind: int, op: OpKind, prefix: bytes, key: bytes,
         assert values is not None
         return io.settle(stored, encode_items(values) if values else None)  # no items: none
     return io.settle(stored, None)  # DELETE
+
+
+def mutate_columns(io: ColumnWrites, kind: int, op: OpKind, prefixes: Sequence[bytes],
+                   keys: Sequence[bytes], map_keys: Sequence[bytes | None] | None,
+                   values: Sequence[bytes | None] | None,
+                   items: Sequence[Sequence[bytes] | None] | None) -> int:
+    """:func:`mutate` of many ops of one kind, in order (op ``i``: ``prefixes[i]``,
+    ``keys[i]``, and of each column given its ``i``-th item; a column None is None for
+    every op); returns the entry count's change. The ops that write one stored key each
+    (a value's set or delete, a map entry's put or remove) go through
+    :meth:`ColumnWrites.settle_all` with the keys read ahead at once; the rest op by op."""
+    count = len(keys)
+    if not count:
+        return 0
+    none: list[None] = [None] * count
+    if kind != KIND_MAP:
+        stored = [prefix + key for prefix, key in zip(prefixes, keys, strict=True)]
+        io.read_ahead(stored)
+        if kind == KIND_VALUE and (op is DELETE or (op is SET and values is not None)):
+            return io.settle_all(stored, none if op is DELETE or values is None else values)
+    elif map_keys is not None and (op is MAP_REMOVE or (op is MAP_PUT and values is not None)):
+        # Each op writes one stored entry: no map is read.
+        starts = [map_start(prefix, key) for prefix, key in zip(prefixes, keys, strict=True)]
+        entries = [start + map_key  # type: ignore[operator]
+                   for start, map_key in zip(starts, map_keys, strict=True)]
+        io.read_ahead(entries)
+        marked = (None if io.mark is None else
+                  [prefix + key for prefix, key in zip(prefixes, keys, strict=True)])
+        new = none if op is MAP_REMOVE or values is None else values
+        return io.settle_all(entries, new, marked, starts)
+    change = 0
+    for prefix, key, map_key, value, listed in zip(
+            prefixes, keys, none if map_keys is None else map_keys,
+            none if values is None else values, none if items is None else items,
+            strict=True):
+        change += mutate(io, kind, op, prefix, key, map_key, value, listed)
+    return change
 
 
 def any_under(db: Any, start: bytes, besides: bytes | None = None) -> bool:
@@ -263,6 +316,13 @@ class BatchedWrites:
         if wanted:
             values.update(zip(wanted, self._db.get(wanted), strict=True))
 
+    def read_ahead(self, keys: Sequence[bytes]) -> None:
+        """:meth:`prefetch` of the keys :class:`SeenKeys` does not know (a replay's keys
+        are mostly unknown to it); nothing when not :attr:`counting`."""
+        if self.counting:
+            known = self._known
+            self.prefetch([key for key in keys if key not in known])
+
     def settle(self, key: bytes, new: bytes | None, start: bytes | None = None) -> int:
         if start is not None:
             self._maps.add(start)
@@ -289,12 +349,14 @@ class BatchedWrites:
         return change if self.counting else 0
 
     def settle_all(self, keys: Sequence[bytes], new: Sequence[bytes | None],
-                   marked: Sequence[bytes] | None = None) -> int:
+                   marked: Sequence[bytes] | None = None,
+                   starts: Sequence[bytes] | None = None) -> int:
         """:meth:`settle` of each stored key, in order, in one loop, each marked first
         when :attr:`mark` is set (``marked[i]`` is ``keys[i]``'s key to mark, e.g. a
-        map entry's map key; default ``keys[i]`` itself); returns the entry count's
-        change (0 when not :attr:`counting`). Map entries' maps are not noted: a caller
-        must not read those maps through this object afterwards."""
+        map entry's map key; default ``keys[i]`` itself; ``starts[i]`` a map entry's
+        map); returns the entry count's change (0 when not :attr:`counting`)."""
+        if starts is not None:
+            self._maps.update(starts)
         values, known, db, mark = self._values, self._known, self._db, self.mark
         batch = self._batch
         change = 0
@@ -371,4 +433,5 @@ class BatchedWrites:
 
 
 __all__ = ["ALLOWED", "BATCH_LIMIT", "KIND_LIST", "KIND_MAP", "KIND_VALUE", "SEEN_LIMIT",
-           "BatchedWrites", "DirectWrites", "SeenKeys", "StoreWrites", "any_under", "mutate"]
+           "BatchedWrites", "ColumnWrites", "DirectWrites", "SeenKeys", "StoreWrites",
+           "any_under", "mutate", "mutate_columns"]

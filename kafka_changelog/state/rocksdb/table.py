@@ -49,7 +49,8 @@ from ..schema.key_group_codec import (
     encode_value_entries,
     load_key_group,
 )
-from ..schema.ops import DELETE, MAP_PUT, MAP_REMOVE, SET, OpKind, StateMeta, StateOp
+from ..schema.op_run import OpRun
+from ..schema.ops import OpKind, StateMeta, StateOp
 from ..tables.protocol import Entry
 from .changes import ChangeTracker
 from .group_writes import GroupWrites
@@ -79,6 +80,7 @@ from .mutation import (
     SeenKeys,
     any_under,
     mutate,
+    mutate_columns,
 )
 from .options import RocksDBOptions
 
@@ -269,44 +271,13 @@ class RocksDBStateTable:
         kind = info.kind
         if op not in ALLOWED[kind]:
             raise self._refused(key_groups[0], state, op)
-        count = len(keys)
-        prefixes = self._column_prefixes(state, key_groups)
         writes = self._batched()
-        none: list[None] = [None] * count
         try:
-            if kind != KIND_MAP:
-                stored = [prefix + key for prefix, key in zip(prefixes, keys, strict=True)]
-                self._prefetch(writes, stored)
-                if kind == KIND_VALUE and (op is DELETE or (op is SET and values is not None)):
-                    new = none if op is DELETE or values is None else values
-                    self._count += writes.settle_all(stored, new)
-                    return
-            elif map_keys is not None and (op is MAP_REMOVE or
-                                           (op is MAP_PUT and values is not None)):
-                # Each op writes one stored entry: no map is read.
-                entries = [map_start(prefix, key) + map_key  # type: ignore[operator]
-                           for prefix, key, map_key in zip(prefixes, keys, map_keys,
-                                                           strict=True)]
-                self._prefetch(writes, entries)
-                marked = (None if writes.mark is None else
-                          [prefix + key for prefix, key in zip(prefixes, keys, strict=True)])
-                new_entries = none if op is MAP_REMOVE or values is None else values
-                self._count += writes.settle_all(entries, new_entries, marked)
-                return
-            for prefix, key, map_key, value, listed in zip(
-                    prefixes, keys, map_keys if map_keys is not None else none,
-                    values if values is not None else none,
-                    items if items is not None else none, strict=True):
-                self._count += mutate(writes, kind, op, prefix, key, map_key, value, listed)
+            self._count += mutate_columns(writes, kind, op,
+                                          self._column_prefixes(state, key_groups), keys,
+                                          map_keys, values, items)
         finally:
             writes.finish()
-
-    def _prefetch(self, writes: BatchedWrites, stored: Sequence[bytes]) -> None:
-        """Read the stored keys SeenKeys does not know with one multi-get (a replay's keys
-        are mostly unknown to it), unless ``writes`` does not count."""
-        if writes.counting:
-            known = self._seen.known
-            writes.prefetch([key for key in stored if key not in known])
 
     def _column_prefixes(self, state: str, key_groups: Sequence[int]) -> list[bytes]:
         found = {kg: self._prefix(kg, state)[0] for kg in set(key_groups)}
@@ -508,23 +479,24 @@ class RocksDBStateTable:
             db.write(batch, write)
 
     def load_groups(self, groups: Iterable[tuple[int, bytes]],
-                    tail: Mapping[int, Sequence[StateOp]] | None = None) -> None:
+                    tail: Mapping[int, Sequence[OpRun]] | None = None) -> None:
         """:meth:`load_group` of each (key group, serialized state) in order, then the ops
-        of ``tail`` (key group -> its ops in log order) as :meth:`apply_batch` of them
+        of ``tail`` (key group -> its runs of ops in log order) as :meth:`apply` of each
         would: the same result. Into an empty store (a restore's fresh working copy), each
         key group's entries are decoded into memory, its tail ops applied to them there
-        (:mod:`.rocksdb_group_writes`), and the result written as sorted SST files and
-        ingested whole (:mod:`.rocksdb_ingest`): no memtable, no flush or compaction of
-        them, no store read per tail op; one key group's entries in memory at a time. A
-        store with entries, or a key group given twice: through :meth:`load_group` (an
-        ingested file would hide entries, not replace them)."""
+        (:mod:`.group_writes`, a run of value sets or map puts in one dict update), and
+        the result written as sorted SST files and ingested whole (:mod:`.ingest`): no
+        memtable, no flush or compaction of them, no store read per tail op; one key
+        group's entries in memory at a time. A store with entries, or a key group given
+        twice: through :meth:`load_group` (an ingested file would hide entries, not
+        replace them)."""
         db = self._live()
         tail = tail or {}
         if self._count or self.key_groups():
             for key_group, data in groups:
                 self.load_group(key_group, data)
             for key_group in sorted(tail):
-                self.apply_batch([(key_group, op) for op in tail[key_group]])
+                self._apply_runs(key_group, tail[key_group])
             return
         self._seen.clear()
         ingest = SstIngest(_rocksdict(), db, self._options, self.path)
@@ -546,29 +518,34 @@ class RocksDBStateTable:
             ingest.abandon()
             raise
         for key_group in sorted(again & set(tail)):
-            self.apply_batch([(key_group, op) for op in tail[key_group]])
+            self._apply_runs(key_group, tail[key_group])
+
+    def _apply_runs(self, key_group: int, runs: Sequence[OpRun]) -> None:
+        for run in runs:
+            self.apply_columns(run.state, run.op, [key_group] * len(run), run.keys,
+                               run.map_keys, run.values, run.items)
 
     def _ingest_group(self, ingest: SstIngest, key_group: int, data: bytes | None,
-                      ops: Sequence[StateOp]) -> None:
+                      runs: Sequence[OpRun]) -> None:
         """Decode ``data`` (None: the key group has no snapshot) into a dict of stored
-        entries, apply ``ops`` to it, and write it sorted: the store's key order, states
-        by number (a snapshot orders them by name)."""
+        entries, apply the ops of ``runs`` to it, and write it sorted: the store's key
+        order, states by number (a snapshot orders them by name)."""
         entries: dict[bytes, bytes] = {}  # a later put of a key replaces it, as in a batch
 
         def state(meta: StateMeta) -> StateLoad:
             return self._state_load(key_group, meta, entries.__setitem__)
 
         count = load_key_group(data, state) if data is not None else 0
-        if ops:
+        if runs:
             writes = GroupWrites(entries, self._changes.mark)
-            for op in ops:
-                found = self._prefixes.get((key_group, op.state))
+            for run in runs:
+                found = self._prefixes.get((key_group, run.state))
                 prefix, kind = found if found is not None else self._prefix(key_group,
-                                                                           op.state)
-                if op.op not in ALLOWED[kind]:
-                    raise self._refused(key_group, op.state, op.op)
-                count += mutate(writes, kind, op.op, prefix, op.key, op.map_key, op.value,
-                                op.values)
+                                                                           run.state)
+                if run.op not in ALLOWED[kind]:
+                    raise self._refused(key_group, run.state, run.op)
+                count += mutate_columns(writes, kind, run.op, [prefix] * len(run), run.keys,
+                                        run.map_keys, run.values, run.items)
             if writes.marks:
                 marks = self._batch_type(raw_mode=True)
                 for mark in writes.marks:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..schema.kinds import Entry
+from ..schema.op_run import OpRun
 from ..schema.ops import OpKind, StateMeta, StateOp
 
 
@@ -112,10 +113,10 @@ class BulkLoadTable(KeyedStateTable, Protocol):
     """A table that loads many key groups' snapshots at once (a restore's whole states)."""
 
     def load_groups(self, groups: Iterable[tuple[int, bytes]],
-                    tail: Mapping[int, Sequence[StateOp]] | None = None) -> None:
+                    tail: Mapping[int, Sequence[OpRun]] | None = None) -> None:
         """:meth:`load_group` of each (key group, serialized state) in order, then the
-        ``tail`` ops (key group -> its ops in log order) as :meth:`apply_batch` would:
-        the same result, however the table writes them."""
+        ops of ``tail`` (key group -> its runs of ops in log order) as :meth:`apply` of
+        each would: the same result, however the table writes them."""
         ...
 
 
