@@ -17,7 +17,9 @@ and takes a checkpoint. That checkpoint's handle is then read back, in alternati
 MB/s of every side = the same record value bytes (snapshot chunk records + changelog
 records) / wall time, clients created and closed inside the time. Target (issue #12): the
 restore into RocksDB at >= 0.8x the raw consumer's MB/s (best rounds; the median ratio is
-shown too). Every restore is checked: entry count, and the values of a sample of keys.
+shown too). Every restore is checked: entry count, and the values of a sample of keys
+against what was written; and the first restore into RocksDB against the first into
+memory, key by key (every key group's snapshot bytes, which both tables write alike).
 
 Cases (``BENCH_SCALE`` scales K): ``value 100 B`` (K = 1,000,000 value-state entries of
 100 random bytes), ``value 1 KiB`` (K = 100,000), and ``user profile`` (K = 200,000 users
@@ -34,6 +36,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import hashlib
 import io
 import os
 import pstats
@@ -184,8 +187,13 @@ def _check(case: Case, backend: ChangelogKeyedStateBackend, entries: int,
             found = (backend.state(COUNT).value(), backend.state(TOTAL).value(),
                      dict(backend.state(KINDS).items()), list(backend.state(PAGES).get()))
         if found != want:
-            raise RuntimeError(f"{case.name}: key {key!r} restored as {found!r}, expected "
-                               f"{want!r}")
+            raise RuntimeError(f"{case.name}: key {key!r} restored as {_short(found)}, "
+                               f"expected {_short(want)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 # -- the sides -------------------------------------------------------------------------------
@@ -233,6 +241,19 @@ class Sides:
         self.directory = directory
         #: Per table kind, (snapshot phase, changelog phase) seconds of each restore.
         self.phases: dict[str, list[tuple[float, float]]] = {}
+        #: Per table kind, the digest of each key group's state after its first restore.
+        self.digests: dict[str, dict[int, bytes]] = {}
+
+    def same_state(self) -> int:
+        """The key groups compared; raises when the two tables' restores differ."""
+        rocksdb, memory = self.digests["rocksdb"], self.digests["memory"]
+        differing = sorted(kg for kg in set(rocksdb) | set(memory)
+                           if rocksdb.get(kg) != memory.get(kg))
+        if differing:
+            raise RuntimeError(
+                f"{self.case.name}: restored into RocksDB and into memory, key groups "
+                f"{differing[:10]} differ ({len(differing)} of {len(memory)})")
+        return len(memory)
 
     def raw(self) -> tuple[float, int]:
         gc.collect()
@@ -260,6 +281,11 @@ class Sides:
             (snapshot_end - started, marks.get("apply_batch", snapshot_end) - snapshot_end))
         try:
             _check(self.case, backend, self.entries, self.expected)
+            if kind not in self.digests:
+                table = backend.table
+                self.digests[kind] = {
+                    kg: hashlib.sha256(table.serialize_group(kg)).digest()
+                    for kg in table.key_groups()}
         finally:
             backend.close()
         return seconds
@@ -317,6 +343,7 @@ def run_case(broker: Broker, case: Case, rounds: int, profile: bool) -> dict[str
                 print(f"  round {number + 1} {name:8s} {seconds:7.3f} s "
                       f"{value_bytes / seconds / MB:8.1f} MB/s", flush=True)
         share = load.share()
+        compared = sides.same_state()
         profile_text = ""
         if profile:
             profiler = cProfile.Profile()
@@ -343,6 +370,7 @@ def run_case(broker: Broker, case: Case, rounds: int, profile: bool) -> dict[str
         "memory_ratio": mbs["memory"] / mbs["raw"], "target_ratio": TARGET,
         "verdict": verdict(ratio >= TARGET), "others_cpu_share": round(share, 3),
         "phases_s": {kind: min(times, key=sum) for kind, times in sides.phases.items()},
+        "key_groups_equal": compared,
         "profile": profile_text,
     }
 
@@ -382,7 +410,9 @@ def report(results: dict[str, Any]) -> str:
                   "target", "result"], rows) + (
         "\n\nseconds of the fastest restore: snapshot chunks + changelog tail replayed after "
         "them (into RocksDB the tail is merged into the snapshot's load: all in the first)\n"
-        + table(["case", "into RocksDB", "into memory"], phases))
+        + table(["case", "into RocksDB", "into memory"], phases)
+        + "".join(f"\n{case['case']}: restored into RocksDB = into memory, key by key, in "
+                  f"all {case['key_groups_equal']} key groups" for case in results["cases"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,10 @@ the last batch and restarted on the same checkpoint; batch time is Spark's
 checksum, and the final state of a sample of users (clicks counted, open session)
 against the model's.
 
-Targets (issue #24), per case: ours (per key, vectorised) median <= 0.3x the faster
-Spark operator's median, whichever release was faster. Reported beside them: p90, the
-first batch after kill -9, the cost of TTL bookkeeping (median with TTL minus without)
+Targets, per case: ours (per key, vectorised) median <= 0.3x the faster Spark
+operator's median, whichever release was faster (issue #24), and our first batch after
+kill -9 <= 0.3x the faster Spark operator's first batch after kill -9 (issue #40).
+Reported beside them: p90, the cost of TTL bookkeeping (median with TTL minus without)
 and of timers per due timer ((median with timers - median without) / median timers
 fired per batch).
 
@@ -96,6 +97,8 @@ EVENTS_PER_BATCH = 100_000
 ACTIVE_SHARE = 0.5
 NEWEST_PYTHON = REPO_ROOT / ".venv-spark-newest" / "bin" / "python"
 FASTER_SPARK_MAX = 0.3
+#: Issue #40: our first batch after kill -9 against the faster Spark operator's.
+RESTART_MAX = 0.3
 SIDES: dict[str, Side] = {**OUR_SIDES, **SPARK_SIDES}
 #: Spark's sessions: no-data batches off, so that batch N's watermark is the one from the
 #: batches before N on every side (ours runs no batch without data).
@@ -222,16 +225,30 @@ def costs(case: SessionsCase) -> dict[str, dict[str, float | None]]:
 
 
 def case_targets(case: SessionsCase) -> list[dict[str, Any]]:
+    """Per side of ours with timers and TTL: its median, and its first batch after
+    kill -9, against the faster Spark operator's (each the faster at that figure)."""
     label = case.shape.label()
     spark = [s for s in case.sides.values() if s["role"] == SPARK and "median_ms" in s]
     if not spark:
         return []
     fastest = min(spark, key=lambda s: s["median_ms"])
-    return [_target(label, name, f"median <= {FASTER_SPARK_MAX}x the faster Spark operator's "
-                    f"({fastest['run']})", side["median_ms"] / fastest["median_ms"],
-                    FASTER_SPARK_MAX, side["ok"] and fastest["ok"])
-            for name, side in case.sides.items()
-            if name in ("ours", "ours_vectorized") and "median_ms" in side]
+    restarted = [s for s in spark if s.get("restart_first_ms") is not None]
+    fastest_restart = min(restarted, key=lambda s: s["restart_first_ms"], default=None)
+    found = []
+    for name, side in case.sides.items():
+        if name not in ("ours", "ours_vectorized") or "median_ms" not in side:
+            continue
+        found.append(_target(
+            label, name, f"median <= {FASTER_SPARK_MAX}x the faster Spark operator's "
+            f"({fastest['run']})", side["median_ms"] / fastest["median_ms"],
+            FASTER_SPARK_MAX, side["ok"] and fastest["ok"]))
+        if fastest_restart is not None and side.get("restart_first_ms") is not None:
+            found.append(_target(
+                label, name, f"first batch after kill -9 <= {RESTART_MAX}x the faster Spark "
+                f"operator's ({fastest_restart['run']})",
+                side["restart_first_ms"] / fastest_restart["restart_first_ms"], RESTART_MAX,
+                side["ok"] and fastest_restart["ok"]))
+    return found
 
 
 def _signed_ms(value: float | None) -> str:
