@@ -83,7 +83,14 @@ class SnapshotStoreConfig(KafkaConnection):
             **{"fetch.max.bytes": max(52_428_800, fetch),
                "max.partition.fetch.bytes": fetch,
                # A seek discards what was prefetched: keep the prefetch small.
-               "queued.max.messages.kbytes": max(4096, fetch // KIB)})
+               "queued.max.messages.kbytes": max(4096, fetch // KIB),
+               # Chunks are read where a handle says they are, then the next run of
+               # offsets is assigned: the new assignment's fetch waits for the one in
+               # flight, which the broker holds up to this long once the consumer has
+               # read to a partition's end (ten records of eight partitions, one
+               # consumer: 200 ms with the 20 ms of other readers, 16 ms with 1 ms; so
+               # is a full prefetch queue's backoff). Readers close after their reads.
+               "fetch.wait.max.ms": 1, "fetch.queue.backoff.ms": 1})
 
     def topic_configs(self) -> dict[str, str]:
         """Configs the topic is created with."""

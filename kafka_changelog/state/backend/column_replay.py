@@ -71,15 +71,10 @@ def replay_columns(table: KeyedStateTable, changes: DecodedChanges,
     registrations, and the ops of ``key_group_range``; adds the key groups changed to
     ``changed``. False, with nothing applied, when they are left to the per-change path
     (see the module)."""
-    key_groups = changes.key_groups
-    meta = key_groups == META_KEY_GROUP
-    rows = np.flatnonzero(meta | ((key_groups >= key_group_range.start)
-                                  & (key_groups <= key_group_range.end)))
-    decoded = _decode(changes, rows, meta[rows])
+    decoded = _decode_kept(changes, key_group_range)
     if decoded is None:
         return False
-    registrations = [(int(at), StateMeta.from_bytes(_payload(changes, int(rows[at]))))
-                     for at in np.flatnonzero(decoded.meta).tolist()]
+    registrations = _registrations(changes, decoded)
     if not _registered_first(table, decoded, registrations):
         return False
     done = 0  # ops applied: the k-th registration (at row ``at``) follows ``at - k`` ops
@@ -88,8 +83,26 @@ def replay_columns(table: KeyedStateTable, changes: DecodedChanges,
         table.register(registration)
         done = at - k
     _apply_ops(table, changes, decoded, done, decoded.state_ids.size)
-    changed.update(np.unique(key_groups[decoded.op_rows]).tolist())
+    changed.update(np.unique(changes.key_groups[decoded.op_rows]).tolist())
     return True
+
+
+def _decode_kept(changes: DecodedChanges, key_group_range: KeyGroupRange
+                 ) -> _Decoded | None:
+    """The registrations and the ops of ``key_group_range`` among ``changes``, decoded
+    column-wise; None to leave them to the per-change path."""
+    key_groups = changes.key_groups
+    meta = key_groups == META_KEY_GROUP
+    rows = np.flatnonzero(meta | ((key_groups >= key_group_range.start)
+                                  & (key_groups <= key_group_range.end)))
+    return _decode(changes, rows, meta[rows])
+
+
+def _registrations(changes: DecodedChanges, decoded: _Decoded) -> list[tuple[int, StateMeta]]:
+    """Each registration with its position among the kept changes, in log order."""
+    rows = decoded.rows
+    return [(int(at), StateMeta.from_bytes(_payload(changes, int(rows[at]))))
+            for at in np.flatnonzero(decoded.meta).tolist()]
 
 
 def _registered_first(table: KeyedStateTable, decoded: _Decoded,
@@ -207,17 +220,13 @@ def collect_columns(table: KeyedStateTable, changes: DecodedChanges,
     within a key group, each state's ops in log order: key groups and states are
     independent, so applying the runs replays as the log does). False, with nothing
     registered or collected, when the changes are left to the per-change path."""
-    key_groups = changes.key_groups
-    meta = key_groups == META_KEY_GROUP
-    rows = np.flatnonzero(meta | ((key_groups >= key_group_range.start)
-                                  & (key_groups <= key_group_range.end)))
-    decoded = _decode(changes, rows, meta[rows])
+    decoded = _decode_kept(changes, key_group_range)
     if decoded is None:
         return False
-    for at in np.flatnonzero(decoded.meta).tolist():
-        table.register(StateMeta.from_bytes(_payload(changes, int(rows[at]))))
+    for _, registration in _registrations(changes, decoded):
+        table.register(registration)
     ops = decoded.ops
-    op_groups = key_groups[decoded.op_rows]
+    op_groups = changes.key_groups[decoded.op_rows]
     if not op_groups.size:
         return True
     # By key group, then state, each in log order (lexsort is stable); runs end where

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ...change import StateChange
@@ -132,30 +132,36 @@ def load_keyed_state(
                 and sum(c.state_size for c in handle.changelog) <= MERGED_TAIL_BYTES):
             # A small tail is read first and merged into the snapshot as it is loaded
             # (BulkLoadTable.load_groups); with delta layers it must come after them.
-            tail = {}
-            if local is None:
-                collect_pieces(table, reader, handle.changelog, key_group_range, tail)
-            else:
-                for changelog in handle.changelog:
-                    kept = local.get_changes(changelog)
-                    if kept is None:
-                        collect_pieces(table, reader, [changelog], key_group_range, tail)
-                    else:
-                        collect_changes(table, kept, key_group_range, tail)
+            held: dict[int, list[OpRun]] = {}
+            tail = held
+            _each_piece(handle.changelog, local, lambda pieces: collect_pieces(
+                table, reader, pieces, key_group_range, held), lambda kept: collect_changes(
+                table, kept, key_group_range, held))
             changed.update(tail)
         load_layers(table, snapshot_store.read_layers(snapshot, key_group_range), tail)
         if tail is not None:
             return changed
-    if local is None:
-        replay_pieces(table, reader, handle.changelog, key_group_range, changed)
-        return changed
-    for changelog in handle.changelog:
-        kept = local.get_changes(changelog)
-        if kept is None:
-            replay_pieces(table, reader, [changelog], key_group_range, changed)
-        else:
-            replay_changes(table, kept, key_group_range, changed)
+    _each_piece(handle.changelog, local, lambda pieces: replay_pieces(
+        table, reader, pieces, key_group_range, changed), lambda kept: replay_changes(
+        table, kept, key_group_range, changed))
     return changed
+
+
+def _each_piece(pieces: Sequence[Any], local: LocalRecoveryStore | None,
+                read: Callable[[Sequence[Any]], None],
+                kept: Callable[[Sequence[StateChange]], None]) -> None:
+    """Hand the changelog ``pieces`` (in order) to ``read`` (to read from Kafka), all
+    together when no local copies exist, else each piece without a valid local copy;
+    those with one, to ``kept`` as the changes kept."""
+    if local is None:
+        read(pieces)
+        return
+    for piece in pieces:
+        changes = local.get_changes(piece)
+        if changes is None:
+            read([piece])
+        else:
+            kept(changes)
 
 
 #: A changelog tail up to this many bytes (its handles' ``state_size``) is held in memory
