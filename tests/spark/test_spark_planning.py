@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kafka_changelog import InMemoryChangelogHandle, KeyGroupRange, RecordDecodeError
+from kafka_changelog.kafka.client_settings import CLIENT_DEFAULTS
 from kafka_changelog.kafka.handle import KafkaChangelogHandle, PartitionRange
 from kafka_changelog.keys import encode_key
 from kafka_changelog.serialization import load_schema
@@ -95,7 +96,8 @@ def test_options_are_case_insensitive_and_pass_kafka_settings_through() -> None:
     assert options.checkpoint_id == 12 and options.operator == "sessions"
     assert options.slice_offsets == 10
     assert options.client_config == {"security.protocol": "SASL_SSL", "sasl.username": "alice"}
-    assert options.client_settings() == {"bootstrap.servers": SERVERS,
+    # The library's client defaults first, then the user's settings.
+    assert options.client_settings() == {"bootstrap.servers": SERVERS, **CLIENT_DEFAULTS,
                                          "security.protocol": "SASL_SSL",
                                          "sasl.username": "alice"}
     # Every client kind gets the security settings.
