@@ -11,7 +11,9 @@
    every end offset, summing ``len(value)``: the same records. MB/s of each are the
    record value bytes (checked equal) over the wall time from creating the client to
    closing it. ``--rounds`` alternating rounds (default 3); the best of each side
-   counts. Target: ours >= 0.8x the raw MB/s.
+   counts. Target: ours >= 0.8x the raw MB/s. Afterwards (not timed) both ways are read
+   once more and every change checked: the one appended at its place, in its key group,
+   with its payload.
 2. Restore time versus history, with ``ChangelogKeyedStateBackend``: a fixed key
    space (20,000 keys), one INT64 value state per key, H updates (every key once in
    random order, then random keys), a checkpoint after H1 = 50,000 updates and after
@@ -40,6 +42,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import numpy as np
 from confluent_kafka import Consumer
 
 from benchmarks.common import (
@@ -198,6 +201,34 @@ def read_raw(config: KafkaChangelogConfig, handle: KafkaChangelogHandle, size: i
     return Read("raw_consumer", size, changes, records, value_bytes, seconds, cpu_s)
 
 
+def check_exact(config: KafkaChangelogConfig, handle: KafkaChangelogHandle, size: int,
+                count: int) -> None:
+    """Read the handle both ways once more (not timed): change ``i`` must be the one
+    appended ``i``-th, in key group ``i % 128`` with that key group's payload."""
+    data = payloads(size)
+    mask = MAX_PARALLELISM - 1
+    with KafkaChangelogReader(config) as reader:
+        read = 0
+        for index, change in enumerate(reader.read(handle)):
+            if change.key_group != index & mask or change.payload != data[change.key_group]:
+                raise RuntimeError(f"reader: change {index} is of key group "
+                                   f"{change.key_group} with another payload than appended")
+            read += 1
+        columns = reader.read_columns([handle])
+    if read != count or columns is None or len(columns) != count:
+        raise RuntimeError(f"{read} changes read, {count} appended (columns: "
+                           f"{None if columns is None else len(columns)})")
+    expected = np.arange(count, dtype=np.int64) & mask
+    if not np.array_equal(columns.key_groups, expected):
+        raise RuntimeError("columns: the changes' key groups are not those appended, in order")
+    body = columns.data
+    for index, (start, length) in enumerate(zip(columns.payload_starts.tolist(),
+                                                 columns.payload_lengths.tolist(),
+                                                 strict=True)):
+        if body[start:start + length] != data[index & mask]:
+            raise RuntimeError(f"columns: change {index} has another payload than appended")
+
+
 def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[str, Any]:
     config, handle, write_s = write_handle(broker, size, count)
     print(f"\n[restore throughput] {size}-byte changes x {count:,} ({count * size / MB:,.0f} MB "
@@ -218,6 +249,9 @@ def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[
             print(f"  round {index + 1} {result.impl:16s} {result.changes_per_s:>12,.0f} "
                   f"changes/s {result.mb_per_s:>8.1f} MB/s  ({result.seconds:.2f} s, "
                   f"{result.records:,} records, {result.cpu_s:.2f} CPU s)", flush=True)
+    check_exact(config, handle, size, count)
+    print("  exact: every change read back both ways is the one appended, in order",
+          flush=True)
     broker.delete_topic(config.topic)
     ours_reads = [r for r in reads if r.impl == "kafka_changelog"]
     column_reads = [r for r in reads if r.impl == "kafka_changelog_columns"]
@@ -252,6 +286,7 @@ def throughput_case(broker: Broker, size: int, count: int, rounds: int) -> dict[
         "best": {"kafka_changelog": ours.as_dict(), "raw_consumer": raw.as_dict(),
                  "kafka_changelog_columns": columns.as_dict()},
         "runs": [r.as_dict() for r in reads],
+        "exact": True,
     }
 
 
