@@ -132,11 +132,7 @@ def load_keyed_state(
                 and sum(c.state_size for c in handle.changelog) <= MERGED_TAIL_BYTES):
             # A small tail is read first and merged into the snapshot as it is loaded
             # (BulkLoadTable.load_groups); with delta layers it must come after them.
-            held: dict[int, list[OpRun]] = {}
-            tail = held
-            _each_piece(handle.changelog, local, lambda pieces: collect_pieces(
-                table, reader, pieces, key_group_range, held), lambda kept: collect_changes(
-                table, kept, key_group_range, held))
+            tail = collect_tail(table, reader, handle.changelog, key_group_range, local)
             changed.update(tail)
         load_layers(table, snapshot_store.read_layers(snapshot, key_group_range), tail)
         if tail is not None:
@@ -170,18 +166,25 @@ def _each_piece(pieces: Sequence[Any], local: LocalRecoveryStore | None,
 MERGED_TAIL_BYTES = 16 << 20
 
 
-def collect_pieces(table: KeyedStateTable, reader: StateChangelogReader[Any],
-                   pieces: Sequence[Any], key_group_range: KeyGroupRange,
-                   tail: dict[int, list[OpRun]]) -> None:
-    """Read the changelog ``pieces`` (of one handle, in order) with ``reader`` and
-    collect them into ``tail`` as :func:`collect_changes` does: column-wise
-    (:func:`.column_replay.collect_columns`) when the reader decodes them so, else
-    change by change."""
-    columns = reader.read_columns(pieces)
-    if columns is not None and collect_columns(table, columns, key_group_range, tail):
-        return
-    for piece in pieces:
-        collect_changes(table, reader.read(piece), key_group_range, tail)
+def collect_tail(table: KeyedStateTable, reader: StateChangelogReader[Any],
+                 pieces: Sequence[Any], key_group_range: KeyGroupRange,
+                 local: LocalRecoveryStore | None) -> dict[int, list[OpRun]]:
+    """The ops of ``key_group_range`` in the changelog ``pieces`` (of one handle, in
+    order) by key group, as runs of one state and op kind in log order; registrations go
+    into ``table`` at once. Pieces read from Kafka are collected column-wise
+    (:func:`.column_replay.collect_columns`) when the reader decodes them so, else change
+    by change (:func:`collect_changes`), as are valid local copies."""
+    tail: dict[int, list[OpRun]] = {}
+
+    def read(some: Sequence[Any]) -> None:
+        columns = reader.read_columns(some)
+        if columns is None or not collect_columns(table, columns, key_group_range, tail):
+            for piece in some:
+                collect_changes(table, reader.read(piece), key_group_range, tail)
+
+    _each_piece(pieces, local, read,
+                lambda kept: collect_changes(table, kept, key_group_range, tail))
+    return tail
 
 
 def collect_changes(table: KeyedStateTable, changes: Iterable[StateChange],

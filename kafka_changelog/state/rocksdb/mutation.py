@@ -353,10 +353,10 @@ class BatchedWrites:
                    starts: Sequence[bytes] | None = None) -> int:
         """:meth:`settle` of each stored key, in order, in one loop, each marked first
         when :attr:`mark` is set (``marked[i]`` is ``keys[i]``'s key to mark, e.g. a
-        map entry's map key; default ``keys[i]`` itself; ``starts[i]`` a map entry's
-        map); returns the entry count's change (0 when not :attr:`counting`)."""
-        if starts is not None:
-            self._maps.update(starts)
+        map entry's map key; default ``keys[i]`` itself); returns the entry count's
+        change (0 when not :attr:`counting`). ``starts`` are not noted (no set of every
+        map on this hot path): a caller must not read those maps through this object
+        afterwards, and :func:`mutate_columns`, each call with one of its own, does not."""
         values, known, db, mark = self._values, self._known, self._db, self.mark
         batch = self._batch
         change = 0

@@ -9,7 +9,6 @@ no op object per change and reaches the table in the shape of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .ops import OpKind, StateOp
@@ -44,16 +43,6 @@ class OpRun:
         self.map_keys.append(op.map_key)
         self.values.append(op.value)
         self.items.append(op.values)
-
-    def ops(self) -> Iterator[StateOp]:
-        """The run's ops, in order."""
-        count = len(self.keys)
-        none: list[None] = [None] * count
-        for key, map_key, value, items in zip(
-                self.keys, none if self.map_keys is None else self.map_keys,
-                none if self.values is None else self.values,
-                none if self.items is None else self.items, strict=True):
-            yield StateOp(self.state, self.op, key, map_key, value, items)
 
     def __len__(self) -> int:
         return len(self.keys)
