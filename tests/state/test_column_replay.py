@@ -159,19 +159,27 @@ def test_ops_whose_fields_are_present_for_some_only_apply_op_by_op() -> None:
     assert_replays_alike(log_of(ops, [0, 0, 0, 0]))
 
 
-@pytest.mark.parametrize("payload", [
+#: Op payloads the column-wise decoder leaves to the per-change one.
+LEFT_TO_PER_CHANGE = [
     # An array block with its byte size (count -1, 2 bytes): valid Avro, read per change.
     b"\x0cevents\x04\x02a\x00\x00\x02\x01\x04\x02x\x00",
     b"\x0acount\x00\x02a\x00\x02\x02",  # truncated: the per-change decoder names the field
-])
+]
+
+
+def log_ending_with(payload: bytes) -> list[StateChange]:
+    """Every registration, a valid op, then ``payload`` as an op."""
+    return [*(StateChange.meta(meta.to_bytes()) for meta in METAS),
+            StateChange(1, StateOp("count", OpKind.SET, b"a", value=b"1").to_bytes()),
+            StateChange(1, payload)]
+
+
+@pytest.mark.parametrize("payload", LEFT_TO_PER_CHANGE)
 def test_what_the_column_wise_decoder_leaves_is_left_with_nothing_applied(
         payload: bytes) -> None:
-    changes = [StateChange.meta(meta.to_bytes()) for meta in METAS]
-    changes += [StateChange(1, StateOp("count", OpKind.SET, b"a", value=b"1").to_bytes()),
-                StateChange(1, payload)]
     memory = StateTable()
     changed: set[int] = set()
-    assert not replay_columns(memory, decoded(changes), RANGE, changed)
+    assert not replay_columns(memory, decoded(log_ending_with(payload)), RANGE, changed)
     assert (memory.key_groups(), dict(memory.metas), changed) == ([], {}, set())
 
 
@@ -278,16 +286,10 @@ def test_a_tail_is_collected_in_runs_of_one_key_group_state_and_kind() -> None:
         2: [OpRun("count", OpKind.SET, [b"b"], None, [b"2"])]}
 
 
-@pytest.mark.parametrize("payload", [
-    b"\x0cevents\x04\x02a\x00\x00\x02\x01\x04\x02x\x00",
-    b"\x0acount\x00\x02a\x00\x02\x02",
-])
+@pytest.mark.parametrize("payload", LEFT_TO_PER_CHANGE)
 def test_what_the_column_wise_decoder_leaves_is_left_with_nothing_collected(
         payload: bytes) -> None:
-    changes = [StateChange.meta(meta.to_bytes()) for meta in METAS]
-    changes += [StateChange(1, StateOp("count", OpKind.SET, b"a", value=b"1").to_bytes()),
-                StateChange(1, payload)]
     memory = StateTable()
     tail: dict[int, list[OpRun]] = {}
-    assert not collect_columns(memory, decoded(changes), RANGE, tail)
+    assert not collect_columns(memory, decoded(log_ending_with(payload)), RANGE, tail)
     assert (dict(memory.metas), tail) == ({}, {})
